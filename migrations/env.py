@@ -1,0 +1,51 @@
+"""Alembic environment for the framework's tables.
+
+Our history is kept in its own version table (`outbox_alembic_version`), so it
+lives beside an application's own Alembic history in the same database
+without either seeing the other's revisions.
+"""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import create_engine, pool, text
+
+from outbox import config as settings
+from outbox.migrations import VERSION_TABLE
+
+config = context.config
+url = config.attributes.get("url") or settings.database_url(context.get_x_argument(as_dictionary=True).get("url"))
+schema = config.attributes.get("schema") or settings.schema_name(
+    context.get_x_argument(as_dictionary=True).get("schema")
+)
+options = {"version_table": VERSION_TABLE, "version_table_schema": schema, "target_metadata": None}
+
+
+def run_offline() -> None:
+    """Emit SQL for a DBA to review instead of running it (`outbox db upgrade --sql`)."""
+    context.configure(url=url.sqlalchemy, literal_binds=True, **options)
+    with context.begin_transaction():
+        context.execute(text(f"CREATE SCHEMA IF NOT EXISTS {_quote(schema)}"))
+        context.run_migrations()
+
+
+def run_online() -> None:
+    engine = create_engine(url.sqlalchemy, poolclass=pool.NullPool)
+    with engine.connect() as connection:
+        context.configure(connection=connection, **options)
+        with context.begin_transaction():
+            if not connection.dialect.has_schema(connection, schema):
+                connection.execute(text(f"CREATE SCHEMA {_quote(schema)}"))
+            context.run_migrations()
+
+
+def _quote(name: str) -> str:
+    from sqlalchemy.dialects import postgresql
+
+    return postgresql.dialect().identifier_preparer.quote_identifier(name)
+
+
+if context.is_offline_mode():
+    run_offline()
+else:
+    run_online()

@@ -1,0 +1,5 @@
+import sys
+
+from outbox.cli import main
+
+sys.exit(main())

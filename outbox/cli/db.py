@@ -1,0 +1,60 @@
+"""`outbox db upgrade | downgrade | current`: the framework's own schema migrations."""
+
+from __future__ import annotations
+
+import argparse
+
+from outbox import migrate
+from outbox.config import OUTBOX_SCHEMA, database_url, schema_name
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    db = commands.add_parser("db", help="migrate the framework's tables")
+    actions = db.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    def common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--url", help="PostgreSQL URL (default: env DATABASE_URL)")
+        p.add_argument("--schema", help=f"schema for the tables (env {OUTBOX_SCHEMA}, default public)")
+        return p
+
+    up = common(actions.add_parser("upgrade", help="migrate up (default: to head)"))
+    up.add_argument("revision", nargs="?", default="head")
+    up.add_argument("--sql", action="store_true", help="print the SQL instead of running it")
+    up.set_defaults(handler=cmd_upgrade)
+
+    down = common(actions.add_parser("downgrade", help="migrate down to REV (`base`: drop all)"))
+    down.add_argument("revision")
+    down.add_argument("--sql", action="store_true", help="print the SQL (REV must be FROM:TO)")
+    down.set_defaults(handler=cmd_downgrade)
+
+    common(actions.add_parser("current", help="show the applied revision")).set_defaults(
+        handler=cmd_current
+    )
+
+
+def cmd_upgrade(args: argparse.Namespace) -> int:
+    url, schema = database_url(args.url), schema_name(args.schema)
+    migrate.upgrade(url, schema, args.revision, sql=args.sql)
+    if not args.sql:
+        print(f"# {url.safe} schema {schema!r}: at {', '.join(migrate.revisions(url, schema).current)}")
+    return 0
+
+
+def cmd_downgrade(args: argparse.Namespace) -> int:
+    url, schema = database_url(args.url), schema_name(args.schema)
+    migrate.downgrade(url, schema, args.revision, sql=args.sql)
+    if not args.sql:
+        current = migrate.revisions(url, schema).current
+        print(f"# {url.safe} schema {schema!r}: at {', '.join(current) or 'base (no tables)'}")
+    return 0
+
+
+def cmd_current(args: argparse.Namespace) -> int:
+    url, schema = database_url(args.url), schema_name(args.schema)
+    revs = migrate.revisions(url, schema)
+    if not revs.current:
+        print(f"base (nothing applied; head is {revs.head}): run `outbox db upgrade`")
+        return 1
+    suffix = " (head)" if revs.up_to_date else f" (head is {revs.head}: run `outbox db upgrade`)"
+    print(", ".join(revs.current) + suffix)
+    return 0

@@ -1,0 +1,72 @@
+"""`outbox dev up | down | status`: throwaway PostgreSQL and Kafka on this machine.
+
+`up` prints `export NAME=value` lines, so `eval "$(outbox dev up)"` points
+every other command, the demo and the tests at the services it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+from pathlib import Path
+
+from outbox.config import OUTBOX_DEV_DIR
+from outbox.dev.stack import Stack, Status
+
+DEFAULT_DIR = ".outbox-dev"
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    dev = commands.add_parser("dev", help="start, stop or show local PostgreSQL and Kafka")
+    actions = dev.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    def with_dir(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument(
+            "--dir",
+            type=Path,
+            default=Path(os.environ.get(OUTBOX_DEV_DIR, DEFAULT_DIR)),
+            help=f"where data, logs and state live (env {OUTBOX_DEV_DIR}, default {DEFAULT_DIR})",
+        )
+        return p
+
+    up = with_dir(actions.add_parser("up", help="start what is not running; print export lines"))
+    up.add_argument("--pg-port", type=int, help="PostgreSQL port (default: a free one)")
+    up.add_argument("--kafka-port", type=int, help="Kafka port (default: a free one)")
+    up.set_defaults(handler=cmd_up)
+    with_dir(actions.add_parser("down", help="stop the services and delete their data")).set_defaults(
+        handler=cmd_down
+    )
+    with_dir(actions.add_parser("status", help="print export lines; exit 1 if not running")).set_defaults(
+        handler=cmd_status
+    )
+
+
+def export_lines(status: Status) -> list[str]:
+    """Shell lines for the running services; given ones are named, not echoed (secrets)."""
+    lines = [f"export {name}={shlex.quote(value)}" for name, value in status.exports.items()]
+    lines += [f"# {var} is set in the environment: using it, not starting {name}"
+              for name, var in status.given.items()]
+    return lines
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    status = Stack(args.dir).up(ports={"postgres": args.pg_port, "kafka": args.kafka_port})
+    print("\n".join(export_lines(status)))
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    stopped = Stack(args.dir).down()
+    print(f"# stopped: {', '.join(stopped)}" if stopped else "# nothing was running")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    status = Stack(args.dir).status()
+    print("\n".join(export_lines(status)))
+    for name in status.dead:
+        print(f"# {name} is not running (run `outbox dev up`)")
+    if not status.running and not status.given:
+        print("# nothing is running (run `outbox dev up`)")
+    return 1 if status.dead or not (status.running or status.given) else 0

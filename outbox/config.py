@@ -1,0 +1,136 @@
+"""Settings read from flags and environment variables, and the URL rules.
+
+Every command takes its connection settings from the same few variables, so
+one `eval "$(outbox dev up)"` configures the relay, the sink, the demo and the
+tests alike.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from urllib.parse import SplitResult, unquote, urlsplit
+
+from outbox.errors import ConfigError
+
+DATABASE_URL = "DATABASE_URL"
+KAFKA_BOOTSTRAP_SERVERS = "KAFKA_BOOTSTRAP_SERVERS"
+OUTBOX_SCHEMA = "OUTBOX_SCHEMA"
+OUTBOX_DEV_DIR = "OUTBOX_DEV_DIR"
+
+DEFAULT_SCHEMA = "public"
+
+_SCHEMES = {"postgresql", "postgres", "postgresql+psycopg"}
+_HOST_PORT = re.compile(r"^\[?[A-Za-z0-9_.:-]+\]?:\d{1,5}$")
+
+
+@dataclass(frozen=True)
+class DatabaseUrl:
+    """A validated PostgreSQL URL that never prints its password."""
+
+    raw: str
+
+    @classmethod
+    def parse(cls, value: str | None, *, source: str = DATABASE_URL) -> DatabaseUrl:
+        if not value or not value.strip():
+            raise ConfigError(
+                f"{source} is not set: give a URL like postgresql://user:password@host:5432/dbname"
+                " (or run `eval \"$(outbox dev up)\"` for a local one)"
+            )
+        value = value.strip()
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 - raises ValueError on a non-numeric port
+        except ValueError as exc:
+            raise ConfigError(f"{source} is malformed ({exc}): {redact_url(value)}") from None
+        if parts.scheme not in _SCHEMES:
+            raise ConfigError(
+                f"{source} must start with postgresql:// (got {parts.scheme or 'no scheme'!r}):"
+                f" {redact_url(value)}"
+            )
+        if not parts.hostname:
+            raise ConfigError(f"{source} names no host: {redact_url(value)}")
+        if not parts.path.strip("/"):
+            raise ConfigError(f"{source} names no database (add /dbname): {redact_url(value)}")
+        return cls(value)
+
+    @property
+    def _parts(self) -> SplitResult:
+        return urlsplit(self.raw)
+
+    @property
+    def libpq(self) -> str:
+        """The URL as libpq and psycopg take it."""
+        return "postgresql" + self.raw[self.raw.index("://") :]
+
+    @property
+    def sqlalchemy(self) -> str:
+        """The URL with the psycopg 3 driver named, as SQLAlchemy needs it."""
+        return "postgresql+psycopg" + self.raw[self.raw.index("://") :]
+
+    @property
+    def password(self) -> str | None:
+        pw = self._parts.password
+        return unquote(pw) if pw else None
+
+    @property
+    def safe(self) -> str:
+        """The URL with its password masked, for messages and logs."""
+        return redact_url(self.raw)
+
+    def scrub(self, text: str) -> str:
+        """Remove this URL's password from text (e.g. a driver's error message)."""
+        text = text.replace(self.raw, self.safe)
+        for secret in {self.password, self._parts.password}:
+            if secret:
+                text = text.replace(secret, "***")
+        return text
+
+    def __str__(self) -> str:
+        return self.safe
+
+    def __repr__(self) -> str:
+        return f"DatabaseUrl({self.safe!r})"
+
+
+def redact_url(url: str) -> str:
+    """Mask the password in a URL-shaped string, even an invalid one."""
+    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
+
+
+def parse_bootstrap(value: str | None, *, source: str = KAFKA_BOOTSTRAP_SERVERS) -> str:
+    """Validate a comma-separated list of host:port pairs."""
+    if not value or not value.strip():
+        raise ConfigError(
+            f"{source} is not set: give host:port[,host:port...]"
+            " (or run `eval \"$(outbox dev up)\"` for a local broker)"
+        )
+    servers = [s.strip() for s in value.split(",") if s.strip()]
+    for server in servers:
+        bare = re.sub(r"^[A-Za-z_]+://", "", server)
+        if not _HOST_PORT.match(bare) or not 0 < int(bare.rsplit(":", 1)[1]) < 65536:
+            raise ConfigError(f"{source} entry {server!r} is not host:port (e.g. localhost:9092)")
+    return ",".join(servers)
+
+
+def schema_name(value: str | None = None) -> str:
+    """The schema for the framework's tables: flag, else OUTBOX_SCHEMA, else public."""
+    name = value or os.environ.get(OUTBOX_SCHEMA) or DEFAULT_SCHEMA
+    if "\x00" in name or len(name.encode()) > 63:
+        raise ConfigError(f"schema name {name!r} is not a valid PostgreSQL identifier")
+    return name
+
+
+def database_url(flag: str | None = None) -> DatabaseUrl:
+    """The database to use: the --url flag, else DATABASE_URL."""
+    if flag:
+        return DatabaseUrl.parse(flag, source="--url")
+    return DatabaseUrl.parse(os.environ.get(DATABASE_URL))
+
+
+def bootstrap_servers(flag: str | None = None) -> str:
+    """The Kafka cluster to use: the --bootstrap-servers flag, else KAFKA_BOOTSTRAP_SERVERS."""
+    if flag:
+        return parse_bootstrap(flag, source="--bootstrap-servers")
+    return parse_bootstrap(os.environ.get(KAFKA_BOOTSTRAP_SERVERS))

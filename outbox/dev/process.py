@@ -1,0 +1,160 @@
+"""Child processes that never outlive their purpose, and the ports they use.
+
+Services started for a test run or the demo die with the process that started
+them (Linux parent-death signal), so even a `kill -9` of pytest leaves nothing
+running. Services started by `outbox dev up` are detached instead and tracked
+by pid, with the command line checked before any pid is signalled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from outbox.errors import ConfigError
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(sig: int) -> Callable[[], None]:
+    def preexec() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+
+    return preexec
+
+
+def spawn(
+    argv: Sequence[str],
+    log: Path,
+    *,
+    user: str | None = None,
+    die_with_parent: int | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start argv in its own session, output appended to log.
+
+    die_with_parent: the signal the child gets when this process dies (None
+    for a detached service that must outlive it).
+    """
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            user=user,
+            group=_group_of(user) if user else None,
+            extra_groups=[] if user else None,
+            preexec_fn=_die_with_parent(die_with_parent) if die_with_parent else None,
+            env=env,
+        )
+
+
+def _group_of(user: str) -> int:
+    import pwd
+
+    return pwd.getpwnam(user).pw_gid
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is dead for our purposes.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def cmdline_contains(pid: int, needle: str) -> bool:
+    """Whether pid's command line mentions needle: guards against recycled pids."""
+    try:
+        return needle in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+
+
+def stop(pid: int, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
+    """Signal pid (and its process group), wait, then SIGKILL if it lingers."""
+    for s, wait in ((sig, timeout), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, s)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, s)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            if not pid_alive(pid):
+                return
+            time.sleep(0.05)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+        return False
+
+
+def choose_port(requested: int | None, flag: str, host: str = "127.0.0.1") -> int:
+    """The requested port if it is free (clear error if not), else any free port."""
+    if not requested:
+        return free_port(host)
+    if not 0 < requested < 65536:
+        raise ConfigError(f"{flag} {requested} is not a TCP port (1-65535)")
+    if port_in_use(requested, host):
+        raise ConfigError(
+            f"port {requested} on {host} is already in use: choose another with {flag},"
+            " or leave it out to pick a free one"
+        )
+    return requested
+
+
+def wait_until(
+    ready: Callable[[], bool],
+    proc: subprocess.Popen[bytes],
+    *,
+    what: str,
+    log: Path,
+    timeout: float = 60.0,
+) -> None:
+    """Poll ready() until true; fail fast, with the log's tail, if proc exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ConfigError(f"{what} exited with code {proc.returncode}: {tail(log)}")
+        if ready():
+            return
+        time.sleep(0.1)
+    raise ConfigError(f"{what} did not become ready within {timeout:.0f}s: {tail(log)}")
+
+
+def tail(log: Path, lines: int = 3) -> str:
+    try:
+        text = log.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return f"(no log at {log})"
+    interesting = [line for line in text if "GLIBC" not in line]
+    return " | ".join(interesting[-lines:]) + f" (full log: {log})"

@@ -1,0 +1,39 @@
+"""What a started service leaves behind: enough to reach it and to stop it."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Service:
+    name: str
+    pid: int
+    port: int
+    data_dir: Path
+    log: Path
+    env: dict[str, str]
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "pid": self.pid,
+            "port": self.port,
+            "data_dir": str(self.data_dir),
+            "log": str(self.log),
+            "env": self.env,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> Service:
+        return cls(
+            name=str(data["name"]),
+            pid=int(data["pid"]),  # type: ignore[call-overload]
+            port=int(data["port"]),  # type: ignore[call-overload]
+            data_dir=Path(str(data["data_dir"])),
+            log=Path(str(data["log"])),
+            env=dict(data["env"]),  # type: ignore[call-overload]
+        )

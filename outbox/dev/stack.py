@@ -1,0 +1,144 @@
+"""The set of local services a developer, a test run or the demo needs.
+
+A service named by an environment variable (DATABASE_URL,
+KAFKA_BOOTSTRAP_SERVERS) is used as is and never started. Everything else is
+started under one root directory whose `state.json` records what runs, so
+`up` is idempotent and `down` (or the next `up`) cleans up after a run that
+was killed: leftover processes are found by their command line naming the
+root, not by trusting a pid alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from outbox.config import DATABASE_URL, KAFKA_BOOTSTRAP_SERVERS
+from outbox.dev import kafka, postgres
+from outbox.dev.process import choose_port, cmdline_contains, pid_alive, stop
+from outbox.dev.service import Service
+
+STATE_FILE = "state.json"
+# Which variable, when set, means "use this, do not start one".
+PROVIDES = {"postgres": DATABASE_URL, "kafka": KAFKA_BOOTSTRAP_SERVERS}
+_STARTERS = {"postgres": postgres.start, "kafka": kafka.start}
+_PORT_FLAGS = {"postgres": "--pg-port", "kafka": "--kafka-port"}
+_STOP_SIGNALS = {"postgres": signal.SIGINT, "kafka": signal.SIGTERM}  # SIGINT: PostgreSQL's fast shutdown
+
+
+@dataclass
+class Status:
+    running: dict[str, Service] = field(default_factory=dict)
+    dead: list[str] = field(default_factory=list)
+    given: dict[str, str] = field(default_factory=dict)  # service -> env var that provides it
+
+    @property
+    def exports(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for service in self.running.values():
+            out.update(service.env)
+        return out
+
+
+class Stack:
+    def __init__(self, root: Path, environ: Mapping[str, str] | None = None) -> None:
+        self.root = root.resolve()
+        self.environ = os.environ if environ is None else environ
+
+    # -- decisions (no I/O) -------------------------------------------------
+
+    def wanted(self) -> list[str]:
+        return [name for name, var in PROVIDES.items() if not self.environ.get(var)]
+
+    def given(self) -> dict[str, str]:
+        return {name: var for name, var in PROVIDES.items() if self.environ.get(var)}
+
+    # -- state --------------------------------------------------------------
+
+    def _load(self) -> dict[str, Service]:
+        try:
+            data = json.loads((self.root / STATE_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+        return {name: Service.from_json(entry) for name, entry in data.items()}
+
+    def _save(self, services: dict[str, Service]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps({n: s.to_json() for n, s in services.items()}, indent=2))
+        tmp.replace(self.root / STATE_FILE)
+
+    def _is_ours_and_alive(self, service: Service) -> bool:
+        return pid_alive(service.pid) and cmdline_contains(service.pid, str(service.data_dir))
+
+    # -- commands -------------------------------------------------------------
+
+    def status(self) -> Status:
+        status = Status(given=self.given())
+        for name, service in self._load().items():
+            if self._is_ours_and_alive(service):
+                status.running[name] = service
+            else:
+                status.dead.append(name)
+        return status
+
+    def up(
+        self,
+        *,
+        ports: Mapping[str, int | None] | None = None,
+        die_with_parent: bool = False,
+    ) -> Status:
+        """Start what is wanted and not already running; clean up what a killed run left."""
+        ports = ports or {}
+        services = {n: s for n, s in self._load().items() if self._is_ours_and_alive(s)}
+        if not services:
+            self._kill_leftovers()
+        missing = [name for name in self.wanted() if name not in services]
+        # All ports are checked before anything starts: a bad flag starts nothing.
+        chosen = {name: choose_port(ports.get(name), _PORT_FLAGS[name]) for name in missing}
+        for name, port in chosen.items():
+            data_dir = self.root / name
+            shutil.rmtree(data_dir, ignore_errors=True)
+            services[name] = _STARTERS[name](data_dir, port, die_with_parent=die_with_parent)
+            self._save(services)
+        self._save(services)
+        return Status(running=services, given=self.given())
+
+    def down(self) -> list[str]:
+        """Stop everything under the root and delete it. Returns what was running."""
+        stopped = []
+        for name, service in self._load().items():
+            if self._is_ours_and_alive(service):
+                stop(service.pid, _STOP_SIGNALS[name])
+                stopped.append(name)
+        self._kill_leftovers()
+        shutil.rmtree(self.root, ignore_errors=True)
+        return stopped
+
+    def _kill_leftovers(self) -> None:
+        """Processes of a killed run that the state file no longer knows about."""
+        if not self.root.exists():
+            return
+        needles = [str(self.root / name) + os.sep for name in PROVIDES]
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            if any(cmdline_contains(int(entry.name), needle) for needle in needles):
+                stop(int(entry.name))
+
+
+@contextlib.contextmanager
+def running(root: Path, environ: Mapping[str, str] | None = None) -> Iterator[dict[str, str]]:
+    """Services for the life of a with-block; they die with this process if it is killed."""
+    stack = Stack(root, environ)
+    try:
+        status = stack.up(die_with_parent=True)
+        yield status.exports
+    finally:
+        stack.down()

@@ -1,0 +1,85 @@
+"""Run the framework's Alembic migrations against a database and schema.
+
+The CLI (`outbox db ...`), the demo and the tests all come through here, so
+they migrate exactly the same way.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError
+from sqlalchemy import create_engine, pool
+
+from outbox.config import DatabaseUrl
+from outbox.errors import OutboxError
+from outbox.migrations import VERSION_TABLE
+from outbox.probe import check_postgres
+
+
+def script_location() -> Path:
+    return Path(str(files("outbox.migrations")))
+
+
+def alembic_config(url: DatabaseUrl, schema: str, stdout: io.TextIOBase | None = None) -> Config:
+    cfg = Config(stdout=stdout) if stdout else Config()
+    cfg.set_main_option("script_location", str(script_location()).replace("%", "%%"))
+    cfg.attributes["url"] = url
+    cfg.attributes["schema"] = schema
+    return cfg
+
+
+@dataclass(frozen=True)
+class Revisions:
+    current: tuple[str, ...]
+    head: str
+
+    @property
+    def up_to_date(self) -> bool:
+        return self.current == (self.head,)
+
+
+def upgrade(url: DatabaseUrl, schema: str, revision: str = "head", *, sql: bool = False) -> None:
+    _run(command.upgrade, url, schema, revision, sql=sql)
+
+
+def downgrade(url: DatabaseUrl, schema: str, revision: str, *, sql: bool = False) -> None:
+    if sql and ":" not in revision:
+        raise OutboxError("downgrade --sql needs a range FROM:TO, e.g. 0001:base")
+    _run(command.downgrade, url, schema, revision, sql=sql)
+
+
+def revisions(url: DatabaseUrl, schema: str) -> Revisions:
+    check_postgres(url)
+    head = ScriptDirectory.from_config(alembic_config(url, schema)).get_current_head()
+    engine = create_engine(url.sqlalchemy, poolclass=pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            ctx = MigrationContext.configure(
+                conn, opts={"version_table": VERSION_TABLE, "version_table_schema": schema}
+            )
+            current = tuple(ctx.get_current_heads())
+    finally:
+        engine.dispose()
+    return Revisions(current=current, head=str(head))
+
+
+def _run(fn: object, url: DatabaseUrl, schema: str, revision: str, *, sql: bool) -> None:
+    if not sql:
+        check_postgres(url)
+    try:
+        fn(alembic_config(url, schema), revision, sql=sql)  # type: ignore[operator]
+    except CommandError as exc:
+        raise OutboxError(f"migration failed: {url.scrub(str(exc))}") from None
+    except Exception as exc:  # a database error inside a revision
+        if type(exc).__module__.startswith(("sqlalchemy", "psycopg")):
+            first = url.scrub(str(getattr(exc, "orig", exc)).strip().splitlines()[0])
+            raise OutboxError(f"migration to {revision} failed in schema {schema!r}: {first}") from None
+        raise

@@ -1,0 +1,1 @@
+"""Spark sinks into PostgreSQL that apply each Kafka event exactly once."""

@@ -1,0 +1,59 @@
+"""Find a Java runtime Spark can use, or say how to get one.
+
+Without this, a missing or old Java surfaces as a gateway error from deep in
+PySpark long after the job started.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from outbox.errors import ConfigError
+
+MIN_MAJOR = 17
+INSTALL_HINT = (
+    "install Java 17 or newer (Debian/Ubuntu: `apt-get install openjdk-17-jre-headless`;"
+    " macOS: `brew install openjdk@17`) or point JAVA_HOME at one"
+)
+
+
+@dataclass(frozen=True)
+class Java:
+    path: Path
+    major: int
+
+
+def parse_major(version_output: str) -> int | None:
+    """The major version from `java -version` output ("17.0.15", "1.8.0_392" -> 8)."""
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', version_output)
+    if not match:
+        return None
+    major = int(match.group(1))
+    return int(match.group(2) or 0) if major == 1 else major
+
+
+def find_java(environ: dict[str, str] | None = None) -> Java:
+    env = dict(os.environ if environ is None else environ)
+    home = env.get("JAVA_HOME")
+    candidate = Path(home) / "bin" / "java" if home else None
+    if candidate is None or not candidate.exists():
+        found = shutil.which("java", path=env.get("PATH"))
+        if candidate is not None and found is None:
+            raise ConfigError(f"JAVA_HOME={home} has no bin/java: {INSTALL_HINT}")
+        candidate = Path(found) if found else None
+    if candidate is None:
+        raise ConfigError(f"Spark needs Java {MIN_MAJOR}+, and no `java` was found: {INSTALL_HINT}")
+    try:
+        out = subprocess.run([str(candidate), "-version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ConfigError(f"{candidate} -version failed ({exc}): {INSTALL_HINT}") from None
+    major = parse_major(out.stderr + out.stdout)
+    if major is None or major < MIN_MAJOR:
+        found_version = major if major is not None else "an unknown version"
+        raise ConfigError(f"Spark needs Java {MIN_MAJOR}+, {candidate} is {found_version}: {INSTALL_HINT}")
+    return Java(candidate, major)

@@ -1,0 +1,78 @@
+"""What the driver asks the cluster: which partitions exist and their offsets.
+
+Latest offsets are asked for with read_committed isolation, so the broker
+answers with the Last Stable Offset: a batch never ends inside a transaction
+that is still open.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from outbox.errors import ConfigError, ServiceUnavailable
+from outbox.probe import quiet_kafka_config
+from sinks.kafka_source.offsets import TopicPartitionKey
+from sinks.kafka_source.options import SourceOptions
+
+_ADMIN_KEYS_SKIPPED = {
+    "group.id", "enable.auto.commit", "enable.auto.offset.store", "enable.partition.eof",
+    "isolation.level", "auto.offset.reset", "fetch.min.bytes", "fetch.wait.max.ms",
+    "max.partition.fetch.bytes", "queued.min.messages", "queued.max.messages.kbytes",
+}
+
+
+class Cluster:
+    def __init__(self, options: SourceOptions, timeout: float = 30.0) -> None:
+        self.options = options
+        self.timeout = timeout
+        config = {k: v for k, v in options.consumer_config().items() if k not in _ADMIN_KEYS_SKIPPED}
+        self.admin = AdminClient(quiet_kafka_config(config))
+
+    def partitions(self) -> list[TopicPartitionKey]:
+        """Partitions of the subscribed topics; a named topic that is missing is an error."""
+        try:
+            metadata = self.admin.list_topics(timeout=self.timeout)
+        except KafkaException as exc:
+            raise ServiceUnavailable(
+                f"cannot reach Kafka at {self.options.bootstrap_servers}: {exc.args[0].str()}"
+            ) from None
+        found = [
+            (name, pid)
+            for name, topic in metadata.topics.items()
+            if self.options.matches(name) and topic.error is None
+            for pid in topic.partitions
+        ]
+        missing = sorted(set(self.options.topics) - {name for name, _ in found})
+        if missing:
+            raise ConfigError(
+                f"topic(s) {', '.join(missing)} do not exist on {self.options.bootstrap_servers}"
+                " (deleted, or never created)"
+            )
+        return sorted(found)
+
+    def earliest(self, partitions: Iterable[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
+        return self._list_offsets(partitions, OffsetSpec.earliest())
+
+    def latest(self, partitions: Iterable[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
+        return self._list_offsets(partitions, OffsetSpec.latest())
+
+    def _list_offsets(
+        self, partitions: Iterable[TopicPartitionKey], spec: OffsetSpec
+    ) -> dict[TopicPartitionKey, int]:
+        wanted = {TopicPartition(t, p): spec for t, p in partitions}
+        if not wanted:
+            return {}
+        isolation = (
+            IsolationLevel.READ_UNCOMMITTED if self.options.read_uncommitted
+            else IsolationLevel.READ_COMMITTED
+        )
+        futures = self.admin.list_offsets(wanted, isolation_level=isolation, request_timeout=self.timeout)
+        try:
+            return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
+        except KafkaException as exc:
+            raise ServiceUnavailable(
+                f"cannot list offsets on {self.options.bootstrap_servers}: {exc.args[0].str()}"
+            ) from None

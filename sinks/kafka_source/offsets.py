@@ -1,0 +1,93 @@
+"""Offset bookkeeping as plain functions: what range each micro-batch reads.
+
+Offsets are `{"topic": {"partition": next_offset}}`, the JSON shape Spark's own
+Kafka source checkpoints, with string keys as Spark's Python sources require.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from outbox.errors import ConfigError
+from sinks.kafka_source.options import EARLIEST, LATEST
+
+Offsets = dict[str, dict[str, int]]
+TopicPartitionKey = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class Range:
+    """Offsets [start, end) of one topic-partition: one Spark input partition."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+
+def to_offsets(positions: Mapping[TopicPartitionKey, int]) -> Offsets:
+    out: Offsets = {}
+    for (topic, partition), offset in sorted(positions.items()):
+        out.setdefault(topic, {})[str(partition)] = int(offset)
+    return out
+
+
+def from_offsets(offsets: Mapping[str, Mapping[str, int]]) -> dict[TopicPartitionKey, int]:
+    return {(t, int(p)): int(o) for t, parts in offsets.items() for p, o in parts.items()}
+
+
+def resolve(
+    spec: str | Offsets,
+    partitions: Iterable[TopicPartitionKey],
+    earliest: Mapping[TopicPartitionKey, int],
+    latest: Mapping[TopicPartitionKey, int],
+    *,
+    option: str,
+) -> dict[TopicPartitionKey, int]:
+    """Turn earliest / latest / per-partition JSON into concrete offsets."""
+    partitions = list(partitions)
+    if spec == "earliest":
+        return {tp: earliest[tp] for tp in partitions}
+    if spec == "latest":
+        return {tp: latest[tp] for tp in partitions}
+    assert isinstance(spec, dict)
+    given = from_offsets(spec)
+    missing = sorted(set(partitions) - set(given))
+    if missing:
+        names = ", ".join(f"{t}-{p}" for t, p in missing)
+        raise ConfigError(f"option {option} gives no offset for {names}: list every partition")
+    resolved = {}
+    for tp in partitions:
+        offset = given[tp]
+        resolved[tp] = earliest[tp] if offset == EARLIEST else latest[tp] if offset == LATEST else offset
+    return resolved
+
+
+def cap(
+    start: Mapping[TopicPartitionKey, int],
+    latest: Mapping[TopicPartitionKey, int],
+    max_offsets: int | None,
+) -> dict[TopicPartitionKey, int]:
+    """End offsets no further than latest, at most max_offsets in all, shared by backlog."""
+    available = {tp: max(0, latest[tp] - start[tp]) for tp in latest}
+    total = sum(available.values())
+    if max_offsets is None or total <= max_offsets:
+        return {tp: start[tp] + available[tp] for tp in latest}
+    shares = {tp: max_offsets * size / total for tp, size in available.items()}
+    take = {tp: int(share) for tp, share in shares.items()}
+    # Hand out what rounding down left, largest remainders first.
+    left = max_offsets - sum(take.values())
+    for tp in sorted(shares, key=lambda tp: (take[tp] - shares[tp], tp))[:left]:
+        take[tp] += 1
+    return {tp: start[tp] + take[tp] for tp in latest}
+
+
+def ranges(start: Mapping[TopicPartitionKey, int], end: Mapping[TopicPartitionKey, int]) -> list[Range]:
+    """Non-empty ranges, one per topic-partition (a partition absent from start begins at its end)."""
+    out = []
+    for (topic, partition), stop in sorted(end.items()):
+        begin = start.get((topic, partition), stop)
+        if stop > begin:
+            out.append(Range(topic, partition, begin, stop))
+    return out

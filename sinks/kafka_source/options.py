@@ -1,0 +1,135 @@
+"""Source options, parsed and checked once, on the driver, before any task runs."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from outbox.errors import ConfigError
+
+READ_UNCOMMITTED_OPT_IN = "unsafe.readUncommitted"
+
+# Options Spark's kafka source accepts that make no sense here.
+_REJECTED = {
+    "kafka.group.id": "offsets are tracked in the checkpoint, not in a consumer group",
+    "kafka.enable.auto.commit": "offsets are tracked in the checkpoint, not in a consumer group",
+    "assign": "use subscribe or subscribePattern",
+}
+_OURS = {
+    "subscribe", "subscribepattern", "startingoffsets", "endingoffsets",
+    "maxoffsetspertrigger", "failondataloss", "polltimeoutms", READ_UNCOMMITTED_OPT_IN.lower(),
+}
+
+EARLIEST = -2
+LATEST = -1
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    bootstrap_servers: str
+    topics: tuple[str, ...] = ()
+    pattern: str | None = None
+    starting: str | dict[str, dict[str, int]] = "earliest"
+    ending: str | dict[str, dict[str, int]] = "latest"
+    max_offsets_per_trigger: int | None = None
+    fail_on_data_loss: bool = True
+    poll_timeout_s: float = 120.0
+    read_uncommitted: bool = False
+    kafka: dict[str, str] = field(default_factory=dict)
+
+    def consumer_config(self) -> dict[str, object]:
+        """librdkafka settings for a reader: no group commits, our isolation level."""
+        return {
+            **self.kafka,
+            "bootstrap.servers": self.bootstrap_servers,
+            "group.id": self.kafka.get("group.id", "outbox-spark-source"),
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": False,
+            "isolation.level": "read_uncommitted" if self.read_uncommitted else "read_committed",
+        }
+
+    def matches(self, topic: str) -> bool:
+        if self.pattern is not None:
+            return re.fullmatch(self.pattern, topic) is not None
+        return topic in self.topics
+
+
+def parse(options: Mapping[str, str]) -> SourceOptions:
+    opts = {k.lower(): v for k, v in options.items()}
+    kafka = {k[len("kafka."):]: v for k, v in options.items() if k.lower().startswith("kafka.")}
+    for key, why in _REJECTED.items():
+        if key in opts:
+            raise ConfigError(f"option {key!r} is not supported: {why}")
+    unknown = sorted(k for k in opts if not k.startswith("kafka.") and k not in _OURS and k != "path")
+    if unknown:
+        raise ConfigError(f"unknown option(s) {', '.join(unknown)}: kafka client settings take a 'kafka.' prefix")
+    bootstrap = kafka.pop("bootstrap.servers", None)
+    if not bootstrap:
+        raise ConfigError("option kafka.bootstrap.servers is required")
+    if "isolation.level" in kafka:
+        raise ConfigError(
+            "set no kafka.isolation.level: the source reads read_committed; to read records of"
+            f" aborted and open transactions too, set {READ_UNCOMMITTED_OPT_IN}=true"
+        )
+    subscribe, pattern = opts.get("subscribe"), opts.get("subscribepattern")
+    if bool(subscribe) == bool(pattern):
+        raise ConfigError("give exactly one of the options subscribe or subscribePattern")
+    topics = tuple(t.strip() for t in (subscribe or "").split(",") if t.strip())
+    if subscribe is not None and not topics:
+        raise ConfigError("option subscribe names no topic")
+    if pattern is not None:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ConfigError(f"option subscribePattern is not a valid regex: {exc}") from None
+    max_per_trigger = opts.get("maxoffsetspertrigger")
+    return SourceOptions(
+        bootstrap_servers=bootstrap,
+        topics=topics,
+        pattern=pattern,
+        starting=_offsets_option("startingOffsets", opts.get("startingoffsets", "earliest")),
+        ending=_offsets_option("endingOffsets", opts.get("endingoffsets", "latest")),
+        max_offsets_per_trigger=_positive_int("maxOffsetsPerTrigger", max_per_trigger),
+        fail_on_data_loss=_bool("failOnDataLoss", opts.get("failondataloss", "true")),
+        poll_timeout_s=(_positive_int("pollTimeoutMs", opts.get("polltimeoutms")) or 120_000) / 1000,
+        read_uncommitted=_bool(READ_UNCOMMITTED_OPT_IN, opts.get(READ_UNCOMMITTED_OPT_IN.lower(), "false")),
+        kafka=kafka,
+    )
+
+
+def _offsets_option(name: str, value: str) -> str | dict[str, dict[str, int]]:
+    value = value.strip()
+    if value in ("earliest", "latest"):
+        return value
+    try:
+        parsed = json.loads(value)
+        return {
+            str(topic): {str(int(p)): int(o) for p, o in parts.items()}
+            for topic, parts in parsed.items()
+        }
+    except (ValueError, AttributeError, TypeError):
+        raise ConfigError(
+            f'option {name} must be earliest, latest or JSON like {{"topic":{{"0":23,"1":-2}}}}'
+            f" (-2 earliest, -1 latest), got {value!r}"
+        ) from None
+
+
+def _positive_int(name: str, value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number <= 0:
+        raise ConfigError(f"option {name} must be a positive integer, got {value!r}")
+    return number
+
+
+def _bool(name: str, value: str) -> bool:
+    if value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise ConfigError(f"option {name} must be true or false, got {value!r}")

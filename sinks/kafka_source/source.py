@@ -1,0 +1,142 @@
+"""The Spark data source: registered as `kafka_rc`, batch and streaming.
+
+Planning (which partitions, which offsets) happens on the driver through
+`Cluster` and the plain functions in `offsets`; tasks only read ranges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+
+from sinks.kafka_source import offsets as plan
+from sinks.kafka_source.cluster import Cluster
+from sinks.kafka_source.options import SourceOptions, parse
+from sinks.kafka_source.reader import read_range
+
+FORMAT = "kafka_rc"
+SCHEMA = (
+    "key binary, value binary, topic string, partition int, offset long, timestamp timestamp,"
+    " timestampType int, headers array<struct<key:string,value:binary>>"
+)
+
+
+class RangePartition(InputPartition):
+    def __init__(self, rng: plan.Range) -> None:
+        super().__init__(rng)
+        self.range = rng
+
+
+class KafkaSource(DataSource):
+    """`spark.readStream.format("kafka_rc").option("kafka.bootstrap.servers", ...)`."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return KafkaBatchReader(parse(self.options))
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return KafkaStreamReader(parse(self.options))
+
+
+def _read(options: SourceOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    assert isinstance(partition, RangePartition)
+    yield from read_range(
+        options.consumer_config(),
+        partition.range,
+        poll_timeout_s=options.poll_timeout_s,
+        fail_on_data_loss=options.fail_on_data_loss,
+    )
+
+
+class KafkaBatchReader(DataSourceReader):
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> Sequence[InputPartition]:
+        cluster = Cluster(self.options)
+        tps = cluster.partitions()
+        earliest, latest = cluster.earliest(tps), cluster.latest(tps)
+        start = plan.resolve(self.options.starting, tps, earliest, latest, option="startingOffsets")
+        end = plan.resolve(self.options.ending, tps, earliest, latest, option="endingOffsets")
+        # Never past the Last Stable Offset, whatever endingOffsets says.
+        end = {tp: min(offset, latest[tp]) for tp, offset in end.items()}
+        return [RangePartition(r) for r in plan.ranges(start, end)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read(self.options, partition)
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self._cluster: Cluster | None = None
+        self._target: dict[plan.TopicPartitionKey, int] | None = None  # Trigger.AvailableNow
+
+    @property
+    def cluster(self) -> Cluster:
+        if self._cluster is None:
+            self._cluster = Cluster(self.options)
+        return self._cluster
+
+    def initialOffset(self) -> dict:
+        tps = self.cluster.partitions()
+        earliest, latest = self.cluster.earliest(tps), self.cluster.latest(tps)
+        start = plan.resolve(self.options.starting, tps, earliest, latest, option="startingOffsets")
+        return plan.to_offsets(start)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_offsets_per_trigger:
+            return ReadMaxRows(self.options.max_offsets_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self.cluster.latest(self.cluster.partitions())
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        begin = plan.from_offsets(start)
+        tps = self.cluster.partitions()
+        gone = sorted({t for t, _ in begin} - {t for t, _ in tps})
+        if gone:
+            raise RuntimeError(f"topic(s) {', '.join(gone)} were deleted while the query was reading them")
+        new = [tp for tp in tps if tp not in begin]
+        if new:  # partitions added while running start at their earliest offset
+            begin.update(self.cluster.earliest(new))
+        latest = self.cluster.latest(tps)
+        if self._target is not None:
+            latest = {tp: min(off, self._target.get(tp, begin[tp])) for tp, off in latest.items()}
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        return plan.to_offsets(plan.cap(begin, latest, max_rows))
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        begin, stop = plan.from_offsets(start), plan.from_offsets(end)
+        new = [tp for tp in stop if tp not in begin]
+        if new:
+            begin.update(self.cluster.earliest(new))
+        return [RangePartition(r) for r in plan.ranges(begin, stop)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read(self.options, partition)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to do: the checkpoint (or the sink's ledger) holds the offsets."""
+
+
+def register(spark: SparkSession) -> None:
+    """Make `format("kafka_rc")` available in this session."""
+    spark.dataSource.register(KafkaSource)

@@ -1,0 +1,57 @@
+"""A local SparkSession for the demo, tests and development.
+
+Sets what makes a local session work on the first try: the driver's own
+Python for workers (else they "fail to connect back"), the loopback address,
+and every scratch directory inside one folder the caller owns, so a killed
+run leaves nothing in /tmp.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from sinks.java import find_java
+
+
+def local_session(
+    work_dir: Path,
+    *,
+    app_name: str = "outbox",
+    master: str = "local[2]",
+    conf: Mapping[str, str] | None = None,
+) -> SparkSession:
+    java = find_java()
+    os.environ.setdefault("JAVA_HOME", str(java.path.resolve().parent.parent))
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    work_dir = work_dir.resolve()
+    scratch = work_dir / "spark-local"
+    scratch.mkdir(parents=True, exist_ok=True)
+    java_tmp = f"-Djava.io.tmpdir={scratch}"
+    settings = {
+        "spark.master": master,
+        "spark.app.name": app_name,
+        "spark.local.dir": str(scratch),
+        "spark.driver.extraJavaOptions": java_tmp,
+        "spark.executor.extraJavaOptions": java_tmp,
+        "spark.sql.warehouse.dir": str(work_dir / "warehouse"),
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.log.level": "ERROR",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.python.worker.reuse": "true",
+        **(conf or {}),
+    }
+    builder = SparkSession.builder
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
