@@ -33,7 +33,8 @@ def local_session(
     work_dir = work_dir.resolve()
     scratch = work_dir / "spark-local"
     scratch.mkdir(parents=True, exist_ok=True)
-    java_tmp = f"-Djava.io.tmpdir={scratch}"
+    log_config = Path(__file__).with_name("log4j2.properties")
+    java_tmp = f"-Djava.io.tmpdir={scratch} -Dlog4j2.configurationFile={log_config} -XX:-UsePerfData"
     settings = {
         "spark.master": master,
         "spark.app.name": app_name,

@@ -11,7 +11,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from outbox.cli import db, dev
+from outbox.cli import check, db, dev
 from outbox.errors import OutboxError
 
 EXIT_USER_ERROR = 2
@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     dev.register(commands)
     db.register(commands)
+    check.register(commands)
     return parser
 
 

@@ -1,0 +1,102 @@
+"""Fixtures wired to real services: PostgreSQL, a Kafka broker, one SparkSession.
+
+Services come from, in order: DATABASE_URL / KAFKA_BOOTSTRAP_SERVERS if set;
+Docker containers with `--services=docker` (or OUTBOX_TEST_SERVICES=docker);
+else embedded ones started for this run, which die with it even on kill -9.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from outbox.config import DatabaseUrl
+from outbox.dev.stack import running
+from tests import containers
+from tests.helpers import create_topic, unique
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--services",
+        choices=["embedded", "docker"],
+        default=os.environ.get("OUTBOX_TEST_SERVICES", "embedded"),
+        help="where PostgreSQL and Kafka come from when the env vars do not name them",
+    )
+
+
+@pytest.fixture(scope="session")
+def services(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    given = {k: v for k in ("DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS") if (v := os.environ.get(k))}
+    if len(given) == 2:
+        yield given
+        return
+    if request.config.getoption("--services") == "docker":
+        reason = containers.docker_unavailable_reason()
+        if reason:
+            pytest.skip(f"--services=docker: {reason}")
+        with containers.services() as started:
+            yield {**started, **given}
+        return
+    with running(tmp_path_factory.mktemp("services"), environ=given) as started:
+        yield {**started, **given}
+
+
+@pytest.fixture(scope="session")
+def server_url(services: dict[str, str]) -> DatabaseUrl:
+    return DatabaseUrl.parse(services["DATABASE_URL"])
+
+
+@pytest.fixture(scope="session")
+def bootstrap(services: dict[str, str]) -> str:
+    return services["KAFKA_BOOTSTRAP_SERVERS"]
+
+
+@pytest.fixture(scope="session")
+def embedded_kafka(request: pytest.FixtureRequest, services: dict[str, str]) -> bool:
+    """Whether the broker is the embedded one (for tests of its known gaps)."""
+    return not os.environ.get("KAFKA_BOOTSTRAP_SERVERS") and request.config.getoption("--services") == "embedded"
+
+
+@pytest.fixture
+def database(server_url: DatabaseUrl) -> Iterator[DatabaseUrl]:
+    """A fresh, empty database for one test, dropped afterwards."""
+    name = unique("test")
+    with psycopg.connect(server_url.libpq, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    base, _, _ = server_url.raw.rpartition("/")
+    yield DatabaseUrl.parse(f"{base}/{name}")
+    with psycopg.connect(server_url.libpq, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def pg(database: DatabaseUrl) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(database.libpq, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+def topic(bootstrap: str) -> str:
+    return create_topic(bootstrap, unique("topic"), partitions=2)
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from sinks.kafka_source import register
+    from sinks.local_spark import local_session
+
+    session = local_session(tmp_path_factory.mktemp("spark"), app_name="outbox-tests")
+    register(session)
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> Path:
+    return tmp_path / "checkpoint"

@@ -1,0 +1,138 @@
+"""Helpers for tests: unique names, killable jobs, Kafka producers and readers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from outbox.dev.process import spawn
+from outbox.probe import quiet_kafka_config
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+
+def create_topic(bootstrap: str, name: str, partitions: int = 1) -> str:
+    admin = AdminClient(quiet_kafka_config({"bootstrap.servers": bootstrap}))
+    for future in admin.create_topics([NewTopic(name, partitions, 1)]).values():
+        future.result(30)
+    return name
+
+
+def add_partitions(bootstrap: str, topic: str, total: int) -> None:
+    from confluent_kafka.admin import NewPartitions
+
+    admin = AdminClient(quiet_kafka_config({"bootstrap.servers": bootstrap}))
+    for future in admin.create_partitions([NewPartitions(topic, total)]).values():
+        future.result(30)
+
+
+def transactional_producer(bootstrap: str, transactional_id: str | None = None) -> Producer:
+    producer = Producer(quiet_kafka_config({
+        "bootstrap.servers": bootstrap,
+        "transactional.id": transactional_id or unique("tx"),
+        "partitioner": "murmur2_random",
+        "linger.ms": 5,
+    }))
+    producer.init_transactions(30)
+    return producer
+
+
+def produce_transaction(
+    producer: Producer,
+    topic: str,
+    records: Iterable[tuple[bytes | None, bytes | None]],
+    *,
+    commit: bool = True,
+    partition: int | None = None,
+) -> None:
+    producer.begin_transaction()
+    for key, value in records:
+        if partition is None:
+            producer.produce(topic, key=key, value=value)
+        else:
+            producer.produce(topic, key=key, value=value, partition=partition)
+    producer.flush(30)
+    if commit:
+        producer.commit_transaction(30)
+    else:
+        producer.abort_transaction(30)
+
+
+def read_committed(bootstrap: str, topic: str, partitions: int, timeout: float = 10.0) -> list[tuple]:
+    """Everything a read_committed consumer sees from offset 0 up to the LSO."""
+    consumer = Consumer(quiet_kafka_config({
+        "bootstrap.servers": bootstrap, "group.id": unique("verify"),
+        "isolation.level": "read_committed", "enable.auto.commit": False,
+    }))
+    try:
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+                for p in range(partitions)}
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        out: list[tuple] = []
+        deadline = time.monotonic() + timeout
+        done = {p for p, end in ends.items() if end == 0}
+        while len(done) < partitions and time.monotonic() < deadline:
+            for m in consumer.consume(1000, 0.2):
+                if m.error() is None:
+                    out.append((m.partition(), m.offset(), m.key(), m.value()))
+            for p, end in ends.items():
+                if consumer.position([TopicPartition(topic, p)])[0].offset >= end:
+                    done.add(p)
+        return out
+    finally:
+        consumer.close()
+
+
+class Job:
+    """A Python program in a child process group that a test can kill -9.
+
+    It also dies if the test run itself is killed (parent-death signal).
+    """
+
+    def __init__(self, argv: Sequence[str], log: Path, env: dict[str, str]) -> None:
+        self.log = log
+        self.process = spawn(
+            [sys.executable, *argv], log, die_with_parent=signal.SIGKILL,
+            env={**os.environ, **env, "PYTHONPATH": str(REPO)},
+        )
+
+    def kill9(self) -> None:
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait(30)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill9()
+            raise AssertionError(f"job did not finish in {timeout}s; log:\n{self.output()}") from None
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def wait_for_output(self, text: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.output():
+                return
+            if self.process.poll() is not None:
+                raise AssertionError(f"job exited ({self.process.returncode}) before {text!r}:\n{self.output()}")
+            time.sleep(0.1)
+        self.kill9()
+        raise AssertionError(f"no {text!r} in job output after {timeout}s:\n{self.output()}")

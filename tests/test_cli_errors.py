@@ -1,0 +1,51 @@
+"""Bad input gets one clear line, never a traceback, and never a password."""
+
+import socket
+
+from outbox.config import DatabaseUrl
+from tests.cli import assert_one_line_error, outbox
+
+
+def test_malformed_database_url() -> None:
+    result = outbox("db", "current", env={"DATABASE_URL": "postgresql://u:hunter2@db:port/app"})
+    assert_one_line_error(result, "DATABASE_URL is malformed")
+    assert "hunter2" not in result.err
+
+
+def test_wrong_scheme() -> None:
+    assert_one_line_error(outbox("db", "upgrade", "--url", "mysql://db/app"), "must start with postgresql://")
+
+
+def test_unreachable_database_hides_the_password() -> None:
+    result = outbox("db", "upgrade", env={"DATABASE_URL": "postgresql://u:hunter2@127.0.0.1:1/app"})
+    assert_one_line_error(result, "cannot reach PostgreSQL at postgresql://u:***@127.0.0.1:1/app")
+    assert "hunter2" not in result.err
+
+
+def test_missing_database_url() -> None:
+    assert_one_line_error(outbox("db", "current"), "DATABASE_URL is not set")
+
+
+def test_unreachable_kafka(server_url: DatabaseUrl) -> None:
+    result = outbox("check", "--no-java", env={
+        "DATABASE_URL": server_url.raw, "KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1",
+    })
+    assert result.code == 1
+    kafka = [line for line in result.out.splitlines() if "kafka" in line]
+    assert kafka == [kafka[0]] and kafka[0].startswith("FAIL kafka: cannot reach Kafka at 127.0.0.1:1")
+    assert "Traceback" not in result.err and "rdkafka" not in result.err
+
+
+def test_port_already_in_use(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = outbox("dev", "up", "--dir", str(tmp_path / "dev"), "--pg-port", str(port))
+    assert_one_line_error(result, f"port {port} on 127.0.0.1 is already in use")
+    assert not (tmp_path / "dev" / "state.json").exists(), "nothing may start when a port is taken"
+
+
+def test_unknown_revision(server_url: DatabaseUrl) -> None:
+    result = outbox("db", "upgrade", "nope", env={"DATABASE_URL": server_url.raw})
+    assert_one_line_error(result, "Can't locate revision identified by 'nope'")

@@ -1,0 +1,58 @@
+import pytest
+
+from outbox.config import DatabaseUrl, parse_bootstrap, redact_url, schema_name
+from outbox.errors import ConfigError
+
+
+def test_url_forms_convert_between_drivers() -> None:
+    url = DatabaseUrl.parse("postgres://u:pw@db:5432/app")
+    assert url.libpq == "postgresql://u:pw@db:5432/app"
+    assert url.sqlalchemy == "postgresql+psycopg://u:pw@db:5432/app"
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (None, "DATABASE_URL is not set"),
+        ("", "DATABASE_URL is not set"),
+        ("mysql://u:pw@db/app", "must start with postgresql://"),
+        ("postgresql://u:pw@db:notaport/app", "malformed"),
+        ("postgresql:///app", "names no host"),
+        ("postgresql://u:pw@db:5432", "names no database"),
+    ],
+)
+def test_bad_urls_are_rejected_with_the_reason(value: str | None, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        DatabaseUrl.parse(value)
+    assert "pw" not in str(info.value)
+
+
+def test_password_never_printed() -> None:
+    url = DatabaseUrl.parse("postgresql://user:s%40cret@db:5432/app")
+    assert "s%40cret" not in str(url) and "s%40cret" not in repr(url)
+    assert url.password == "s@cret"
+    assert url.scrub("failed for postgresql://user:s%40cret@db:5432/app with s@cret") == (
+        "failed for postgresql://user:***@db:5432/app with ***"
+    )
+    assert redact_url("postgresql://a:b@c/d") == "postgresql://a:***@c/d"
+
+
+def test_bootstrap_list_is_validated() -> None:
+    assert parse_bootstrap(" a:9092, b:9093 ") == "a:9092,b:9093"
+    for bad in ("", "localhost", "host:0", "host:99999", "a:9092,,b"):
+        if bad == "a:9092,,b":
+            with pytest.raises(ConfigError, match="'b' is not host:port"):
+                parse_bootstrap(bad)
+        else:
+            with pytest.raises(ConfigError):
+                parse_bootstrap(bad)
+
+
+def test_schema_defaults_to_public_and_follows_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OUTBOX_SCHEMA", raising=False)
+    assert schema_name() == "public"
+    monkeypatch.setenv("OUTBOX_SCHEMA", "integration")
+    assert schema_name() == "integration"
+    assert schema_name("flag") == "flag"
+    with pytest.raises(ConfigError):
+        schema_name("x" * 64)

@@ -1,0 +1,38 @@
+import stat
+from pathlib import Path
+
+import pytest
+
+from outbox.errors import ConfigError
+from sinks.java import find_java, parse_major
+
+
+@pytest.mark.parametrize(
+    ("output", "major"),
+    [
+        ('openjdk version "17.0.15" 2025-04-15', 17),
+        ('java version "1.8.0_392"', 8),
+        ('openjdk version "21" 2023-09-19', 21),
+        ("no version here", None),
+    ],
+)
+def test_parse_major(output: str, major: int | None) -> None:
+    assert parse_major(output) == major
+
+
+def test_missing_java_says_how_to_install(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no `java` was found: install Java 17"):
+        find_java({"PATH": str(tmp_path)})
+
+
+def test_old_java_is_refused(tmp_path: Path) -> None:
+    java = tmp_path / "bin" / "java"
+    java.parent.mkdir()
+    java.write_text('#!/bin/sh\necho \'openjdk version "11.0.2"\' >&2\n')
+    java.chmod(java.stat().st_mode | stat.S_IEXEC)
+    with pytest.raises(ConfigError, match="is 11: install Java 17"):
+        find_java({"JAVA_HOME": str(tmp_path), "PATH": ""})
+
+
+def test_java_on_this_machine_is_found() -> None:
+    assert find_java().major >= 17

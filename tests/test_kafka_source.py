@@ -1,0 +1,196 @@
+"""The kafka_rc source against a real broker and a real SparkSession."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from tests.helpers import (
+    Job,
+    add_partitions,
+    create_topic,
+    produce_transaction,
+    read_committed,
+    transactional_producer,
+    unique,
+)
+
+
+def batch_read(spark: SparkSession, bootstrap: str, topic: str, **options: str) -> list:
+    reader = (spark.read.format("kafka_rc").option("kafka.bootstrap.servers", bootstrap)
+              .option("subscribe", topic).option("pollTimeoutMs", "10000"))
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return reader.load().collect()
+
+
+def records(n: int, tag: str) -> list[tuple[bytes, bytes]]:
+    return [(f"k{i % 7}".encode(), f"{tag}-{i}".encode()) for i in range(n)]
+
+
+def test_committed_visible_aborted_never_open_only_once_committed(
+    spark: SparkSession, bootstrap: str, topic: str
+) -> None:
+    committer, aborter = transactional_producer(bootstrap), transactional_producer(bootstrap)
+    produce_transaction(committer, topic, records(300, "c1"))
+    produce_transaction(aborter, topic, records(200, "aborted"), commit=False)
+    produce_transaction(committer, topic, records(300, "c2"))
+    opener = transactional_producer(bootstrap)
+    opener.begin_transaction()
+    for key, value in records(50, "open"):
+        opener.produce(topic, key=key, value=value)
+    opener.flush(30)
+
+    rows = batch_read(spark, bootstrap, topic)
+    values = Counter(r.value.decode().rsplit("-", 1)[0] for r in rows)
+    assert values == {"c1": 300, "c2": 300}
+    assert len({(r.partition, r.offset) for r in rows}) == 600
+
+    opener.commit_transaction(30)
+    rows = batch_read(spark, bootstrap, topic)
+    assert Counter(r.value.decode().rsplit("-", 1)[0] for r in rows) == {"c1": 300, "c2": 300, "open": 50}
+    # Same records, same positions as a plain read_committed consumer sees.
+    expected = sorted((p, o, k, v) for p, o, k, v in read_committed(bootstrap, topic, 2))
+    assert sorted((r.partition, r.offset, r.key, r.value) for r in rows) == expected
+
+
+def test_markers_at_the_end_of_a_range_neither_hang_nor_lose(
+    spark: SparkSession, bootstrap: str
+) -> None:
+    name = create_topic(bootstrap, unique("holes"), partitions=1)
+    producer, aborter = transactional_producer(bootstrap), transactional_producer(bootstrap)
+    produce_transaction(producer, name, records(10, "c"))  # offsets 0-9, marker 10
+    produce_transaction(aborter, name, records(5, "a"), commit=False)  # 11-15, marker 16
+    # The range ends on markers and aborted records: no record at end - 1 will ever be
+    # delivered. A reader that waits for one fails with a timeout (pollTimeoutMs) here.
+    rows = batch_read(spark, bootstrap, name)
+    assert [r.offset for r in rows] == list(range(10))
+    rows = batch_read(spark, bootstrap, name, startingOffsets=f'{{"{name}":{{"0":10}}}}')
+    assert rows == []
+
+
+def test_ending_offsets_and_partition_json(spark: SparkSession, bootstrap: str, topic: str) -> None:
+    produce_transaction(transactional_producer(bootstrap), topic, records(40, "r"), partition=0)
+    rows = batch_read(spark, bootstrap, topic,
+                      startingOffsets=f'{{"{topic}":{{"0":5,"1":-2}}}}',
+                      endingOffsets=f'{{"{topic}":{{"0":25,"1":-1}}}}')
+    assert sorted(r.offset for r in rows) == list(range(5, 25))
+
+
+def test_max_offsets_per_trigger_is_respected(
+    spark: SparkSession, bootstrap: str, topic: str, checkpoint: Path
+) -> None:
+    producer = transactional_producer(bootstrap)
+    for i in range(5):
+        produce_transaction(producer, topic, records(60, f"t{i}"))
+    query = (
+        spark.readStream.format("kafka_rc").option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic).option("maxOffsetsPerTrigger", "50").load()
+        .writeStream.format("memory").queryName(unique("mopt")).option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True).start()
+    )
+    query.awaitTermination(120)
+    batches = [p for p in query.recentProgress if p["numInputRows"] > 0]
+    assert len(batches) >= 6
+    for progress in query.recentProgress:
+        (source,) = progress["sources"]
+        start = json.loads(source["startOffset"] or "null") or {}
+        end = json.loads(source["endOffset"])
+        span = sum(int(o) - int(start.get(topic, {}).get(p, 0)) for p, o in end[topic].items())
+        assert span <= 50, progress
+    got = spark.sql(f"select value from {query.name}").collect()
+    assert len(got) == 300 and len({r.value for r in got}) == 300
+
+
+def test_partitions_added_while_running_are_read(
+    spark: SparkSession, bootstrap: str, checkpoint: Path
+) -> None:
+    name = create_topic(bootstrap, unique("grow"), partitions=1)
+    producer = transactional_producer(bootstrap)
+    produce_transaction(producer, name, records(10, "before"), partition=0)
+    sink = unique("grow")
+    query = (
+        spark.readStream.format("kafka_rc").option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", name).load()
+        .writeStream.format("memory").queryName(sink).option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="200 milliseconds").start()
+    )
+    try:
+        wait_for(lambda: spark.sql(f"select count(*) c from {sink}").first().c == 10, "first 10 rows")
+        add_partitions(bootstrap, name, 3)
+        producer2 = transactional_producer(bootstrap)
+        produce_transaction(producer2, name, records(7, "p2"), partition=2)
+        wait_for(lambda: spark.sql(f"select count(*) c from {sink} where partition = 2").first().c == 7,
+                 "rows of the new partition")
+    finally:
+        query.stop()
+    assert spark.sql(f"select count(*) c from {sink}").first().c == 17
+
+
+def test_kill_9_of_the_driver_then_restart_continues_exactly(
+    spark: SparkSession, bootstrap: str, tmp_path: Path
+) -> None:
+    name = create_topic(bootstrap, unique("crash"), partitions=2)
+    producer = transactional_producer(bootstrap)
+    for i in range(20):
+        produce_transaction(producer, name, records(100, f"t{i}"))
+    out, ckpt = tmp_path / "out", tmp_path / "checkpoint"
+    args = ["-m", "tests.jobs.stream_to_parquet", bootstrap, name, str(out), str(ckpt)]
+
+    first = Job([*args, str(tmp_path / "w1"), "150"], tmp_path / "first.log", {})
+    first.wait_for_output("batch 3", timeout=180)
+    first.kill9()
+
+    second = Job([*args, str(tmp_path / "w2"), "150", "available-now"], tmp_path / "second.log", {})
+    assert second.wait(timeout=300) == 0, second.output()
+    assert "done" in second.output()
+
+    # Spark's file sink lists only committed batches (its _spark_metadata log).
+    rows = spark.read.parquet(str(out)).collect()
+    positions = Counter((r.partition, r.offset) for r in rows)
+    assert max(positions.values()) == 1, "a record was written twice"
+    expected = {(p, o) for p, o, _, _ in read_committed(bootstrap, name, 2)}
+    assert set(positions) == expected, "records missing"
+    assert len(expected) == 2000
+
+
+def test_embedded_broker_gap_aborted_txn_list(bootstrap: str, embedded_kafka: bool) -> None:
+    """Documents a gap of the embedded broker (noida-db 0.2.3), not of the source.
+
+    Its Fetch responses list aborted transactions that ended before the fetch
+    offset, so librdkafka drops later committed records of the same producer
+    when a read starts right after an abort marker. Real Kafka does not.
+    """
+    name = create_topic(bootstrap, unique("gap"), partitions=1)
+    producer = transactional_producer(bootstrap)
+    produce_transaction(producer, name, records(3, "c"))  # 0-2, marker 3
+    produce_transaction(producer, name, records(3, "a"), commit=False)  # 4-6, marker 7
+    produce_transaction(producer, name, records(2, "late"))  # 8-9, marker 10
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("g"),
+                         "isolation.level": "read_committed", "enable.auto.commit": False})
+    consumer.assign([TopicPartition(name, 0, 8)])
+    got: list[int] = []
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and len(got) < 2:
+        got += [m.offset() for m in consumer.consume(10, 0.2) if m.error() is None]
+    consumer.close()
+    if embedded_kafka:
+        assert got == [], "the embedded broker's gap is gone: drop this test and its README note"
+    else:
+        assert got == [8, 9]
+
+
+def wait_for(condition, what: str, timeout: float = 120) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.3)
+    pytest.fail(f"timed out waiting for {what}")

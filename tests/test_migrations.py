@@ -1,0 +1,63 @@
+"""`outbox db`: upgrade, downgrade and current, beside an application's own Alembic history."""
+
+import psycopg
+from psycopg import sql
+
+from outbox.config import DatabaseUrl
+from tests.cli import outbox
+
+TABLES = {"outbox_events", "sink_progress", "sink_dead_letters", "outbox_alembic_version"}
+
+
+def tables(pg: psycopg.Connection, schema: str) -> set[str]:
+    rows = pg.execute("select table_name from information_schema.tables where table_schema = %s", [schema])
+    return {r[0] for r in rows}
+
+
+def test_upgrade_downgrade_upgrade(database: DatabaseUrl, pg: psycopg.Connection) -> None:
+    env = {"DATABASE_URL": database.raw}
+    current = outbox("db", "current", env=env)
+    assert current.code == 1 and current.out.startswith("base")
+
+    assert outbox("db", "upgrade", env=env).code == 0
+    assert tables(pg, "public") == TABLES
+    assert outbox("db", "current", env=env).out.strip() == "0001 (head)"
+    assert outbox("db", "upgrade", env=env).code == 0  # already at head: a no-op
+
+    down = outbox("db", "downgrade", "base", env=env)
+    assert down.code == 0, down
+    assert tables(pg, "public") == {"outbox_alembic_version"}
+
+    assert outbox("db", "upgrade", env=env).code == 0
+    assert tables(pg, "public") == TABLES
+
+
+def test_our_history_lives_beside_the_applications(database: DatabaseUrl, pg: psycopg.Connection) -> None:
+    pg.execute("create table alembic_version (version_num varchar(32) primary key)")
+    pg.execute("insert into alembic_version values ('app_rev_42')")
+    assert outbox("db", "upgrade", env={"DATABASE_URL": database.raw}).code == 0
+    assert pg.execute("select version_num from alembic_version").fetchall() == [("app_rev_42",)]
+    assert pg.execute("select version_num from outbox_alembic_version").fetchall() == [("0001",)]
+
+
+def test_schema_names_are_quoted_not_injected(database: DatabaseUrl, pg: psycopg.Connection) -> None:
+    schema = 'we"ird; DROP TABLE victim; --'
+    pg.execute("create table victim (id int)")
+    result = outbox("db", "upgrade", "--url", database.raw, "--schema", schema)
+    assert result.code == 0, result
+    assert tables(pg, schema) == TABLES
+    assert tables(pg, "public") == {"victim"}
+    pg.execute(sql.SQL("insert into {}.outbox_events (event_id, topic) values (gen_random_uuid(), 't')")
+               .format(sql.Identifier(schema)))
+    txid = pg.execute(sql.SQL("select txid from {}.outbox_events").format(sql.Identifier(schema))).fetchone()
+    assert txid is not None and int(str(txid[0])) > 0
+    assert outbox("db", "downgrade", "base", "--url", database.raw, "--schema", schema).code == 0
+    assert tables(pg, schema) == {"outbox_alembic_version"}
+
+
+def test_offline_sql_for_review(database: DatabaseUrl, pg: psycopg.Connection) -> None:
+    result = outbox("db", "upgrade", "--sql", "--url", database.raw)
+    assert result.code == 0
+    assert "CREATE TABLE public.outbox_events" in result.out
+    assert "pg_current_xact_id()" in result.out
+    assert tables(pg, "public") == set(), "--sql must not touch the database"

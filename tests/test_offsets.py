@@ -1,0 +1,78 @@
+import pytest
+
+from outbox.errors import ConfigError
+from sinks.kafka_source import offsets as plan
+from sinks.kafka_source.options import parse
+
+A0, A1, B0 = ("a", 0), ("a", 1), ("b", 0)
+
+
+def test_offsets_round_trip_in_sparks_json_shape() -> None:
+    positions = {A0: 5, A1: 7, B0: 0}
+    encoded = plan.to_offsets(positions)
+    assert encoded == {"a": {"0": 5, "1": 7}, "b": {"0": 0}}
+    assert plan.from_offsets(encoded) == positions
+
+
+def test_resolve_earliest_latest_and_json() -> None:
+    earliest, latest = {A0: 2, A1: 0}, {A0: 10, A1: 4}
+    assert plan.resolve("earliest", [A0, A1], earliest, latest, option="x") == earliest
+    assert plan.resolve("latest", [A0, A1], earliest, latest, option="x") == latest
+    spec = {"a": {"0": -2, "1": 3}}
+    assert plan.resolve(spec, [A0, A1], earliest, latest, option="x") == {A0: 2, A1: 3}
+    with pytest.raises(ConfigError, match="gives no offset for a-1"):
+        plan.resolve({"a": {"0": 1}}, [A0, A1], earliest, latest, option="x")
+
+
+def test_cap_shares_the_limit_by_backlog_and_never_exceeds_latest() -> None:
+    start = {A0: 0, A1: 100, B0: 0}
+    latest = {A0: 300, A1: 200, B0: 0}
+    end = plan.cap(start, latest, 100)
+    assert sum(end[tp] - start[tp] for tp in start) == 100
+    assert end[A0] - start[A0] == 75 and end[A1] - start[A1] == 25 and end[B0] == 0
+    assert plan.cap(start, latest, None) == latest
+    assert plan.cap(start, latest, 10_000) == latest
+
+
+def test_cap_with_rounding_still_hands_out_the_whole_limit() -> None:
+    start = {A0: 0, A1: 0, B0: 0}
+    latest = {A0: 10, A1: 10, B0: 10}
+    end = plan.cap(start, latest, 10)
+    assert sum(end.values()) == 10 and all(3 <= v <= 4 for v in end.values())
+
+
+def test_ranges_skip_empty_and_start_new_partitions_at_their_end() -> None:
+    assert plan.ranges({A0: 5, A1: 3}, {A0: 9, A1: 3, B0: 4}) == [plan.Range("a", 0, 5, 9)]
+
+
+def test_options_mirror_sparks_kafka_source() -> None:
+    opts = parse({
+        "kafka.bootstrap.servers": "h:1", "subscribe": "a, b", "startingOffsets": '{"a":{"0":-2}}',
+        "maxOffsetsPerTrigger": "50", "kafka.security.protocol": "SSL",
+    })
+    assert opts.topics == ("a", "b") and opts.max_offsets_per_trigger == 50
+    assert opts.consumer_config()["isolation.level"] == "read_committed"
+    assert opts.consumer_config()["security.protocol"] == "SSL"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"subscribe": "a"}, "kafka.bootstrap.servers is required"),
+        ({"kafka.bootstrap.servers": "h:1"}, "exactly one of the options subscribe"),
+        ({"kafka.bootstrap.servers": "h:1", "subscribe": "a", "kafka.isolation.level": "read_uncommitted"},
+         "unsafe.readUncommitted"),
+        ({"kafka.bootstrap.servers": "h:1", "subscribe": "a", "startingOffsets": "first"}, "startingOffsets must be"),
+        ({"kafka.bootstrap.servers": "h:1", "subscribe": "a", "maxOffsetsPerTrigger": "0"}, "positive integer"),
+        ({"kafka.bootstrap.servers": "h:1", "subscribe": "a", "kafka.group.id": "g"}, "not supported"),
+        ({"kafka.bootstrap.servers": "h:1", "subscribe": "a", "subscrbe": "b"}, "unknown option"),
+    ],
+)
+def test_bad_options_fail_before_anything_runs(options: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse(options)
+
+
+def test_read_uncommitted_needs_the_loud_opt_in() -> None:
+    opts = parse({"kafka.bootstrap.servers": "h:1", "subscribe": "a", "unsafe.readUncommitted": "true"})
+    assert opts.consumer_config()["isolation.level"] == "read_uncommitted"
