@@ -8,13 +8,15 @@ without either seeing the other's revisions.
 from __future__ import annotations
 
 from alembic import context
+from outbox.migrations import VERSION_TABLE
 from sqlalchemy import create_engine, pool, text
 
 from outbox import config as settings
-from outbox.migrations import VERSION_TABLE
 
 config = context.config
-url = config.attributes.get("url") or settings.database_url(context.get_x_argument(as_dictionary=True).get("url"))
+url = config.attributes.get("url") or settings.database_url(
+    context.get_x_argument(as_dictionary=True).get("url")
+)
 schema = config.attributes.get("schema") or settings.schema_name(
     context.get_x_argument(as_dictionary=True).get("schema")
 )

@@ -36,7 +36,7 @@ class DatabaseUrl:
         if not value or not value.strip():
             raise ConfigError(
                 f"{source} is not set: give a URL like postgresql://user:password@host:5432/dbname"
-                " (or run `eval \"$(outbox dev up)\"` for a local one)"
+                ' (or run `eval "$(outbox dev up)"` for a local one)'
             )
         value = value.strip()
         try:
@@ -104,7 +104,7 @@ def parse_bootstrap(value: str | None, *, source: str = KAFKA_BOOTSTRAP_SERVERS)
     if not value or not value.strip():
         raise ConfigError(
             f"{source} is not set: give host:port[,host:port...]"
-            " (or run `eval \"$(outbox dev up)\"` for a local broker)"
+            ' (or run `eval "$(outbox dev up)"` for a local broker)'
         )
     servers = [s.strip() for s in value.split(",") if s.strip()]
     for server in servers:

@@ -56,3 +56,24 @@ def local_session(
     for key, value in settings.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def stop_session(spark: SparkSession, timeout: float = 30.0) -> None:
+    """Stop the session and wait for its JVM to exit, so nothing outlives the caller."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    proc = getattr(gateway, "proc", None)
+    spark.stop()
+    if gateway is not None:
+        gateway.shutdown()
+        SparkContext._gateway = None
+        SparkContext._jvm = None
+    if proc is not None:
+        if proc.stdin:
+            proc.stdin.close()  # the JVM exits on EOF of its stdin
+        try:
+            proc.wait(timeout)
+        except Exception:
+            proc.kill()
+            proc.wait(timeout)

@@ -22,7 +22,10 @@ def outbox(*args: str, env: dict[str, str] | None = None, cwd: Path | None = Non
     base = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS")}
     proc = subprocess.run(
         [sys.executable, "-m", "outbox", *args],
-        capture_output=True, text=True, timeout=120, cwd=cwd or REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd or REPO,
         env={**base, "PYTHONPATH": str(REPO), **(env or {})},
     )
     return Result(proc.returncode, proc.stdout, proc.stderr)

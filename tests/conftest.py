@@ -31,7 +31,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 @pytest.fixture(scope="session")
-def services(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+def services(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, str]]:
     given = {k: v for k in ("DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS") if (v := os.environ.get(k))}
     if len(given) == 2:
         yield given
@@ -60,7 +62,9 @@ def bootstrap(services: dict[str, str]) -> str:
 @pytest.fixture(scope="session")
 def embedded_kafka(request: pytest.FixtureRequest, services: dict[str, str]) -> bool:
     """Whether the broker is the embedded one (for tests of its known gaps)."""
-    return not os.environ.get("KAFKA_BOOTSTRAP_SERVERS") and request.config.getoption("--services") == "embedded"
+    return (
+        not os.environ.get("KAFKA_BOOTSTRAP_SERVERS") and request.config.getoption("--services") == "embedded"
+    )
 
 
 @pytest.fixture
@@ -89,12 +93,12 @@ def topic(bootstrap: str) -> str:
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     from sinks.kafka_source import register
-    from sinks.local_spark import local_session
+    from sinks.local_spark import local_session, stop_session
 
     session = local_session(tmp_path_factory.mktemp("spark"), app_name="outbox-tests")
     register(session)
     yield session
-    session.stop()
+    stop_session(session)
 
 
 @pytest.fixture

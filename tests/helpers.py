@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -40,12 +41,16 @@ def add_partitions(bootstrap: str, topic: str, total: int) -> None:
 
 
 def transactional_producer(bootstrap: str, transactional_id: str | None = None) -> Producer:
-    producer = Producer(quiet_kafka_config({
-        "bootstrap.servers": bootstrap,
-        "transactional.id": transactional_id or unique("tx"),
-        "partitioner": "murmur2_random",
-        "linger.ms": 5,
-    }))
+    producer = Producer(
+        quiet_kafka_config(
+            {
+                "bootstrap.servers": bootstrap,
+                "transactional.id": transactional_id or unique("tx"),
+                "partitioner": "murmur2_random",
+                "linger.ms": 5,
+            }
+        )
+    )
     producer.init_transactions(30)
     return producer
 
@@ -73,13 +78,21 @@ def produce_transaction(
 
 def read_committed(bootstrap: str, topic: str, partitions: int, timeout: float = 10.0) -> list[tuple]:
     """Everything a read_committed consumer sees from offset 0 up to the LSO."""
-    consumer = Consumer(quiet_kafka_config({
-        "bootstrap.servers": bootstrap, "group.id": unique("verify"),
-        "isolation.level": "read_committed", "enable.auto.commit": False,
-    }))
+    consumer = Consumer(
+        quiet_kafka_config(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": unique("verify"),
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+            }
+        )
+    )
     try:
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
-                for p in range(partitions)}
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+            for p in range(partitions)
+        }
         consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         out: list[tuple] = []
         deadline = time.monotonic() + timeout
@@ -105,15 +118,15 @@ class Job:
     def __init__(self, argv: Sequence[str], log: Path, env: dict[str, str]) -> None:
         self.log = log
         self.process = spawn(
-            [sys.executable, *argv], log, die_with_parent=signal.SIGKILL,
+            [sys.executable, *argv],
+            log,
+            die_with_parent=signal.SIGKILL,
             env={**os.environ, **env, "PYTHONPATH": str(REPO)},
         )
 
     def kill9(self) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.process.wait(30)
 
     def wait(self, timeout: float) -> int:
@@ -132,7 +145,9 @@ class Job:
             if text in self.output():
                 return
             if self.process.poll() is not None:
-                raise AssertionError(f"job exited ({self.process.returncode}) before {text!r}:\n{self.output()}")
+                raise AssertionError(
+                    f"job exited ({self.process.returncode}) before {text!r}:\n{self.output()}"
+                )
             time.sleep(0.1)
         self.kill9()
         raise AssertionError(f"no {text!r} in job output after {timeout}s:\n{self.output()}")

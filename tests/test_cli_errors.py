@@ -27,9 +27,14 @@ def test_missing_database_url() -> None:
 
 
 def test_unreachable_kafka(server_url: DatabaseUrl) -> None:
-    result = outbox("check", "--no-java", env={
-        "DATABASE_URL": server_url.raw, "KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1",
-    })
+    result = outbox(
+        "check",
+        "--no-java",
+        env={
+            "DATABASE_URL": server_url.raw,
+            "KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1",
+        },
+    )
     assert result.code == 1
     kafka = [line for line in result.out.splitlines() if "kafka" in line]
     assert kafka == [kafka[0]] and kafka[0].startswith("FAIL kafka: cannot reach Kafka at 127.0.0.1:1")

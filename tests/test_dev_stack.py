@@ -12,13 +12,18 @@ from tests.cli import outbox
 
 
 def exports(stdout: str) -> dict[str, str]:
-    pairs = [line[len("export "):].split("=", 1) for line in stdout.splitlines() if line.startswith("export ")]
+    pairs = [
+        line[len("export ") :].split("=", 1) for line in stdout.splitlines() if line.startswith("export ")
+    ]
     return dict(pairs)
 
 
 def our_processes(root: Path) -> list[int]:
-    return [int(p.name) for p in Path("/proc").iterdir()
-            if p.name.isdigit() and cmdline_contains(int(p.name), str(root.resolve()) + "/")]
+    return [
+        int(p.name)
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit() and cmdline_contains(int(p.name), str(root.resolve()) + "/")
+    ]
 
 
 def test_up_is_idempotent_and_down_leaves_nothing(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ def test_missing_java_says_how_to_install(tmp_path: Path) -> None:
 def test_old_java_is_refused(tmp_path: Path) -> None:
     java = tmp_path / "bin" / "java"
     java.parent.mkdir()
-    java.write_text('#!/bin/sh\necho \'openjdk version "11.0.2"\' >&2\n')
+    java.write_text("#!/bin/sh\necho 'openjdk version \"11.0.2\"' >&2\n")
     java.chmod(java.stat().st_mode | stat.S_IEXEC)
     with pytest.raises(ConfigError, match="is 11: install Java 17"):
         find_java({"JAVA_HOME": str(tmp_path), "PATH": ""})

@@ -22,8 +22,12 @@ from tests.helpers import (
 
 
 def batch_read(spark: SparkSession, bootstrap: str, topic: str, **options: str) -> list:
-    reader = (spark.read.format("kafka_rc").option("kafka.bootstrap.servers", bootstrap)
-              .option("subscribe", topic).option("pollTimeoutMs", "10000"))
+    reader = (
+        spark.read.format("kafka_rc")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("pollTimeoutMs", "10000")
+    )
     for key, value in options.items():
         reader = reader.option(key, value)
     return reader.load().collect()
@@ -59,9 +63,7 @@ def test_committed_visible_aborted_never_open_only_once_committed(
     assert sorted((r.partition, r.offset, r.key, r.value) for r in rows) == expected
 
 
-def test_markers_at_the_end_of_a_range_neither_hang_nor_lose(
-    spark: SparkSession, bootstrap: str
-) -> None:
+def test_markers_at_the_end_of_a_range_neither_hang_nor_lose(spark: SparkSession, bootstrap: str) -> None:
     name = create_topic(bootstrap, unique("holes"), partitions=1)
     producer, aborter = transactional_producer(bootstrap), transactional_producer(bootstrap)
     produce_transaction(producer, name, records(10, "c"))  # offsets 0-9, marker 10
@@ -76,9 +78,13 @@ def test_markers_at_the_end_of_a_range_neither_hang_nor_lose(
 
 def test_ending_offsets_and_partition_json(spark: SparkSession, bootstrap: str, topic: str) -> None:
     produce_transaction(transactional_producer(bootstrap), topic, records(40, "r"), partition=0)
-    rows = batch_read(spark, bootstrap, topic,
-                      startingOffsets=f'{{"{topic}":{{"0":5,"1":-2}}}}',
-                      endingOffsets=f'{{"{topic}":{{"0":25,"1":-1}}}}')
+    rows = batch_read(
+        spark,
+        bootstrap,
+        topic,
+        startingOffsets=f'{{"{topic}":{{"0":5,"1":-2}}}}',
+        endingOffsets=f'{{"{topic}":{{"0":25,"1":-1}}}}',
+    )
     assert sorted(r.offset for r in rows) == list(range(5, 25))
 
 
@@ -89,10 +95,16 @@ def test_max_offsets_per_trigger_is_respected(
     for i in range(5):
         produce_transaction(producer, topic, records(60, f"t{i}"))
     query = (
-        spark.readStream.format("kafka_rc").option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic).option("maxOffsetsPerTrigger", "50").load()
-        .writeStream.format("memory").queryName(unique("mopt")).option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True).start()
+        spark.readStream.format("kafka_rc")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("maxOffsetsPerTrigger", "50")
+        .load()
+        .writeStream.format("memory")
+        .queryName(unique("mopt"))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
     )
     query.awaitTermination(120)
     batches = [p for p in query.recentProgress if p["numInputRows"] > 0]
@@ -115,18 +127,25 @@ def test_partitions_added_while_running_are_read(
     produce_transaction(producer, name, records(10, "before"), partition=0)
     sink = unique("grow")
     query = (
-        spark.readStream.format("kafka_rc").option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", name).load()
-        .writeStream.format("memory").queryName(sink).option("checkpointLocation", str(checkpoint))
-        .trigger(processingTime="200 milliseconds").start()
+        spark.readStream.format("kafka_rc")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", name)
+        .load()
+        .writeStream.format("memory")
+        .queryName(sink)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="200 milliseconds")
+        .start()
     )
     try:
         wait_for(lambda: spark.sql(f"select count(*) c from {sink}").first().c == 10, "first 10 rows")
         add_partitions(bootstrap, name, 3)
         producer2 = transactional_producer(bootstrap)
         produce_transaction(producer2, name, records(7, "p2"), partition=2)
-        wait_for(lambda: spark.sql(f"select count(*) c from {sink} where partition = 2").first().c == 7,
-                 "rows of the new partition")
+        wait_for(
+            lambda: spark.sql(f"select count(*) c from {sink} where partition = 2").first().c == 7,
+            "rows of the new partition",
+        )
     finally:
         query.stop()
     assert spark.sql(f"select count(*) c from {sink}").first().c == 17
@@ -173,8 +192,14 @@ def test_embedded_broker_gap_aborted_txn_list(bootstrap: str, embedded_kafka: bo
     produce_transaction(producer, name, records(2, "late"))  # 8-9, marker 10
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("g"),
-                         "isolation.level": "read_committed", "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": unique("g"),
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.assign([TopicPartition(name, 0, 8)])
     got: list[int] = []
     deadline = time.monotonic() + 5

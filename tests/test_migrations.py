@@ -47,8 +47,11 @@ def test_schema_names_are_quoted_not_injected(database: DatabaseUrl, pg: psycopg
     assert result.code == 0, result
     assert tables(pg, schema) == TABLES
     assert tables(pg, "public") == {"victim"}
-    pg.execute(sql.SQL("insert into {}.outbox_events (event_id, topic) values (gen_random_uuid(), 't')")
-               .format(sql.Identifier(schema)))
+    pg.execute(
+        sql.SQL("insert into {}.outbox_events (event_id, topic) values (gen_random_uuid(), 't')").format(
+            sql.Identifier(schema)
+        )
+    )
     txid = pg.execute(sql.SQL("select txid from {}.outbox_events").format(sql.Identifier(schema))).fetchone()
     assert txid is not None and int(str(txid[0])) > 0
     assert outbox("db", "downgrade", "base", "--url", database.raw, "--schema", schema).code == 0

@@ -46,10 +46,15 @@ def test_ranges_skip_empty_and_start_new_partitions_at_their_end() -> None:
 
 
 def test_options_mirror_sparks_kafka_source() -> None:
-    opts = parse({
-        "kafka.bootstrap.servers": "h:1", "subscribe": "a, b", "startingOffsets": '{"a":{"0":-2}}',
-        "maxOffsetsPerTrigger": "50", "kafka.security.protocol": "SSL",
-    })
+    opts = parse(
+        {
+            "kafka.bootstrap.servers": "h:1",
+            "subscribe": "a, b",
+            "startingOffsets": '{"a":{"0":-2}}',
+            "maxOffsetsPerTrigger": "50",
+            "kafka.security.protocol": "SSL",
+        }
+    )
     assert opts.topics == ("a", "b") and opts.max_offsets_per_trigger == 50
     assert opts.consumer_config()["isolation.level"] == "read_committed"
     assert opts.consumer_config()["security.protocol"] == "SSL"
@@ -60,10 +65,18 @@ def test_options_mirror_sparks_kafka_source() -> None:
     [
         ({"subscribe": "a"}, "kafka.bootstrap.servers is required"),
         ({"kafka.bootstrap.servers": "h:1"}, "exactly one of the options subscribe"),
-        ({"kafka.bootstrap.servers": "h:1", "subscribe": "a", "kafka.isolation.level": "read_uncommitted"},
-         "unsafe.readUncommitted"),
-        ({"kafka.bootstrap.servers": "h:1", "subscribe": "a", "startingOffsets": "first"}, "startingOffsets must be"),
-        ({"kafka.bootstrap.servers": "h:1", "subscribe": "a", "maxOffsetsPerTrigger": "0"}, "positive integer"),
+        (
+            {"kafka.bootstrap.servers": "h:1", "subscribe": "a", "kafka.isolation.level": "read_uncommitted"},
+            "unsafe.readUncommitted",
+        ),
+        (
+            {"kafka.bootstrap.servers": "h:1", "subscribe": "a", "startingOffsets": "first"},
+            "startingOffsets must be",
+        ),
+        (
+            {"kafka.bootstrap.servers": "h:1", "subscribe": "a", "maxOffsetsPerTrigger": "0"},
+            "positive integer",
+        ),
         ({"kafka.bootstrap.servers": "h:1", "subscribe": "a", "kafka.group.id": "g"}, "not supported"),
         ({"kafka.bootstrap.servers": "h:1", "subscribe": "a", "subscrbe": "b"}, "unknown option"),
     ],

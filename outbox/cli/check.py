@@ -18,7 +18,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     check = commands.add_parser("check", help="check PostgreSQL, Kafka, migrations and Java")
     check.add_argument("--url", help="PostgreSQL URL (default: env DATABASE_URL)")
     check.add_argument("--bootstrap-servers", help="Kafka (default: env KAFKA_BOOTSTRAP_SERVERS)")
-    check.add_argument("--schema", help="schema of the framework's tables (default: env OUTBOX_SCHEMA or public)")
+    check.add_argument(
+        "--schema", help="schema of the framework's tables (default: env OUTBOX_SCHEMA or public)"
+    )
     check.add_argument("--no-java", action="store_true", help="skip the Java check (relay-only hosts)")
     check.set_defaults(handler=cmd_check)
 
@@ -49,7 +51,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         return f"Java {found.major} at {found.path}"
 
     checks: list[tuple[str, Callable[[], str]]] = [
-        ("postgres", postgres), ("migrations", migrations), ("kafka", kafka),
+        ("postgres", postgres),
+        ("migrations", migrations),
+        ("kafka", kafka),
     ]
     if not args.no_java:
         checks.append(("java", java))

@@ -27,9 +27,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     down.add_argument("--sql", action="store_true", help="print the SQL (REV must be FROM:TO)")
     down.set_defaults(handler=cmd_downgrade)
 
-    common(actions.add_parser("current", help="show the applied revision")).set_defaults(
-        handler=cmd_current
-    )
+    common(actions.add_parser("current", help="show the applied revision")).set_defaults(handler=cmd_current)
 
 
 def cmd_upgrade(args: argparse.Namespace) -> int:

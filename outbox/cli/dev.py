@@ -45,8 +45,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 def export_lines(status: Status) -> list[str]:
     """Shell lines for the running services; given ones are named, not echoed (secrets)."""
     lines = [f"export {name}={shlex.quote(value)}" for name, value in status.exports.items()]
-    lines += [f"# {var} is set in the environment: using it, not starting {name}"
-              for name, var in status.given.items()]
+    lines += [
+        f"# {var} is set in the environment: using it, not starting {name}"
+        for name, var in status.given.items()
+    ]
     return lines
 
 

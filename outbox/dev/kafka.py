@@ -36,8 +36,18 @@ def start(data_dir: Path, port: int, *, die_with_parent: bool) -> Service:
     """Start the broker on 127.0.0.1:port; wait until it answers metadata requests."""
     data_dir.mkdir(parents=True, exist_ok=True)
     log = data_dir / "kafka.log"
-    argv = [str(binary()), "start", "--only", "kafka", "--host", "127.0.0.1",
-            "--kafka-port", str(port), "--data-dir", str(data_dir / "data")]
+    argv = [
+        str(binary()),
+        "start",
+        "--only",
+        "kafka",
+        "--host",
+        "127.0.0.1",
+        "--kafka-port",
+        str(port),
+        "--data-dir",
+        str(data_dir / "data"),
+    ]
     proc = spawn(argv, log, die_with_parent=signal.SIGKILL if die_with_parent else None)
     bootstrap = f"127.0.0.1:{port}"
     wait_until(lambda: _answers(port), proc, what="Kafka broker", log=log)

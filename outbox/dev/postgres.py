@@ -58,9 +58,22 @@ def start(data_dir: Path, port: int, *, die_with_parent: bool) -> Service:
     if not (pgdata / "PG_VERSION").exists():
         shutil.rmtree(pgdata, ignore_errors=True)
         result = subprocess.run(
-            [str(binaries / "initdb"), "-D", str(pgdata), "-U", "postgres", "--auth=trust",
-             "--encoding=UTF8", "--no-sync", "--no-instructions"],
-            capture_output=True, text=True, user=user, group=_gid(user), extra_groups=[] if user else None,
+            [
+                str(binaries / "initdb"),
+                "-D",
+                str(pgdata),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--no-sync",
+                "--no-instructions",
+            ],
+            capture_output=True,
+            text=True,
+            user=user,
+            group=_gid(user),
+            extra_groups=[] if user else None,
         )
         if result.returncode != 0:
             raise ConfigError(f"initdb failed: {result.stderr.strip().splitlines()[-1:]}")

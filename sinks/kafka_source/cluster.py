@@ -18,9 +18,17 @@ from sinks.kafka_source.offsets import TopicPartitionKey
 from sinks.kafka_source.options import SourceOptions
 
 _ADMIN_KEYS_SKIPPED = {
-    "group.id", "enable.auto.commit", "enable.auto.offset.store", "enable.partition.eof",
-    "isolation.level", "auto.offset.reset", "fetch.min.bytes", "fetch.wait.max.ms",
-    "max.partition.fetch.bytes", "queued.min.messages", "queued.max.messages.kbytes",
+    "group.id",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "enable.partition.eof",
+    "isolation.level",
+    "auto.offset.reset",
+    "fetch.min.bytes",
+    "fetch.wait.max.ms",
+    "max.partition.fetch.bytes",
+    "queued.min.messages",
+    "queued.max.messages.kbytes",
 }
 
 
@@ -66,7 +74,8 @@ class Cluster:
         if not wanted:
             return {}
         isolation = (
-            IsolationLevel.READ_UNCOMMITTED if self.options.read_uncommitted
+            IsolationLevel.READ_UNCOMMITTED
+            if self.options.read_uncommitted
             else IsolationLevel.READ_COMMITTED
         )
         futures = self.admin.list_offsets(wanted, isolation_level=isolation, request_timeout=self.timeout)

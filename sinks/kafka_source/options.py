@@ -18,8 +18,14 @@ _REJECTED = {
     "assign": "use subscribe or subscribePattern",
 }
 _OURS = {
-    "subscribe", "subscribepattern", "startingoffsets", "endingoffsets",
-    "maxoffsetspertrigger", "failondataloss", "polltimeoutms", READ_UNCOMMITTED_OPT_IN.lower(),
+    "subscribe",
+    "subscribepattern",
+    "startingoffsets",
+    "endingoffsets",
+    "maxoffsetspertrigger",
+    "failondataloss",
+    "polltimeoutms",
+    READ_UNCOMMITTED_OPT_IN.lower(),
 }
 
 EARLIEST = -2
@@ -59,13 +65,15 @@ class SourceOptions:
 
 def parse(options: Mapping[str, str]) -> SourceOptions:
     opts = {k.lower(): v for k, v in options.items()}
-    kafka = {k[len("kafka."):]: v for k, v in options.items() if k.lower().startswith("kafka.")}
+    kafka = {k[len("kafka.") :]: v for k, v in options.items() if k.lower().startswith("kafka.")}
     for key, why in _REJECTED.items():
         if key in opts:
             raise ConfigError(f"option {key!r} is not supported: {why}")
     unknown = sorted(k for k in opts if not k.startswith("kafka.") and k not in _OURS and k != "path")
     if unknown:
-        raise ConfigError(f"unknown option(s) {', '.join(unknown)}: kafka client settings take a 'kafka.' prefix")
+        raise ConfigError(
+            f"unknown option(s) {', '.join(unknown)}: kafka client settings take a 'kafka.' prefix"
+        )
     bootstrap = kafka.pop("bootstrap.servers", None)
     if not bootstrap:
         raise ConfigError("option kafka.bootstrap.servers is required")
@@ -107,8 +115,7 @@ def _offsets_option(name: str, value: str) -> str | dict[str, dict[str, int]]:
     try:
         parsed = json.loads(value)
         return {
-            str(topic): {str(int(p)): int(o) for p, o in parts.items()}
-            for topic, parts in parsed.items()
+            str(topic): {str(int(p)): int(o) for p, o in parts.items()} for topic, parts in parsed.items()
         }
     except (ValueError, AttributeError, TypeError):
         raise ConfigError(

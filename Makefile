@@ -1,0 +1,28 @@
+# `make demo` and `make test` do all set-up on a machine with Python 3.11+ and Java 17+.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed (set PYTHON=python3.11)")'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m demos.smoke
+
+test: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m pytest --basetemp=.tmp/pytest
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+clean:
+	rm -rf .tmp .outbox-dev $(VENV)
