@@ -19,6 +19,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check .
+	@mkdir -p .tmp
 	$(PY) -m pytest --basetemp=.tmp/pytest
 
 lint: $(STAMP)

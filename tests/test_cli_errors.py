@@ -1,9 +1,14 @@
 """Bad input gets one clear line, never a traceback, and never a password."""
 
+import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 from outbox.config import DatabaseUrl
 from tests.cli import assert_one_line_error, outbox
+from tests.helpers import REPO
 
 
 def test_malformed_database_url() -> None:
@@ -41,7 +46,7 @@ def test_unreachable_kafka(server_url: DatabaseUrl) -> None:
     assert "Traceback" not in result.err and "rdkafka" not in result.err
 
 
-def test_port_already_in_use(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_port_already_in_use(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -54,3 +59,20 @@ def test_port_already_in_use(tmp_path) -> None:  # type: ignore[no-untyped-def]
 def test_unknown_revision(server_url: DatabaseUrl) -> None:
     result = outbox("db", "upgrade", "nope", env={"DATABASE_URL": server_url.raw})
     assert_one_line_error(result, "Can't locate revision identified by 'nope'")
+
+
+def test_missing_java_stops_the_demo_before_anything_starts(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "demos.smoke", "--dir", str(tmp_path / "demo")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**env, "PATH": str(tmp_path), "PYTHONPATH": str(REPO)},
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("demo: error: Spark needs Java 17+"), proc.stderr
+    assert "apt-get install openjdk-17-jre-headless" in lines[0]
+    assert not (tmp_path / "demo").exists()

@@ -15,7 +15,7 @@ import json
 import os
 import shutil
 import signal
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,14 +47,20 @@ class Status:
 
 
 class Stack:
-    def __init__(self, root: Path, environ: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        environ: Mapping[str, str] | None = None,
+        services: Iterable[str] = tuple(PROVIDES),
+    ) -> None:
         self.root = root.resolve()
         self.environ = os.environ if environ is None else environ
+        self.services = tuple(services)
 
     # -- decisions (no I/O) -------------------------------------------------
 
     def wanted(self) -> list[str]:
-        return [name for name, var in PROVIDES.items() if not self.environ.get(var)]
+        return [n for n, var in PROVIDES.items() if n in self.services and not self.environ.get(var)]
 
     def given(self) -> dict[str, str]:
         return {name: var for name, var in PROVIDES.items() if self.environ.get(var)}
@@ -134,9 +140,13 @@ class Stack:
 
 
 @contextlib.contextmanager
-def running(root: Path, environ: Mapping[str, str] | None = None) -> Iterator[dict[str, str]]:
+def running(
+    root: Path,
+    environ: Mapping[str, str] | None = None,
+    services: Iterable[str] = tuple(PROVIDES),
+) -> Iterator[dict[str, str]]:
     """Services for the life of a with-block; they die with this process if it is killed."""
-    stack = Stack(root, environ)
+    stack = Stack(root, environ, services)
     try:
         status = stack.up(die_with_parent=True)
         yield status.exports

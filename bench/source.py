@@ -1,0 +1,162 @@
+"""Throughput of the kafka_rc source against a raw confluent-kafka consumer, in one run.
+
+Produces N records of ~SIZE bytes, then reads the same topic twice:
+  raw:    one read_committed confluent-kafka Consumer, consume() in batches,
+          touching every key and value (the limit for a librdkafka reader);
+  source: spark.readStream.format("kafka_rc") -> noop sink, trigger availableNow,
+          maxOffsetsPerTrigger splitting the run into micro-batches.
+Steady state excludes the first micro-batch (session and Python worker start-up).
+
+    python bench/source.py [--events 1000000] [--size 200] [--json]
+
+Uses KAFKA_BOOTSTRAP_SERVERS if set, else starts the embedded broker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from outbox.dev.stack import running
+from outbox.probe import quiet_kafka_config
+
+
+def produce(bootstrap: str, topic: str, events: int, size: int, partitions: int) -> None:
+    admin = AdminClient(quiet_kafka_config({"bootstrap.servers": bootstrap}))
+    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+        future.result(30)
+    producer = Producer(
+        quiet_kafka_config(
+            {
+                "bootstrap.servers": bootstrap,
+                "linger.ms": 50,
+                "batch.size": 1_000_000,
+                "queue.buffering.max.messages": 500_000,
+                "enable.idempotence": True,
+            }
+        )
+    )
+    payload = b"x" * size
+    for i in range(events):
+        while True:
+            try:
+                producer.produce(topic, key=str(i).encode(), value=payload, partition=i % partitions)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush(120)
+
+
+def raw_consumer(bootstrap: str, topic: str, events: int, partitions: int) -> float:
+    consumer = Consumer(
+        quiet_kafka_config(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"bench-{uuid.uuid4().hex}",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+            }
+        )
+    )
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    seen = size = 0
+    start = time.perf_counter()
+    while seen < events:
+        for message in consumer.consume(5000, 1.0):
+            if message.error() is None:
+                size += len(message.value()) + len(message.key())
+                seen += 1
+    elapsed = time.perf_counter() - start
+    consumer.close()
+    return seen / elapsed
+
+
+def spark_source(bootstrap: str, topic: str, work: Path, per_batch: int) -> dict[str, float]:
+    from sinks.kafka_source import register
+    from sinks.local_spark import local_session, stop_session
+
+    spark = local_session(work, app_name="bench-source")
+    try:
+        register(spark)
+        start = time.perf_counter()
+        query = (
+            spark.readStream.format("kafka_rc")
+            .option("kafka.bootstrap.servers", bootstrap)
+            .option("subscribe", topic)
+            .option("maxOffsetsPerTrigger", str(per_batch))
+            .load()
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(work / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        total = time.perf_counter() - start
+        batches = [p for p in query.recentProgress if p["numInputRows"] > 0]
+    finally:
+        stop_session(spark)
+    rows = [b["numInputRows"] for b in batches]
+    seconds = [b["durationMs"]["triggerExecution"] / 1000 for b in batches]
+    steady_rows, steady_s = sum(rows[1:]), sum(seconds[1:])
+    return {
+        "rows": sum(rows),
+        "batches": len(batches),
+        "whole_run_per_s": sum(rows) / total,
+        "steady_per_s": steady_rows / steady_s if steady_s else float("nan"),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--size", type=int, default=200, help="value bytes per record")
+    parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--batches", type=int, default=5, help="micro-batches the run is split into")
+    parser.add_argument("--json", action="store_true", help="end with one JSON object")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="bench-source-", dir=os.environ.get("TMPDIR")) as tmp:
+        work = Path(tmp)
+        with running(work / "services", services=["kafka"]) as started:
+            bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or started["KAFKA_BOOTSTRAP_SERVERS"]
+            topic = f"bench.source.{uuid.uuid4().hex[:8]}"
+            t0 = time.perf_counter()
+            produce(bootstrap, topic, args.events, args.size, args.partitions)
+            produced_s = time.perf_counter() - t0
+            raw = raw_consumer(bootstrap, topic, args.events, args.partitions)
+            source = spark_source(bootstrap, topic, work / "spark", -(-args.events // args.batches))
+    result = {
+        "events": args.events,
+        "value_bytes": args.size,
+        "partitions": args.partitions,
+        "produce_s": round(produced_s, 2),
+        "raw_consumer_per_s": round(raw),
+        "source_steady_per_s": round(source["steady_per_s"]),
+        "source_whole_run_per_s": round(source["whole_run_per_s"]),
+        "source_batches": source["batches"],
+        "source_rows": source["rows"],
+        "ratio_steady_vs_raw": round(source["steady_per_s"] / raw, 3),
+        "target_ratio": 0.7,
+    }
+    print(f"raw confluent-kafka consumer : {result['raw_consumer_per_s']:>10,} records/s")
+    print(f"kafka_rc -> noop, steady     : {result['source_steady_per_s']:>10,} records/s")
+    print(f"kafka_rc -> noop, whole run  : {result['source_whole_run_per_s']:>10,} records/s")
+    print(f"ratio steady / raw           : {result['ratio_steady_vs_raw']:>10} (target >= 0.7)")
+    if source["rows"] != args.events:
+        print(f"ERROR: the source read {source['rows']} rows, expected {args.events}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(result))
+    return 0 if source["rows"] == args.events else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
