@@ -7,9 +7,12 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import psycopg
 import pytest
 from pyspark.sql import SparkSession
 
+from outbox.config import DatabaseUrl
+from tests.cli import outbox
 from tests.helpers import (
     Job,
     add_partitions,
@@ -176,6 +179,97 @@ def test_kill_9_of_the_driver_then_restart_continues_exactly(
     expected = {(p, o) for p, o, _, _ in read_committed(bootstrap, name, 2)}
     assert set(positions) == expected, "records missing"
     assert len(expected) == 2000
+
+
+def test_start_from_the_sinks_ledger_when_the_checkpoint_is_lost(
+    spark: SparkSession,
+    bootstrap: str,
+    topic: str,
+    database: DatabaseUrl,
+    pg: psycopg.Connection,
+    checkpoint: Path,
+) -> None:
+    produce_transaction(transactional_producer(bootstrap), topic, records(100, "r"), partition=0)
+    produce_transaction(transactional_producer(bootstrap), topic, records(100, "s"), partition=1)
+    assert outbox("db", "upgrade", "--url", database.raw).code == 0
+    # What an exactly-once sink named "orders" recorded before its checkpoint was lost.
+    pg.execute(
+        "insert into sink_progress (sink, topic, kafka_partition, next_offset) values"
+        " ('orders', %s, 0, 60), ('other-sink', %s, 1, 99)",
+        [topic, topic],
+    )
+    sink = unique("ledger")
+    query = (
+        spark.readStream.format("kafka_rc")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("ledger.sink", "orders")
+        .option("ledger.url", database.raw)
+        .load()
+        .writeStream.format("memory")
+        .queryName(sink)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    got = Counter((r.partition, r.offset) for r in spark.sql(f"select * from {sink}").collect())
+    assert max(got.values()) == 1
+    # Partition 0 resumes at the ledger's offset 60; partition 1 has no entry for this sink.
+    assert {o for p, o in got if p == 0} == set(range(60, 100))
+    assert {o for p, o in got if p == 1} == set(range(100))
+
+    rows = batch_read(spark, bootstrap, topic, **{"ledger.sink": "orders", "ledger.url": database.raw})
+    assert sorted(r.offset for r in rows if r.partition == 0) == list(range(60, 100))
+
+
+def test_min_partitions_splits_ranges_without_losing_or_repeating(
+    spark: SparkSession, bootstrap: str, topic: str
+) -> None:
+    producer = transactional_producer(bootstrap)
+    for i in range(4):
+        produce_transaction(producer, topic, records(50, f"t{i}"), partition=0)
+    df = (
+        spark.read.format("kafka_rc")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("minPartitions", "6")
+        .load()
+    )
+    assert df.rdd.getNumPartitions() >= 6
+    offsets = [r.offset for r in df.collect()]
+    assert len(offsets) == 200 and len(set(offsets)) == 200
+
+
+def test_a_deleted_topic_stops_the_query_with_a_clear_error(
+    spark: SparkSession, bootstrap: str, checkpoint: Path
+) -> None:
+    from confluent_kafka.admin import AdminClient
+    from pyspark.errors import StreamingQueryException
+
+    name = create_topic(bootstrap, unique("doomed"), partitions=1)
+    produce_transaction(transactional_producer(bootstrap), name, records(5, "r"))
+    sink = unique("doomed")
+    query = (
+        spark.readStream.format("kafka_rc")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", name)
+        .load()
+        .writeStream.format("memory")
+        .queryName(sink)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        wait_for(lambda: spark.sql(f"select count(*) c from {sink}").first().c == 5, "first rows")
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        for future in admin.delete_topics([name]).values():
+            future.result(30)
+        with pytest.raises(StreamingQueryException, match=f"topic.*{name}.*(deleted|do not exist)"):
+            query.awaitTermination(120)
+    finally:
+        query.stop()
 
 
 def test_embedded_broker_gap_aborted_txn_list(bootstrap: str, embedded_kafka: bool) -> None:

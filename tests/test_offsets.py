@@ -1,3 +1,5 @@
+import itertools
+
 import pytest
 
 from outbox.errors import ConfigError
@@ -89,3 +91,22 @@ def test_bad_options_fail_before_anything_runs(options: dict[str, str], message:
 def test_read_uncommitted_needs_the_loud_opt_in() -> None:
     opts = parse({"kafka.bootstrap.servers": "h:1", "subscribe": "a", "unsafe.readUncommitted": "true"})
     assert opts.consumer_config()["isolation.level"] == "read_uncommitted"
+
+
+def test_overlay_starts_where_the_ledger_says() -> None:
+    start, latest = {A0: 0, A1: 0}, {A0: 50, A1: 50}
+    assert plan.overlay(start, {A0: 20, ("gone", 0): 5}, latest) == {A0: 20, A1: 0}
+    with pytest.raises(ConfigError, match="a-1 up to 60 were applied, but the partition ends at 50"):
+        plan.overlay(start, {A1: 60}, latest)
+
+
+def test_split_reaches_min_partitions_sized_by_backlog() -> None:
+    rngs = [plan.Range("a", 0, 0, 90), plan.Range("a", 1, 0, 10)]
+    pieces = plan.split(rngs, 10)
+    assert len(pieces) >= 10
+    for p in (0, 1):  # the pieces of each partition tile its range exactly, in order
+        mine = [r for r in pieces if r.partition == p]
+        assert mine[0].start == 0 and mine[-1].end == rngs[p].end
+        assert all(a.end == b.start for a, b in itertools.pairwise(mine))
+    assert plan.split(rngs, None) == rngs and plan.split(rngs, 2) == rngs
+    assert plan.split([plan.Range("a", 0, 0, 3)], 10) == [plan.Range("a", 0, i, i + 1) for i in range(3)]

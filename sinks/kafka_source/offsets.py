@@ -6,6 +6,7 @@ Kafka source checkpoints, with string keys as Spark's Python sources require.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -90,4 +91,37 @@ def ranges(start: Mapping[TopicPartitionKey, int], end: Mapping[TopicPartitionKe
         begin = start.get((topic, partition), stop)
         if stop > begin:
             out.append(Range(topic, partition, begin, stop))
+    return out
+
+
+def overlay(
+    start: Mapping[TopicPartitionKey, int],
+    recorded: Mapping[TopicPartitionKey, int],
+    latest: Mapping[TopicPartitionKey, int],
+) -> dict[TopicPartitionKey, int]:
+    """Start where the sink's ledger says, where it says anything; check it is plausible."""
+    out = dict(start)
+    for tp, offset in recorded.items():
+        if tp not in latest:
+            continue  # a topic no longer subscribed
+        if offset > latest[tp]:
+            raise ConfigError(
+                f"the ledger says offsets of {tp[0]}-{tp[1]} up to {offset} were applied, but the"
+                f" partition ends at {latest[tp]}: was the topic recreated? (fix or delete the ledger rows)"
+            )
+        out[tp] = offset
+    return out
+
+
+def split(rngs: list[Range], min_partitions: int | None) -> list[Range]:
+    """Cut ranges into at least min_partitions pieces, sized by backlog (Spark's minPartitions)."""
+    if not min_partitions or len(rngs) >= min_partitions:
+        return rngs
+    total = sum(r.end - r.start for r in rngs)
+    out = []
+    for r in rngs:
+        size = r.end - r.start
+        parts = max(1, min(size, round(size / total * min_partitions)))
+        bounds = [r.start + size * i // parts for i in range(parts + 1)]
+        out += [Range(r.topic, r.partition, a, b) for a, b in itertools.pairwise(bounds) if b > a]
     return out

@@ -25,6 +25,10 @@ _OURS = {
     "maxoffsetspertrigger",
     "failondataloss",
     "polltimeoutms",
+    "minpartitions",
+    "ledger.sink",
+    "ledger.url",
+    "ledger.schema",
     READ_UNCOMMITTED_OPT_IN.lower(),
 }
 
@@ -43,6 +47,11 @@ class SourceOptions:
     fail_on_data_loss: bool = True
     poll_timeout_s: float = 120.0
     read_uncommitted: bool = False
+    min_partitions: int | None = None
+    # Start from the exactly-once sink's ledger instead of startingOffsets.
+    ledger_sink: str | None = None
+    ledger_url: str | None = None
+    ledger_schema: str | None = None
     kafka: dict[str, str] = field(default_factory=dict)
 
     def consumer_config(self) -> dict[str, object]:
@@ -94,6 +103,8 @@ def parse(options: Mapping[str, str]) -> SourceOptions:
         except re.error as exc:
             raise ConfigError(f"option subscribePattern is not a valid regex: {exc}") from None
     max_per_trigger = opts.get("maxoffsetspertrigger")
+    if ("ledger.url" in opts or "ledger.schema" in opts) and not opts.get("ledger.sink"):
+        raise ConfigError("options ledger.url / ledger.schema need ledger.sink, the sink's name")
     return SourceOptions(
         bootstrap_servers=bootstrap,
         topics=topics,
@@ -104,6 +115,10 @@ def parse(options: Mapping[str, str]) -> SourceOptions:
         fail_on_data_loss=_bool("failOnDataLoss", opts.get("failondataloss", "true")),
         poll_timeout_s=(_positive_int("pollTimeoutMs", opts.get("polltimeoutms")) or 120_000) / 1000,
         read_uncommitted=_bool(READ_UNCOMMITTED_OPT_IN, opts.get(READ_UNCOMMITTED_OPT_IN.lower(), "false")),
+        min_partitions=_positive_int("minPartitions", opts.get("minpartitions")),
+        ledger_sink=opts.get("ledger.sink"),
+        ledger_url=opts.get("ledger.url"),
+        ledger_schema=opts.get("ledger.schema"),
         kafka=kafka,
     )
 

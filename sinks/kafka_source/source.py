@@ -24,6 +24,8 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from outbox.config import database_url, schema_name
+from sinks import ledger
 from sinks.kafka_source import offsets as plan
 from sinks.kafka_source.cluster import Cluster
 from sinks.kafka_source.options import SourceOptions, parse
@@ -59,6 +61,29 @@ class KafkaSource(DataSource):
         return KafkaStreamReader(parse(self.options))
 
 
+def starting_positions(
+    options: SourceOptions,
+    tps: list[plan.TopicPartitionKey],
+    earliest: dict[plan.TopicPartitionKey, int],
+    latest: dict[plan.TopicPartitionKey, int],
+) -> dict[plan.TopicPartitionKey, int]:
+    """startingOffsets, overlaid with the sink's ledger when `ledger.sink` is set."""
+    start = plan.resolve(options.starting, tps, earliest, latest, option="startingOffsets")
+    if options.ledger_sink is None:
+        return start
+    url = database_url(options.ledger_url)
+    recorded = ledger.read_positions(url, schema_name(options.ledger_schema), options.ledger_sink)
+    return plan.overlay(start, recorded, latest)
+
+
+def _input_partitions(
+    options: SourceOptions,
+    start: dict[plan.TopicPartitionKey, int],
+    end: dict[plan.TopicPartitionKey, int],
+) -> list[InputPartition]:
+    return [RangePartition(r) for r in plan.split(plan.ranges(start, end), options.min_partitions)]
+
+
 def _read(options: SourceOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
     assert isinstance(partition, RangePartition)
     yield from read_range(
@@ -77,11 +102,11 @@ class KafkaBatchReader(DataSourceReader):
         cluster = Cluster(self.options)
         tps = cluster.partitions()
         earliest, latest = cluster.earliest(tps), cluster.latest(tps)
-        start = plan.resolve(self.options.starting, tps, earliest, latest, option="startingOffsets")
+        start = starting_positions(self.options, tps, earliest, latest)
         end = plan.resolve(self.options.ending, tps, earliest, latest, option="endingOffsets")
         # Never past the Last Stable Offset, whatever endingOffsets says.
         end = {tp: min(offset, latest[tp]) for tp, offset in end.items()}
-        return [RangePartition(r) for r in plan.ranges(start, end)]
+        return _input_partitions(self.options, start, end)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(self.options, partition)
@@ -102,8 +127,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict:
         tps = self.cluster.partitions()
         earliest, latest = self.cluster.earliest(tps), self.cluster.latest(tps)
-        start = plan.resolve(self.options.starting, tps, earliest, latest, option="startingOffsets")
-        return plan.to_offsets(start)
+        return plan.to_offsets(starting_positions(self.options, tps, earliest, latest))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_offsets_per_trigger:
@@ -133,7 +157,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         new = [tp for tp in stop if tp not in begin]
         if new:
             begin.update(self.cluster.earliest(new))
-        return [RangePartition(r) for r in plan.ranges(begin, stop)]
+        return _input_partitions(self.options, begin, stop)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(self.options, partition)
