@@ -9,7 +9,9 @@ Steady state excludes the first micro-batch (session and Python worker start-up)
 
     python bench/source.py [--events 1000000] [--size 200] [--json]
 
-Uses KAFKA_BOOTSTRAP_SERVERS if set, else starts the embedded broker.
+Uses KAFKA_BOOTSTRAP_SERVERS if set, else starts the embedded broker. That
+broker ignores fetch size limits (README, "Known gaps"), so both readers get
+the same raised receive.message.max.bytes there.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from outbox.dev.stack import running
 from outbox.probe import quiet_kafka_config
+
+# The embedded broker answers a fetch with the whole log from the fetch offset.
+EMBEDDED_BROKER_FETCH = {"receive.message.max.bytes": "1000000000"}
 
 
 def produce(bootstrap: str, topic: str, events: int, size: int, partitions: int) -> None:
@@ -56,10 +61,11 @@ def produce(bootstrap: str, topic: str, events: int, size: int, partitions: int)
     producer.flush(120)
 
 
-def raw_consumer(bootstrap: str, topic: str, events: int, partitions: int) -> float:
+def raw_consumer(bootstrap: str, topic: str, events: int, partitions: int, extra: dict[str, str]) -> float:
     consumer = Consumer(
         quiet_kafka_config(
             {
+                **extra,
                 "bootstrap.servers": bootstrap,
                 "group.id": f"bench-{uuid.uuid4().hex}",
                 "isolation.level": "read_committed",
@@ -80,7 +86,9 @@ def raw_consumer(bootstrap: str, topic: str, events: int, partitions: int) -> fl
     return seen / elapsed
 
 
-def spark_source(bootstrap: str, topic: str, work: Path, per_batch: int) -> dict[str, float]:
+def spark_source(
+    bootstrap: str, topic: str, work: Path, per_batch: int, extra: dict[str, str]
+) -> dict[str, float]:
     from sinks.kafka_source import register
     from sinks.local_spark import local_session, stop_session
 
@@ -93,6 +101,7 @@ def spark_source(bootstrap: str, topic: str, work: Path, per_batch: int) -> dict
             .option("kafka.bootstrap.servers", bootstrap)
             .option("subscribe", topic)
             .option("maxOffsetsPerTrigger", str(per_batch))
+            .options(**{f"kafka.{k}": v for k, v in extra.items()})
             .load()
             .writeStream.format("noop")
             .option("checkpointLocation", str(work / "checkpoint"))
@@ -128,12 +137,13 @@ def main() -> int:
         work = Path(tmp)
         with running(work / "services", services=["kafka"]) as started:
             bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or started["KAFKA_BOOTSTRAP_SERVERS"]
+            extra = {} if os.environ.get("KAFKA_BOOTSTRAP_SERVERS") else EMBEDDED_BROKER_FETCH
             topic = f"bench.source.{uuid.uuid4().hex[:8]}"
             t0 = time.perf_counter()
             produce(bootstrap, topic, args.events, args.size, args.partitions)
             produced_s = time.perf_counter() - t0
-            raw = raw_consumer(bootstrap, topic, args.events, args.partitions)
-            source = spark_source(bootstrap, topic, work / "spark", -(-args.events // args.batches))
+            raw = raw_consumer(bootstrap, topic, args.events, args.partitions, extra)
+            source = spark_source(bootstrap, topic, work / "spark", -(-args.events // args.batches), extra)
     result = {
         "events": args.events,
         "value_bytes": args.size,

@@ -30,8 +30,8 @@ ARROW_SCHEMA = pa.schema(
         ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
     ]
 )
-ROWS_PER_BATCH = 20_000
-CONSUME_BATCH = 5_000
+ROWS_PER_BATCH = 50_000
+CONSUME_BATCH = 10_000
 
 
 class DataLossError(RuntimeError):
@@ -63,30 +63,27 @@ def _drain(
     while position < rng.end:
         messages = consumer.consume(CONSUME_BATCH, 0.2)
         before = position
-        for message in messages:
-            error = message.error()
-            if error is not None:
-                if error.code() == KafkaError._AUTO_OFFSET_RESET and not fail_on_data_loss:
-                    continue  # librdkafka cannot seek there; nothing to read
-                if error.code() == KafkaError._AUTO_OFFSET_RESET:
-                    raise DataLossError(
-                        f"{rng.topic}-{rng.partition}: offset {position} is no longer on the broker"
-                        " (removed by retention?); set failOnDataLoss=false to skip what is gone"
-                    )
-                raise RuntimeError(f"{rng.topic}-{rng.partition}: {error.str()}")
-            offset = message.offset()
-            if offset >= rng.end:
+        if messages:
+            failed = [m for m in messages if m.error() is not None]
+            if failed:
+                _raise_unless_skippable(failed, rng, position, fail_on_data_loss)
+                messages = [m for m in messages if m.error() is None]
+        if messages:
+            # One partition's messages arrive in offset order: only the last one can cross `end`.
+            last = messages[-1].offset()
+            if last >= rng.end:
+                messages = [m for m in messages if m.offset() < rng.end]
                 position = rng.end
-                break
-            rows.append(message)
-            position = offset + 1
+            else:
+                position = last + 1
+            rows += messages
         if position < rng.end:
             # Skip holes: markers and filtered records move the position, not the records.
             moved = consumer.position([tp])[0].offset
             if moved is not None and moved > position:
                 position = min(moved, rng.end)
         if len(rows) >= ROWS_PER_BATCH:
-            yield to_arrow(rows)
+            yield to_arrow(rows, rng)
             rows = []
         if position > before:
             deadline = time.monotonic() + poll_timeout_s
@@ -96,34 +93,51 @@ def _drain(
                 f" {rng.end}) for {poll_timeout_s:.0f}s; is the broker reachable? (option pollTimeoutMs)"
             )
     if rows:
-        yield to_arrow(rows)
+        yield to_arrow(rows, rng)
 
 
-def to_arrow(messages: list[Message]) -> pa.RecordBatch:
-    """Columns straight from librdkafka's messages, no per-row Python objects kept."""
+def _raise_unless_skippable(
+    failed: list[Message], rng: Range, position: int, fail_on_data_loss: bool
+) -> None:
+    for message in failed:
+        error = message.error()
+        if error.code() != KafkaError._AUTO_OFFSET_RESET:
+            raise RuntimeError(f"{rng.topic}-{rng.partition}: {error.str()}")
+        if fail_on_data_loss:
+            raise DataLossError(
+                f"{rng.topic}-{rng.partition}: offset {position} is no longer on the broker"
+                " (removed by retention?); set failOnDataLoss=false to skip what is gone"
+            )
+
+
+def to_arrow(messages: list[Message], rng: Range) -> pa.RecordBatch:
+    """Columns straight from librdkafka's messages; topic and partition are constants."""
+    n = len(messages)
     timestamps = [m.timestamp() for m in messages]
+    headers = [m.headers() for m in messages]
     return pa.RecordBatch.from_arrays(
         [
             pa.array([m.key() for m in messages], pa.binary()),
             pa.array([m.value() for m in messages], pa.binary()),
-            pa.array([m.topic() for m in messages], pa.string()),
-            pa.array([m.partition() for m in messages], pa.int32()),
+            pa.repeat(pa.scalar(rng.topic, pa.string()), n),
+            pa.repeat(pa.scalar(rng.partition, pa.int32()), n),
             pa.array([m.offset() for m in messages], pa.int64()),
             pa.array([ts * 1000 if kind else None for kind, ts in timestamps], pa.timestamp("us", tz="UTC")),
-            pa.array([_spark_timestamp_type(kind) for kind, _ in timestamps], pa.int32()),
-            pa.array([_headers(m) for m in messages], ARROW_SCHEMA.field("headers").type),
+            # librdkafka: 1 create time, 2 log append time; Spark: 0 create, 1 log append.
+            pa.array([1 if kind == 2 else 0 for kind, _ in timestamps], pa.int32()),
+            _headers_column(headers),
         ],
         schema=ARROW_SCHEMA,
     )
 
 
-def _spark_timestamp_type(kind: int) -> int:
-    # librdkafka: 0 none, 1 create time, 2 log append time; Spark: 0 create, 1 log append.
-    return 1 if kind == 2 else 0
-
-
-def _headers(message: Message) -> list[dict[str, object]] | None:
-    headers = message.headers()
-    if headers is None:
-        return []
-    return [{"key": k, "value": v.encode() if isinstance(v, str) else v} for k, v in headers]
+def _headers_column(headers: list[list[tuple[str, bytes | str]] | None]) -> pa.Array:
+    kind = ARROW_SCHEMA.field("headers").type
+    if not any(headers):  # the common case: no record has headers
+        return pa.ListArray.from_arrays(
+            pa.array([0] * (len(headers) + 1), pa.int32()), pa.array([], kind.value_type)
+        )
+    return pa.array(
+        [[{"key": k, "value": v.encode() if isinstance(v, str) else v} for k, v in h or ()] for h in headers],
+        kind,
+    )
