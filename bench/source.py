@@ -4,7 +4,10 @@ Produces N records of ~SIZE bytes, then reads the same topic twice:
   raw:    one read_committed confluent-kafka Consumer, consume() in batches,
           touching every key and value (the limit for a librdkafka reader);
   source: spark.readStream.format("kafka_rc") -> noop sink, trigger availableNow,
-          maxOffsetsPerTrigger splitting the run into micro-batches.
+          maxOffsetsPerTrigger splitting the run into micro-batches;
+  ceiling: a Python data source that yields ready-made Arrow batches of the
+          same schema and size, same micro-batches, no Kafka at all: what Spark's
+          Python data source path itself can ingest on this machine.
 Steady state excludes the first micro-batch (session and Python worker start-up).
 
     python bench/source.py [--events 1000000] [--size 200] [--json]
@@ -86,33 +89,98 @@ def raw_consumer(bootstrap: str, topic: str, events: int, partitions: int, extra
     return seen / elapsed
 
 
-def spark_source(
-    bootstrap: str, topic: str, work: Path, per_batch: int, extra: dict[str, str]
-) -> dict[str, float]:
+def spark_runs(
+    bootstrap: str, topic: str, work: Path, events: int, size: int, per_batch: int, extra: dict[str, str]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """kafka_rc, then the synthetic ceiling, in one SparkSession."""
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+    from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+
     from sinks.kafka_source import register
+    from sinks.kafka_source.reader import ARROW_SCHEMA
+    from sinks.kafka_source.source import SCHEMA
     from sinks.local_spark import local_session, stop_session
+
+    class ReadyArrow(DataSourceStreamReader, SupportsTriggerAvailableNow):
+        def prepareForTriggerAvailableNow(self) -> None:
+            """The end is fixed (`events`): nothing to record."""
+
+        def initialOffset(self) -> dict:
+            return {"i": 0}
+
+        def latestOffset(self, start: dict, limit: object) -> dict:
+            return {"i": min(events, start["i"] + per_batch)}
+
+        def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+            mid = (start["i"] + end["i"]) // 2
+            return [InputPartition((start["i"], mid)), InputPartition((mid, end["i"]))]
+
+        def read(self, partition: InputPartition):  # type: ignore[no-untyped-def]
+            import pyarrow as pa
+
+            first, stop = partition.value
+            rows = 50_000
+            batch = pa.RecordBatch.from_arrays(
+                [
+                    pa.array([b"%07d" % i for i in range(rows)], pa.binary()),
+                    pa.array([b"x" * size] * rows, pa.binary()),
+                    pa.repeat(pa.scalar(topic, pa.string()), rows),
+                    pa.repeat(pa.scalar(0, pa.int32()), rows),
+                    pa.array(range(rows), pa.int64()),
+                    pa.repeat(pa.scalar(0, pa.timestamp("us", tz="UTC")), rows),
+                    pa.repeat(pa.scalar(0, pa.int32()), rows),
+                    pa.ListArray.from_arrays(
+                        pa.array([0] * (rows + 1), pa.int32()),
+                        pa.array([], ARROW_SCHEMA.field("headers").type.value_type),
+                    ),
+                ],
+                schema=ARROW_SCHEMA,
+            )
+            for at in range(first, stop, rows):
+                yield batch.slice(0, min(rows, stop - at))
+
+    class ReadyArrowSource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "bench_ready_arrow"
+
+        def schema(self) -> str:
+            return SCHEMA
+
+        def streamReader(self, schema: object) -> DataSourceStreamReader:
+            return ReadyArrow()
 
     spark = local_session(work, app_name="bench-source")
     try:
         register(spark)
-        start = time.perf_counter()
-        query = (
+        spark.dataSource.register(ReadyArrowSource)
+        kafka = (
             spark.readStream.format("kafka_rc")
             .option("kafka.bootstrap.servers", bootstrap)
             .option("subscribe", topic)
             .option("maxOffsetsPerTrigger", str(per_batch))
             .options(**{f"kafka.{k}": v for k, v in extra.items()})
-            .load()
-            .writeStream.format("noop")
-            .option("checkpointLocation", str(work / "checkpoint"))
-            .trigger(availableNow=True)
-            .start()
         )
-        query.awaitTermination()
-        total = time.perf_counter() - start
-        batches = [p for p in query.recentProgress if p["numInputRows"] > 0]
+        source = run_to_noop(kafka.load(), work / "checkpoint-source")
+        ceiling = run_to_noop(
+            spark.readStream.format("bench_ready_arrow").load(), work / "checkpoint-ceiling"
+        )
     finally:
         stop_session(spark)
+    return source, ceiling
+
+
+def run_to_noop(df, checkpoint: Path) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    start = time.perf_counter()
+    query = (
+        df.writeStream.format("noop")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    total = time.perf_counter() - start
+    batches = [p for p in query.recentProgress if p["numInputRows"] > 0]
     rows = [b["numInputRows"] for b in batches]
     seconds = [b["durationMs"]["triggerExecution"] / 1000 for b in batches]
     steady_rows, steady_s = sum(rows[1:]), sum(seconds[1:])
@@ -143,7 +211,10 @@ def main() -> int:
             produce(bootstrap, topic, args.events, args.size, args.partitions)
             produced_s = time.perf_counter() - t0
             raw = raw_consumer(bootstrap, topic, args.events, args.partitions, extra)
-            source = spark_source(bootstrap, topic, work / "spark", -(-args.events // args.batches), extra)
+            per_batch = -(-args.events // args.batches)
+            source, ceiling = spark_runs(
+                bootstrap, topic, work / "spark", args.events, args.size, per_batch, extra
+            )
     result = {
         "events": args.events,
         "value_bytes": args.size,
@@ -156,11 +227,18 @@ def main() -> int:
         "source_rows": source["rows"],
         "ratio_steady_vs_raw": round(source["steady_per_s"] / raw, 3),
         "target_ratio": 0.7,
+        "ceiling_steady_per_s": round(ceiling["steady_per_s"]),
+        "ceiling_rows": ceiling["rows"],
+        "ratio_source_vs_ceiling": round(source["steady_per_s"] / ceiling["steady_per_s"], 3),
+        "ratio_ceiling_vs_raw": round(ceiling["steady_per_s"] / raw, 3),
     }
     print(f"raw confluent-kafka consumer : {result['raw_consumer_per_s']:>10,} records/s")
     print(f"kafka_rc -> noop, steady     : {result['source_steady_per_s']:>10,} records/s")
     print(f"kafka_rc -> noop, whole run  : {result['source_whole_run_per_s']:>10,} records/s")
+    print(f"ready Arrow -> noop, steady  : {result['ceiling_steady_per_s']:>10,} records/s (Spark's ceiling)")
     print(f"ratio steady / raw           : {result['ratio_steady_vs_raw']:>10} (target >= 0.7)")
+    print(f"ratio steady / ceiling       : {result['ratio_source_vs_ceiling']:>10}")
+    print(f"ratio ceiling / raw          : {result['ratio_ceiling_vs_raw']:>10}")
     if source["rows"] != args.events:
         print(f"ERROR: the source read {source['rows']} rows, expected {args.events}", file=sys.stderr)
     if args.json:

@@ -7,6 +7,7 @@ they migrate exactly the same way.
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
@@ -71,11 +72,11 @@ def revisions(url: DatabaseUrl, schema: str) -> Revisions:
     return Revisions(current=current, head=str(head))
 
 
-def _run(fn: object, url: DatabaseUrl, schema: str, revision: str, *, sql: bool) -> None:
+def _run(fn: Callable[..., None], url: DatabaseUrl, schema: str, revision: str, *, sql: bool) -> None:
     if not sql:
         check_postgres(url)
     try:
-        fn(alembic_config(url, schema), revision, sql=sql)  # type: ignore[operator]
+        fn(alembic_config(url, schema), revision, sql=sql)
     except CommandError as exc:
         raise OutboxError(f"migration failed: {url.scrub(str(exc))}") from None
     except Exception as exc:  # a database error inside a revision

@@ -10,6 +10,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StreamingQuery
 
 from outbox.config import DatabaseUrl
 from tests.cli import outbox
@@ -34,6 +35,24 @@ def batch_read(spark: SparkSession, bootstrap: str, topic: str, **options: str) 
     for key, value in options.items():
         reader = reader.option(key, value)
     return reader.load().collect()
+
+
+def stream_to_memory(
+    spark: SparkSession, bootstrap: str, topic: str, checkpoint: Path, *, available_now: bool, **options: str
+) -> tuple[StreamingQuery, str]:
+    """A kafka_rc stream into a memory table; returns the query and the table's name."""
+    table = unique("sink")
+    reader = spark.readStream.format("kafka_rc").option("kafka.bootstrap.servers", bootstrap)
+    writer = (
+        reader.option("subscribe", topic)
+        .options(**options)
+        .load()
+        .writeStream.format("memory")
+        .queryName(table)
+        .option("checkpointLocation", str(checkpoint))
+    )
+    trigger = {"availableNow": True} if available_now else {"processingTime": "200 milliseconds"}
+    return writer.trigger(**trigger).start(), table
 
 
 def records(n: int, tag: str) -> list[tuple[bytes, bytes]]:
@@ -97,17 +116,8 @@ def test_max_offsets_per_trigger_is_respected(
     producer = transactional_producer(bootstrap)
     for i in range(5):
         produce_transaction(producer, topic, records(60, f"t{i}"))
-    query = (
-        spark.readStream.format("kafka_rc")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .option("maxOffsetsPerTrigger", "50")
-        .load()
-        .writeStream.format("memory")
-        .queryName(unique("mopt"))
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
+    query, table = stream_to_memory(
+        spark, bootstrap, topic, checkpoint, available_now=True, maxOffsetsPerTrigger="50"
     )
     query.awaitTermination(120)
     batches = [p for p in query.recentProgress if p["numInputRows"] > 0]
@@ -118,7 +128,7 @@ def test_max_offsets_per_trigger_is_respected(
         end = json.loads(source["endOffset"])
         span = sum(int(o) - int(start.get(topic, {}).get(p, 0)) for p, o in end[topic].items())
         assert span <= 50, progress
-    got = spark.sql(f"select value from {query.name}").collect()
+    got = spark.sql(f"select value from {table}").collect()
     assert len(got) == 300 and len({r.value for r in got}) == 300
 
 
@@ -128,18 +138,7 @@ def test_partitions_added_while_running_are_read(
     name = create_topic(bootstrap, unique("grow"), partitions=1)
     producer = transactional_producer(bootstrap)
     produce_transaction(producer, name, records(10, "before"), partition=0)
-    sink = unique("grow")
-    query = (
-        spark.readStream.format("kafka_rc")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", name)
-        .load()
-        .writeStream.format("memory")
-        .queryName(sink)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(processingTime="200 milliseconds")
-        .start()
-    )
+    query, sink = stream_to_memory(spark, bootstrap, name, checkpoint, available_now=False)
     try:
         wait_for(lambda: spark.sql(f"select count(*) c from {sink}").first().c == 10, "first 10 rows")
         add_partitions(bootstrap, name, 3)
@@ -198,19 +197,13 @@ def test_start_from_the_sinks_ledger_when_the_checkpoint_is_lost(
         " ('orders', %s, 0, 60), ('other-sink', %s, 1, 99)",
         [topic, topic],
     )
-    sink = unique("ledger")
-    query = (
-        spark.readStream.format("kafka_rc")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .option("ledger.sink", "orders")
-        .option("ledger.url", database.raw)
-        .load()
-        .writeStream.format("memory")
-        .queryName(sink)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
+    query, sink = stream_to_memory(
+        spark,
+        bootstrap,
+        topic,
+        checkpoint,
+        available_now=True,
+        **{"ledger.sink": "orders", "ledger.url": database.raw},
     )
     query.awaitTermination(120)
     got = Counter((r.partition, r.offset) for r in spark.sql(f"select * from {sink}").collect())
@@ -249,18 +242,7 @@ def test_a_deleted_topic_stops_the_query_with_a_clear_error(
 
     name = create_topic(bootstrap, unique("doomed"), partitions=1)
     produce_transaction(transactional_producer(bootstrap), name, records(5, "r"))
-    sink = unique("doomed")
-    query = (
-        spark.readStream.format("kafka_rc")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", name)
-        .load()
-        .writeStream.format("memory")
-        .queryName(sink)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(processingTime="200 milliseconds")
-        .start()
-    )
+    query, sink = stream_to_memory(spark, bootstrap, name, checkpoint, available_now=False)
     try:
         wait_for(lambda: spark.sql(f"select count(*) c from {sink}").first().c == 5, "first rows")
         admin = AdminClient({"bootstrap.servers": bootstrap})
