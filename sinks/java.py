@@ -49,7 +49,10 @@ def find_java(environ: dict[str, str] | None = None) -> Java:
     if candidate is None:
         raise ConfigError(f"Spark needs Java {MIN_MAJOR}+, and no `java` was found: {INSTALL_HINT}")
     try:
-        out = subprocess.run([str(candidate), "-version"], capture_output=True, text=True, timeout=30)
+        # -XX:-UsePerfData: no /tmp/hsperfdata_<user> left behind.
+        out = subprocess.run(
+            [str(candidate), "-XX:-UsePerfData", "-version"], capture_output=True, text=True, timeout=30
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ConfigError(f"{candidate} -version failed ({exc}): {INSTALL_HINT}") from None
     major = parse_major(out.stderr + out.stdout)

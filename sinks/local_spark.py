@@ -30,6 +30,11 @@ def local_session(
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # Spark's launcher JVM, like the driver, must not leave /tmp/hsperfdata_<user> behind.
+    if "-XX:-UsePerfData" not in os.environ.get("SPARK_LAUNCHER_OPTS", ""):
+        os.environ["SPARK_LAUNCHER_OPTS"] = (
+            os.environ.get("SPARK_LAUNCHER_OPTS", "") + " -XX:-UsePerfData"
+        ).strip()
     work_dir = work_dir.resolve()
     scratch = work_dir / "spark-local"
     scratch.mkdir(parents=True, exist_ok=True)
