@@ -6,7 +6,7 @@ from pathlib import Path
 
 import psycopg
 
-from outbox.dev.process import cmdline_contains, pid_alive
+from outbox.dev.process import cmdline_contains
 from outbox.probe import check_kafka
 from tests.cli import outbox
 
@@ -51,10 +51,9 @@ def test_up_is_idempotent_and_down_leaves_nothing(tmp_path: Path) -> None:
 
 def test_up_recovers_from_a_killed_run(tmp_path: Path) -> None:
     root = tmp_path / "dev"
-    env = exports(outbox("dev", "up", "--dir", str(root)).out)
+    assert outbox("dev", "up", "--dir", str(root)).code == 0
     try:
         # A crash: the broker is killed, and the state file is lost with postgres still running.
-        state = (root / "state.json").read_text()
         kafka_pid = next(p for p in our_processes(root) if cmdline_contains(p, "kafka"))
         os.kill(kafka_pid, signal.SIGKILL)
         (root / "state.json").unlink()
@@ -70,7 +69,6 @@ def test_up_recovers_from_a_killed_run(tmp_path: Path) -> None:
             assert conn.execute("select 1").fetchone() == (1,)
         assert check_kafka(fresh["KAFKA_BOOTSTRAP_SERVERS"]) == 1
         assert len([p for p in our_processes(root) if cmdline_contains(p, "noida")]) == 1
-        assert state and env
     finally:
         outbox("dev", "down", "--dir", str(root))
     assert our_processes(root) == []
@@ -85,4 +83,3 @@ def test_services_given_by_env_are_not_started(tmp_path: Path) -> None:
     assert "DATABASE_URL is set in the environment" in result.out
     assert "secret" not in result.out
     assert our_processes(root) == []
-    assert not any(pid_alive(p) for p in our_processes(root))
