@@ -19,7 +19,6 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check .
-	@mkdir -p .tmp
 	$(PY) -m pytest --basetemp=.tmp/pytest
 
 lint: $(STAMP)

@@ -21,6 +21,12 @@ from tests import containers
 from tests.helpers import create_topic, unique
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # `--basetemp=.tmp/pytest` keeps scratch files in the checkout; pytest wants its parent to exist.
+    if config.option.basetemp:
+        Path(config.option.basetemp).parent.mkdir(parents=True, exist_ok=True)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--services",
