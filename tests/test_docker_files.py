@@ -82,7 +82,7 @@ def test_image_contains_every_package_the_commands_need() -> None:
     assert "openjdk-17" in dockerfile
 
 
-def test_readme_shows_the_host_settings_compose_publishes() -> None:
+def test_compose_header_shows_the_host_settings_it_publishes() -> None:
     header = (REPO / "docker" / "compose.yaml").read_text().split("name:", 1)[0]
     exports = dict(
         shlex.split(line.split("export ", 1)[1])[0].split("=", 1)

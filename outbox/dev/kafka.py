@@ -51,7 +51,7 @@ def start(data_dir: Path, port: int, *, die_with_parent: bool) -> Service:
     proc = spawn(argv, log, die_with_parent=signal.SIGKILL if die_with_parent else None)
     bootstrap = f"127.0.0.1:{port}"
     wait_until(lambda: _answers(port), proc, what="Kafka broker", log=log)
-    return Service("kafka", proc.pid, port, data_dir, log, {"KAFKA_BOOTSTRAP_SERVERS": bootstrap}, proc)
+    return Service("kafka", proc.pid, port, data_dir, log, {"KAFKA_BOOTSTRAP_SERVERS": bootstrap})
 
 
 def _answers(port: int) -> bool:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psycopg
 
-from outbox.dev.process import spawn, wait_until
+from outbox.dev.process import run_as, spawn, wait_until
 from outbox.dev.service import Service
 from outbox.errors import ConfigError
 
@@ -71,19 +71,18 @@ def start(data_dir: Path, port: int, *, die_with_parent: bool) -> Service:
             ],
             capture_output=True,
             text=True,
-            user=user,
-            group=_gid(user),
-            extra_groups=[] if user else None,
+            **run_as(user),
         )
         if result.returncode != 0:
-            raise ConfigError(f"initdb failed: {result.stderr.strip().splitlines()[-1:]}")
+            last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+            raise ConfigError(f"initdb failed in {pgdata}: {last}")
     argv = [str(binaries / "postgres"), "-D", str(pgdata), "-p", str(port)]
     for key, value in SETTINGS.items():
         argv += ["-c", f"{key}={value}"]
     proc = spawn(argv, log, user=user, die_with_parent=signal.SIGQUIT if die_with_parent else None)
     url = f"postgresql://postgres@127.0.0.1:{port}/{DATABASE}"
     wait_until(lambda: _accepts(url), proc, what="PostgreSQL", log=log)
-    return Service("postgres", proc.pid, port, data_dir, log, {"DATABASE_URL": url}, proc)
+    return Service("postgres", proc.pid, port, data_dir, log, {"DATABASE_URL": url})
 
 
 def _accepts(url: str) -> bool:
@@ -92,14 +91,6 @@ def _accepts(url: str) -> bool:
             return True
     except psycopg.Error:
         return False
-
-
-def _gid(user: str | None) -> int | None:
-    if user is None:
-        return None
-    import pwd
-
-    return pwd.getpwnam(user).pw_gid
 
 
 def _hand_to(user: str, data_dir: Path) -> None:

@@ -51,18 +51,19 @@ def spawn(
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            user=user,
-            group=_group_of(user) if user else None,
-            extra_groups=[] if user else None,
+            **run_as(user),
             preexec_fn=_die_with_parent(die_with_parent) if die_with_parent else None,
             env=env,
         )
 
 
-def _group_of(user: str) -> int:
+def run_as(user: str | None) -> dict[str, object]:
+    """subprocess arguments that run a child as user, with that user's group only."""
+    if user is None:
+        return {}
     import pwd
 
-    return pwd.getpwnam(user).pw_gid
+    return {"user": user, "group": pwd.getpwnam(user).pw_gid, "extra_groups": []}
 
 
 def pid_alive(pid: int) -> bool:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -15,7 +14,6 @@ class Service:
     data_dir: Path
     log: Path
     env: dict[str, str]
-    process: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict[str, object]:
         return {

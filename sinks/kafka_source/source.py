@@ -38,12 +38,6 @@ SCHEMA = (
 )
 
 
-class RangePartition(InputPartition):
-    def __init__(self, rng: plan.Range) -> None:
-        super().__init__(rng)
-        self.range = rng
-
-
 class KafkaSource(DataSource):
     """`spark.readStream.format("kafka_rc").option("kafka.bootstrap.servers", ...)`."""
 
@@ -81,14 +75,13 @@ def _input_partitions(
     start: dict[plan.TopicPartitionKey, int],
     end: dict[plan.TopicPartitionKey, int],
 ) -> list[InputPartition]:
-    return [RangePartition(r) for r in plan.split(plan.ranges(start, end), options.min_partitions)]
+    return [InputPartition(r) for r in plan.split(plan.ranges(start, end), options.min_partitions)]
 
 
 def _read(options: SourceOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-    assert isinstance(partition, RangePartition)
     yield from read_range(
         options.consumer_config(),
-        partition.range,
+        partition.value,
         poll_timeout_s=options.poll_timeout_s,
         fail_on_data_loss=options.fail_on_data_loss,
     )
