@@ -6,8 +6,8 @@ read_committed source and upserts them keyed on event_id; then every row is
 checked. Services named by DATABASE_URL / KAFKA_BOOTSTRAP_SERVERS are used as
 they are; anything else is started for the run and stopped at the end.
 
-The write step here is a plain idempotent upsert; the exactly-once sink with
-its offset ledger lives in `sinks` once built (see README, "Status").
+The job is then run a second time with a fresh checkpoint, as after a lost
+checkpoint: the sink's ledger turns every replayed event into a no-op.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -32,6 +31,7 @@ from outbox.dev.stack import running
 from outbox.errors import OutboxError
 from outbox.probe import check_kafka, quiet_kafka_config
 from sinks.java import find_java
+from sinks.postgres import BatchResult, PostgresSink, parse_json
 
 TOPIC = "demo.orders"
 TABLE = "demo_orders"
@@ -82,7 +82,11 @@ def run(url: DatabaseUrl, bootstrap: str, events: int, work: Path) -> int:
     spark = local_session(work / "spark", app_name="outbox-demo")
     try:
         register(spark)
-        run_job(spark, bootstrap, topic, url, work / "checkpoint")
+        first = run_job(spark, bootstrap, topic, url, work / "checkpoint")
+        say(f"sink: {first}")
+        # Lose the checkpoint and run again from the earliest offset: the ledger makes it a no-op.
+        again = run_job(spark, bootstrap, topic, url, work / "checkpoint-lost")
+        say(f"sink after a lost checkpoint: {again}")
     finally:
         stop_session(spark)
 
@@ -99,6 +103,9 @@ def run(url: DatabaseUrl, bootstrap: str, events: int, work: Path) -> int:
     )
     if missing or extra or wrong:
         say("FAILED: the table does not hold exactly the committed events")
+        return 1
+    if again is None or again.upserted or again.deleted or again.fresh:
+        say("FAILED: replaying after a lost checkpoint changed the table")
         return 1
     say("OK: every committed event applied once; aborted and duplicate records left no trace")
     return 0
@@ -172,46 +179,27 @@ def produce(bootstrap: str, topic: str, events: int) -> dict[str, object]:
     return committed
 
 
-def run_job(spark, bootstrap: str, topic: str, url: DatabaseUrl, checkpoint: Path) -> None:  # type: ignore[no-untyped-def]
-    """The user's job: read committed events, parse JSON, upsert keyed on event_id."""
-    from pyspark.sql import functions as F
-
-    schema = "event_id string, order_id long, amount decimal(12,2), status string"
-    events = (
+def run_job(spark, bootstrap: str, topic: str, url: DatabaseUrl, checkpoint: Path) -> BatchResult | None:  # type: ignore[no-untyped-def]
+    """The user's job: read committed events, parse the JSON value, apply each exactly once."""
+    raw = (
         spark.readStream.format("kafka_rc")
         .option("kafka.bootstrap.servers", bootstrap)
         .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
         .load()
-        .select(F.from_json(F.col("value").cast("string"), schema).alias("e"))
-        .select("e.*")
     )
-    libpq = url.libpq
+    orders = parse_json(raw, "event_id string, order_id long, amount decimal(12,2), status string")
+    sink = PostgresSink(TABLE, url=url.raw, key="event_id")
+    writer = sink.writer(orders)
     query = (
-        events.writeStream.foreachBatch(lambda df, _: df.foreachPartition(lambda rows: upsert(libpq, rows)))
+        orders.writeStream.foreachBatch(writer)
         .option("checkpointLocation", str(checkpoint))
         .trigger(availableNow=True)
         .start()
     )
     query.awaitTermination()
-
-
-def upsert(libpq: str, rows: Iterator) -> None:  # type: ignore[type-arg]
-    """COPY into a temp table, then one set-based upsert; duplicates collapse by event_id."""
-    with psycopg.connect(libpq) as conn:
-        conn.execute(
-            "CREATE TEMP TABLE incoming (event_id uuid, order_id bigint, amount numeric, status text)"
-            " ON COMMIT DROP"
-        )
-        with conn.cursor().copy("COPY incoming FROM STDIN") as copy:
-            for row in rows:
-                copy.write_row((row.event_id, row.order_id, row.amount, row.status))
-        conn.execute(
-            sql.SQL(
-                "INSERT INTO {} SELECT DISTINCT ON (event_id) * FROM incoming"
-                " ON CONFLICT (event_id) DO UPDATE SET order_id = EXCLUDED.order_id,"
-                " amount = EXCLUDED.amount, status = EXCLUDED.status"
-            ).format(sql.Identifier(TABLE))
-        )
+    writer.close()
+    return writer.last
 
 
 def say(message: str) -> None:

@@ -1,0 +1,95 @@
+"""The driver side: apply one staged batch in one PostgreSQL transaction.
+
+The rows, the outbox events, the dead letters and the ledger commit together,
+and the stage table is dropped in the same transaction, so a batch is either
+wholly applied or not at all. When the table refuses a row (a CHECK, a foreign
+key, an index row too large), the batch is applied again in halves under
+savepoints until the refused rows are found and dead-lettered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from outbox.errors import OutboxError
+from sinks.postgres.stage import ROW_ERRORS, reason
+from sinks.postgres.statements import Statements
+
+
+class SinkError(OutboxError):
+    """A batch the sink refused to apply; nothing of it was committed."""
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    batch_id: int
+    staged: int  # rows the executors staged
+    fresh: int  # of those, not applied before (the rest were replays)
+    upserted: int
+    deleted: int
+    dead: int  # dead-lettered
+
+    @property
+    def replayed(self) -> int:
+        return self.staged - self.fresh
+
+    def __str__(self) -> str:
+        return (
+            f"batch {self.batch_id}: {self.staged} rows, {self.upserted} upserted, {self.deleted} deleted,"
+            f" {self.dead} dead letters, {self.replayed} already applied"
+        )
+
+
+def apply_batch(
+    conn: psycopg.Connection, st: Statements, batch_id: int, attempts: list[int], staged: int
+) -> BatchResult:
+    params: dict[str, Any] = {"sink": st.spec.name, "attempts": attempts}
+    fail = st.spec.on_error == "fail"
+    with conn.transaction():
+        # Enough memory to collapse duplicates in one in-memory sort, not in temp files.
+        conn.execute("SET LOCAL work_mem = '256MB'")
+        present = conn.execute(st.count_staged(), params).fetchone()[0]  # type: ignore[index]
+        if present != staged:
+            raise SinkError(
+                f"sink {st.spec.name}: the stage table holds {present} of {staged} staged rows (was"
+                " PostgreSQL restarted?); nothing was applied, the batch replays when the query restarts"
+            )
+        if fail and (bad := conn.execute(st.first_error(), params).fetchone()):
+            raise SinkError(f"sink {st.spec.name}: cannot write {bad[0]}[{bad[1]}]@{bad[2]}: {bad[3]}")
+        try:
+            with conn.transaction():
+                fresh, upserted, deleted, dead = conn.execute(st.apply(), params).fetchone()  # type: ignore[misc]
+        except ROW_ERRORS as exc:
+            if fail:
+                raise SinkError(f"sink {st.spec.name}: the table refused a row: {reason(exc)}") from None
+            upserted, deleted, refused = _apply_in_halves(conn, st, params)
+            fresh, dead = conn.execute(st.finish(), params).fetchone()  # type: ignore[misc]
+            dead += refused
+        conn.execute(st.drop_stage())
+    return BatchResult(batch_id, staged, fresh, upserted, deleted, dead)
+
+
+def _apply_in_halves(
+    conn: psycopg.Connection, st: Statements, params: dict[str, Any]
+) -> tuple[int, int, int]:
+    conn.execute(st.materialize_latest(), params)
+    total = conn.execute("SELECT count(*) FROM sink_latest").fetchone()[0]  # type: ignore[index]
+    upserted = deleted = refused = 0
+    pending = [(1, total)] if total else []
+    while pending:
+        lo, hi = pending.pop()
+        try:
+            with conn.transaction():
+                u, d = conn.execute(st.apply_range(), {**params, "lo": lo, "hi": hi}).fetchone()  # type: ignore[misc]
+            upserted, deleted = upserted + u, deleted + d
+        except ROW_ERRORS as exc:
+            if lo == hi:
+                conn.execute(st.dead_letter_row(), {**params, "n": lo, "error": reason(exc)})
+                refused += 1
+            else:
+                mid = (lo + hi) // 2
+                pending += [(mid + 1, hi), (lo, mid)]
+    return upserted, deleted, refused

@@ -1,0 +1,64 @@
+"""What PostgreSQL says about the target table: columns, types, unique keys."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+
+from outbox.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str  # as format_type() prints it, e.g. "numeric(12,2)"
+    category: str  # pg_type.typcategory: A array, B bool, D datetime, N numeric, S string, U other...
+    base: str  # pg_type.typname, e.g. "uuid", "jsonb", "_int4"
+    element_category: str | None  # for arrays
+    not_null: bool
+    has_default: bool
+    generated: bool
+
+
+@dataclass(frozen=True)
+class Table:
+    schema: str
+    name: str
+    columns: dict[str, Column]
+    unique_keys: tuple[frozenset[str], ...]
+
+
+_COLUMNS = """
+SELECT a.attname, format_type(a.atttypid, a.atttypmod), t.typcategory, t.typname, et.typcategory,
+       a.attnotnull, a.atthasdef OR a.attidentity <> '', a.attgenerated <> '' OR a.attidentity = 'a'
+FROM pg_attribute a
+JOIN pg_class c ON c.oid = a.attrelid
+JOIN pg_namespace n ON n.oid = c.relnamespace
+JOIN pg_type t ON t.oid = a.atttypid
+LEFT JOIN pg_type et ON et.oid = t.typelem AND t.typcategory = 'A'
+WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p') AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attnum
+"""
+
+_UNIQUE = """
+SELECT array_agg(a.attname::text)
+FROM pg_index i
+JOIN pg_class c ON c.oid = i.indrelid
+JOIN pg_namespace n ON n.oid = c.relnamespace
+JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = ANY(i.indkey)
+WHERE n.nspname = %s AND c.relname = %s AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL
+GROUP BY i.indexrelid
+"""
+
+
+def describe(conn: psycopg.Connection, schema: str, table: str) -> Table:
+    rows = conn.execute(_COLUMNS, [schema, table]).fetchall()
+    if not rows:
+        raise ConfigError(
+            f"table {schema}.{table} does not exist in {conn.info.dbname}: create it (with a unique"
+            " index on the key columns) before starting the sink"
+        )
+    columns = {r[0]: Column(*r) for r in rows}
+    keys = tuple(frozenset(r[0]) for r in conn.execute(_UNIQUE, [schema, table]).fetchall())
+    return Table(schema, table, columns, keys)

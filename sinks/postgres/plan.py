@@ -1,0 +1,135 @@
+"""Which DataFrame columns go where, and how each is turned into COPY text.
+
+Plain functions of the DataFrame schema, the table's catalog entry and the
+spec, so every start-time error is decided here and can be tested alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pyspark.sql import types as T
+
+from outbox.errors import ConfigError
+from sinks.postgres.catalog import Table
+from sinks.postgres.spec import SinkSpec
+
+# Columns of a Kafka source frame: used for position, dead letters and deletes,
+# written only where the table has a column of the same name.
+POSITION = ("topic", "partition", "offset")
+KAFKA_COLUMNS = frozenset(
+    {"key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers"}
+)
+
+# How a column reaches COPY: Arrow as is, bytea hex, a PostgreSQL array literal, or JSON text.
+Conversion = Literal["native", "hex", "array", "json"]
+
+_NUMERIC = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType, T.DecimalType)
+_DATETIME = (T.TimestampType, T.TimestampNTZType, T.DateType)
+_JSON = {"json", "jsonb"}
+
+
+@dataclass(frozen=True)
+class Plan:
+    columns: tuple[str, ...]  # written, in DataFrame order
+    conversions: dict[str, Conversion]
+    raw_key: str | None  # binary Kafka key/value kept for dead letters
+    raw_value: str | None
+    no_equality: frozenset[str]  # columns (json, xml, geometric) compared as text to spot a real change
+
+
+def plan(schema: T.StructType, table: Table, spec: SinkSpec) -> Plan:
+    fields = {f.name: f.dataType for f in schema.fields}
+    where = f"table {table.schema}.{table.name}"
+    _check_position(fields)
+
+    unknown = [n for n in fields if n not in table.columns and n not in KAFKA_COLUMNS]
+    if unknown:
+        raise ConfigError(
+            f"DataFrame columns {unknown} are not in {where} (columns: {list(table.columns)});"
+            " drop or rename them before the sink"
+        )
+    columns = tuple(n for n in fields if n in table.columns)
+    generated = [n for n in columns if table.columns[n].generated]
+    if generated:
+        raise ConfigError(f"columns {generated} of {where} are generated and cannot be written; drop them")
+    missing = [
+        c.name for c in table.columns.values() if c.not_null and not c.has_default and c.name not in fields
+    ]
+    if missing:
+        raise ConfigError(f"{where} needs columns {missing} (NOT NULL, no default) that the DataFrame lacks")
+    absent_keys = [k for k in spec.key if k not in columns]
+    if absent_keys:
+        raise ConfigError(f"key columns {absent_keys} are not both in the DataFrame and in {where}")
+    if frozenset(spec.key) not in table.unique_keys:
+        raise ConfigError(
+            f"{where} has no unique index on exactly {list(spec.key)}: the sink upserts ON CONFLICT over"
+            f" the key; add one, e.g. CREATE UNIQUE INDEX ON {table.name} ({', '.join(spec.key)})"
+        )
+    if spec.version is not None:
+        if spec.version not in columns:
+            raise ConfigError(f"version column {spec.version!r} is not both in the DataFrame and in {where}")
+        if table.columns[spec.version].category not in "ND":
+            raise ConfigError(
+                f"version column {spec.version!r} is {table.columns[spec.version].type}; it must be a number"
+                " or a timestamp so versions can be compared"
+            )
+
+    conversions = {n: conversion(n, fields[n], table) for n in columns}
+
+    def raw(name: str) -> str | None:
+        return name if isinstance(fields.get(name), T.BinaryType) and name not in columns else None
+
+    no_equality = frozenset(
+        n for n in columns if table.columns[n].base in ("json", "xml") or table.columns[n].category == "G"
+    )
+    return Plan(columns, conversions, raw("key"), raw("value"), no_equality)
+
+
+def _check_position(fields: dict[str, T.DataType]) -> None:
+    wanted = {"topic": T.StringType, "partition": T.IntegerType, "offset": T.LongType}
+    bad = [n for n, kind in wanted.items() if not isinstance(fields.get(n), kind)]
+    if bad:
+        raise ConfigError(
+            f"the DataFrame needs the Kafka position columns topic (string), partition (int) and offset"
+            f" (long) to apply each event exactly once; missing or mistyped: {bad}. Keep them when you"
+            " parse the value, or use sinks.postgres.parse_json"
+        )
+
+
+def conversion(name: str, kind: T.DataType, table: Table) -> Conversion:
+    column = table.columns[name]
+    if isinstance(kind, T.StringType | T.VarcharType | T.CharType):
+        return "native"
+    if isinstance(kind, _NUMERIC) and column.category in "NS":
+        return "native"
+    if isinstance(kind, T.BooleanType) and column.category in "BS":
+        return "native"
+    if isinstance(kind, _DATETIME) and column.category in "DS":
+        return "native"
+    if isinstance(kind, T.BinaryType) and column.base == "bytea":
+        return "hex"
+    if isinstance(kind, T.ArrayType | T.MapType | T.StructType) and column.base in _JSON:
+        return "json"
+    if (
+        isinstance(kind, T.ArrayType)
+        and column.category == "A"
+        and _element_fits(kind.elementType, column.element_category or "")
+    ):
+        return "array"
+    raise ConfigError(
+        f"column {name!r}: a Spark {kind.simpleString()} cannot be written to {table.schema}.{table.name}"
+        f".{name} of type {column.type}; cast it in the DataFrame first"
+    )
+
+
+def _element_fits(kind: T.DataType, category: str) -> bool:
+    # Dates and times in arrays would go through Spark's local-time text; write them as JSON instead.
+    if isinstance(kind, T.StringType):
+        return True
+    if isinstance(kind, _NUMERIC):
+        return category in "NS"
+    if isinstance(kind, T.BooleanType):
+        return category in "BS"
+    return False

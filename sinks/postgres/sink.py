@@ -1,0 +1,245 @@
+"""The user-facing sink: validate at start, then stage and apply each micro-batch."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import psycopg
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from outbox.config import DatabaseUrl, database_url, schema_name
+from outbox.errors import ConfigError, ServiceUnavailable
+from sinks.postgres.apply import BatchResult, SinkError, apply_batch
+from sinks.postgres.catalog import describe
+from sinks.postgres.plan import Conversion, Plan, plan
+from sinks.postgres.spec import Mode, OnError, Outbox, SinkSpec
+from sinks.postgres.stage import RESULT_SCHEMA, StageJob, stager
+from sinks.postgres.statements import Statements
+
+log = logging.getLogger("sinks.postgres")
+
+Delete = Literal["tombstone"] | str | Column | None
+
+
+class PostgresSink:
+    """Apply a stream of Kafka events to a PostgreSQL table exactly once.
+
+    >>> sink = PostgresSink("orders", key="event_id")
+    >>> sink.start(parse_json(kafka_frame, schema), checkpoint_location="/chk/orders")
+
+    `delete` decides which rows delete their key instead of upserting it:
+    "tombstone" (a null Kafka value), a SQL boolean expression, a Column, or None.
+    """
+
+    def __init__(
+        self,
+        table: str,
+        *,
+        url: str | None = None,
+        schema: str = "public",
+        key: str | Sequence[str] = "event_id",
+        mode: Mode = "upsert",
+        version: str | None = None,
+        delete: Delete = "tombstone",
+        on_error: OnError = "dead_letter",
+        outbox: Outbox | None = None,
+        name: str | None = None,
+        ledger_schema: str | None = None,
+    ) -> None:
+        self.spec = SinkSpec(
+            url=database_url(url),
+            table=table,
+            schema=schema,
+            key=(key,) if isinstance(key, str) else tuple(key),
+            mode=mode,
+            version=version,
+            on_error=on_error,
+            outbox=outbox,
+            ledger_schema=ledger_schema or schema_name(),
+            name=name or "",
+        )
+        self.delete = delete
+
+    @property
+    def name(self) -> str:
+        """The ledger's name for this sink (`ledger.sink` of the kafka_rc source)."""
+        return self.spec.name
+
+    def writer(self, frame: DataFrame) -> BatchWriter:
+        """A foreachBatch function for `frame`, checked against the table now, not mid-stream."""
+        return BatchWriter(self.spec, frame, self.delete)
+
+    def start(
+        self,
+        frame: DataFrame,
+        checkpoint_location: str,
+        *,
+        trigger: dict[str, Any] | None = None,
+        query_name: str | None = None,
+    ) -> StreamingQuery:
+        stream = frame.writeStream.foreachBatch(self.writer(frame)).option(
+            "checkpointLocation", checkpoint_location
+        )
+        if trigger:
+            stream = stream.trigger(**trigger)
+        if query_name:
+            stream = stream.queryName(query_name)
+        return stream.start()
+
+
+@dataclass(frozen=True)
+class Staged:
+    batch_id: int
+    attempts: list[int]  # task attempts whose rows count (retried tasks' leftovers do not)
+    rows: int
+
+
+class BatchWriter:
+    """Stages a micro-batch from the executors, then applies it from the driver."""
+
+    def __init__(self, spec: SinkSpec, frame: DataFrame, delete: Delete) -> None:
+        self.spec = spec
+        with _connect(spec.url) as conn:
+            _check_ledger(conn, spec)
+            self.plan = plan(frame.schema, describe(conn, spec.schema, spec.table), spec)
+            self.statements = Statements(spec, self.plan)
+            self._copy = (
+                self.statements.copy_rows().as_bytes(conn),
+                self.statements.copy_dead().as_bytes(conn),
+            )
+        self.delete = _delete_rule(delete, self.plan)
+        self.last: BatchResult | None = None
+        self._conn: psycopg.Connection | None = None
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        self.apply(self.stage(batch, batch_id))
+
+    def stage(self, batch: DataFrame, batch_id: int) -> Staged:
+        """Copy the batch into the stage table from the executors; nothing is applied yet.
+
+        Takes the sink's advisory lock until `apply` ends: two queries writing one
+        sink would share its stage table, so the second one fails at once instead.
+        """
+        conn = self._connection()
+        self._lock(conn)
+        try:
+            conn.execute(self.statements.create_stage())
+            job = StageJob(
+                libpq=self.spec.url.libpq,
+                copy_rows=self._copy[0],
+                copy_dead=self._copy[1],
+                keys=tuple(self.plan.columns.index(k) for k in self.spec.key),
+                names=self.plan.columns,
+                token=secrets.randbits(31),
+            )
+            frame = staged_frame(batch, self.plan, self.delete)
+            tasks = frame.mapInArrow(stager(job), RESULT_SCHEMA).collect()
+        except BaseException:
+            self._unlock(conn)
+            raise
+        return Staged(batch_id, [t.attempt for t in tasks], sum(t.staged for t in tasks))
+
+    def apply(self, staged: Staged) -> BatchResult:
+        """Apply a staged batch in one transaction with the ledger; a replay changes nothing."""
+        conn = self._connection()
+        try:
+            self.last = apply_batch(conn, self.statements, staged.batch_id, staged.attempts, staged.rows)
+        finally:
+            self._unlock(conn)
+        log.info("sink %s: %s", self.spec.name, self.last)
+        return self.last
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _connection(self) -> psycopg.Connection:
+        if self._conn is None or self._conn.broken or self._conn.closed:
+            self._conn = _connect(self.spec.url, autocommit=True)
+        return self._conn
+
+    def _lock(self, conn: psycopg.Connection) -> None:
+        locked = conn.execute(f"SELECT pg_try_advisory_lock({_LOCK_KEY})", [self.spec.name]).fetchone()
+        if not locked or not locked[0]:
+            raise SinkError(
+                f"sink {self.spec.name} is being written by another query right now (it holds the sink's"
+                " advisory lock); stop that query, or give this sink another name"
+            )
+
+    def _unlock(self, conn: psycopg.Connection) -> None:
+        if not conn.broken and not conn.closed:
+            conn.execute(f"SELECT pg_advisory_unlock({_LOCK_KEY})", [self.spec.name])
+
+
+_LOCK_KEY = "hashtextextended('outbox-sink:' || %s, 0)"
+
+
+def staged_frame(batch: DataFrame, plan: Plan, delete: Column) -> DataFrame:
+    """The columns the stager copies: data as c0..cN, then position, delete flag, raw record."""
+    data = [_convert(_col(n), plan.conversions[n]).alias(f"c{i}") for i, n in enumerate(plan.columns)]
+    raw = [
+        (_col(name) if name else F.lit(None).cast("binary")).alias(alias)
+        for name, alias in ((plan.raw_key, "_raw_key"), (plan.raw_value, "_raw_value"))
+    ]
+    return batch.select(
+        *data,
+        F.col("topic").alias("_topic"),
+        F.col("partition").alias("_partition"),
+        F.col("offset").alias("_offset"),
+        F.coalesce(delete, F.lit(False)).alias("_delete"),
+        *raw,
+    )
+
+
+def _col(name: str) -> Column:
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
+def _convert(column: Column, how: Conversion) -> Column:
+    if how == "hex":
+        return F.concat(F.lit("\\x"), F.hex(column))
+    if how == "json":
+        return F.to_json(column)
+    if how == "array":  # a PostgreSQL array literal: {"a","b\"c",NULL}
+
+        def quote(x: Column) -> Column:
+            text = F.regexp_replace(F.regexp_replace(x.cast("string"), r"\\", r"\\\\"), '"', r'\\"')
+            return F.concat(F.lit('"'), text, F.lit('"'))
+
+        return F.concat(F.lit("{"), F.array_join(F.transform(column, quote), ",", "NULL"), F.lit("}"))
+    return column
+
+
+def _delete_rule(delete: Delete, plan: Plan) -> Column:
+    if delete is None:
+        return F.lit(False)
+    if isinstance(delete, Column):
+        return delete
+    if delete == "tombstone":
+        return _col(plan.raw_value).isNull() if plan.raw_value else F.lit(False)
+    return F.expr(delete)
+
+
+def _connect(url: DatabaseUrl, *, autocommit: bool = False) -> psycopg.Connection:
+    try:
+        return psycopg.connect(url.libpq, autocommit=autocommit, connect_timeout=10)
+    except psycopg.OperationalError as exc:
+        raise ServiceUnavailable(f"cannot connect to {url.safe}: {url.scrub(str(exc).strip())}") from None
+
+
+def _check_ledger(conn: psycopg.Connection, spec: SinkSpec) -> None:
+    found = conn.execute(
+        "SELECT to_regclass(format('%%I.%%I', %s::text, 'sink_progress'))", [spec.ledger_schema]
+    ).fetchone()
+    if not found or found[0] is None:
+        raise ConfigError(
+            f"no sink ledger in schema {spec.ledger_schema!r} of {spec.url.safe}:"
+            f" run `outbox db upgrade --schema {spec.ledger_schema}`"
+        )

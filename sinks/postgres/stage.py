@@ -1,0 +1,144 @@
+"""The executor side: COPY one task's rows into the stage table.
+
+Each task writes its Arrow batches as CSV (encoded by Arrow, not row by row
+in Python) inside one transaction, and reports its attempt id. Only attempts
+that Spark reports as successful are applied, so a retried or speculative
+task never counts twice. A chunk PostgreSQL refuses is split in halves until
+the bad rows are found; those are staged as dead letters with the raw record.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import psycopg
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+
+from sinks.postgres.statements import ATTEMPT_SETTING
+
+RESULT_SCHEMA = "attempt long, staged long, dead long"
+# Errors that belong to a row's data; anything else (connection lost...) fails the task.
+ROW_ERRORS = (psycopg.errors.DataError, psycopg.errors.IntegrityError, psycopg.errors.ProgramLimitExceeded)
+_CSV = pacsv.WriteOptions(include_header=False)
+
+
+@dataclass(frozen=True)
+class StageJob:
+    """What a task needs, pickled to the executors (plain strings only)."""
+
+    libpq: str
+    copy_rows: bytes  # the COPY statements, rendered on the driver
+    copy_dead: bytes
+    keys: tuple[int, ...]  # positions of the key columns among the data columns
+    names: tuple[str, ...]  # the table's names of the data columns, for error text
+
+    token: int  # random per batch run: attempt ids restart with each SparkContext
+
+
+def stager(job: StageJob) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    def stage(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        attempt = (job.token << 32) | ((context.taskAttemptId() if context else 0) & 0xFFFFFFFF)
+        staged = dead = 0
+        with psycopg.connect(job.libpq) as conn:
+            conn.execute("SELECT set_config(%s, %s, true)", [ATTEMPT_SETTING, str(attempt)])
+            for batch in batches:
+                rows, bad = split_null_keys(batch, job)
+                errors = [*bad.items(), *copy_bisect(conn, job, rows, _kept(batch, bad))]
+                if errors:
+                    write_dead(conn, job, batch, errors)
+                staged += batch.num_rows
+                dead += len(errors)
+            conn.commit()
+        yield pa.RecordBatch.from_pydict(
+            {"attempt": [attempt], "staged": [staged], "dead": [dead]},
+            schema=pa.schema([("attempt", pa.int64()), ("staged", pa.int64()), ("dead", pa.int64())]),
+        )
+
+    return stage
+
+
+def split_null_keys(batch: pa.RecordBatch, job: StageJob) -> tuple[pa.RecordBatch, dict[int, str]]:
+    """Rows with every key column set, and the others' positions with why they cannot be written."""
+    bad: dict[int, str] = {}
+    for position in job.keys:
+        for i in pc.indices_nonzero(pc.is_null(batch.column(position))).to_pylist():
+            bad.setdefault(i, f"key column {job.names[position]!r} is null (did the value parse?)")
+    if not bad:
+        return batch, bad
+    keep = pa.array([i not in bad for i in range(batch.num_rows)])
+    return batch.filter(keep), bad
+
+
+def _kept(batch: pa.RecordBatch, bad: dict[int, str]) -> list[int]:
+    return [i for i in range(batch.num_rows) if i not in bad] if bad else list(range(batch.num_rows))
+
+
+def copy_bisect(
+    conn: psycopg.Connection, job: StageJob, rows: pa.RecordBatch, index: list[int]
+) -> list[tuple[int, str]]:
+    """COPY `rows`; on a data error, halve until each bad row is found. Returns (original index, error)."""
+    if rows.num_rows == 0:
+        return []
+    try:
+        with conn.transaction(), conn.cursor().copy(job.copy_rows) as copy:
+            copy.write(to_csv(rows, len(job.names)))
+        return []
+    except ROW_ERRORS as exc:
+        if rows.num_rows == 1:
+            return [(index[0], reason(exc, job.names))]
+    half = rows.num_rows // 2
+    return copy_bisect(conn, job, rows.slice(0, half), index[:half]) + copy_bisect(
+        conn, job, rows.slice(half), index[half:]
+    )
+
+
+def to_csv(rows: pa.RecordBatch, data_columns: int) -> bytes:
+    """Data columns and position/delete flag as CSV, timestamps in UTC."""
+    columns = [_utc(rows.column(i)) for i in range(data_columns + 4)]
+    out = io.BytesIO()
+    pacsv.write_csv(pa.RecordBatch.from_arrays(columns, [f"c{i}" for i in range(len(columns))]), out, _CSV)
+    return out.getvalue()
+
+
+def _utc(column: pa.Array) -> pa.Array:
+    kind = column.type
+    if pa.types.is_timestamp(kind) and kind.tz is not None and kind.tz != "UTC":
+        return column.cast(pa.timestamp(kind.unit, "UTC"))
+    return column
+
+
+def write_dead(
+    conn: psycopg.Connection, job: StageJob, batch: pa.RecordBatch, errors: list[tuple[int, str]]
+) -> None:
+    meta = len(job.names)
+    topic, partition, offset = (batch.column(meta + i) for i in range(3))
+    raw_key, raw_value = batch.column(meta + 4), batch.column(meta + 5)
+    with conn.cursor().copy(job.copy_dead) as copy:
+        for i, why in sorted(errors):
+            copy.write_row(
+                (
+                    topic[i].as_py(),
+                    partition[i].as_py(),
+                    offset[i].as_py(),
+                    False,
+                    why,
+                    raw_key[i].as_py(),
+                    raw_value[i].as_py(),
+                )
+            )
+
+
+def reason(exc: psycopg.Error, names: tuple[str, ...] = ()) -> str:
+    """PostgreSQL's message, with the stage's column cN named as the table's column."""
+    diag = exc.diag
+    column = re.search(r"column c(\d+)", diag.context or "")
+    where = f" (column {names[int(column[1])]!r})" if column and int(column[1]) < len(names) else ""
+    return (diag.message_primary or str(exc).splitlines()[0]) + where

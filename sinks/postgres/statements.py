@@ -1,0 +1,269 @@
+"""The SQL the sink runs, built with psycopg.sql so every name is quoted.
+
+The stage table holds one batch: the written columns as c0..cN (so no user
+column name can clash with the sink's own), the Kafka position, the delete
+flag, the task attempt that wrote the row, and for rows that could not be
+converted, the error and the raw record. Applying a batch reads it in one
+statement whose common table expressions share one snapshot: rows already in
+the ledger are skipped, duplicates collapse to the latest per key, deletes and
+upserts apply, outbox events and dead letters are inserted, the ledger moves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from psycopg import sql
+
+from sinks.postgres.plan import Plan
+from sinks.postgres.spec import SinkSpec
+
+ATTEMPT_SETTING = "outbox_sink.attempt"
+META = ("_topic", "_partition", "_offset", "_delete")  # COPY order after the data columns
+Query = sql.Composed
+
+
+@dataclass(frozen=True)
+class Names:
+    """Quoted names for one sink."""
+
+    target: sql.Identifier
+    stage: sql.Identifier
+    progress: sql.Identifier
+    dead: sql.Identifier
+    outbox: sql.Identifier
+
+    @classmethod
+    def of(cls, spec: SinkSpec) -> Names:
+        digest = hashlib.sha1(spec.name.encode()).hexdigest()[:16]
+        ledger = spec.ledger_schema
+        return cls(
+            target=sql.Identifier(spec.schema, spec.table),
+            stage=sql.Identifier(ledger, f"sink_stage_{digest}"),
+            progress=sql.Identifier(ledger, "sink_progress"),
+            dead=sql.Identifier(ledger, "sink_dead_letters"),
+            outbox=sql.Identifier(ledger, "outbox_events"),
+        )
+
+
+def _list(items: list[sql.Composable]) -> sql.Composed:
+    return sql.SQL(", ").join(items)
+
+
+class Statements:
+    """Every statement of one sink, from its spec and plan."""
+
+    def __init__(self, spec: SinkSpec, plan: Plan) -> None:
+        self.spec = spec
+        self.names = Names.of(spec)
+        self.columns = plan.columns
+        self.no_equality = plan.no_equality
+        self.targets = [sql.Identifier(c) for c in plan.columns]
+        self.staged = [sql.Identifier(f"c{i}") for i in range(len(plan.columns))]
+        position = {c: i for i, c in enumerate(plan.columns)}
+        self.keys = [self.staged[position[k]] for k in spec.key]
+        self.target_keys = [sql.Identifier(k) for k in spec.key]
+        self.version = (
+            (sql.Identifier(spec.version), self.staged[position[spec.version]]) if spec.version else None
+        )
+
+    # -- staging ---------------------------------------------------------------------------------------
+
+    def create_stage(self) -> Query:
+        n = self.names
+        data = _list(
+            [sql.SQL("t.{} AS {}").format(t, s) for t, s in zip(self.targets, self.staged, strict=True)]
+        )
+        return sql.SQL(
+            "DROP TABLE IF EXISTS {stage};"
+            " CREATE UNLOGGED TABLE {stage} AS SELECT {data}, NULL::text AS _topic,"
+            " NULL::integer AS _partition, NULL::bigint AS _offset, NULL::boolean AS _delete,"
+            " NULL::bigint AS _attempt, NULL::text AS _error,"
+            " NULL::bytea AS _raw_key, NULL::bytea AS _raw_value FROM {target} AS t WITH NO DATA;"
+            " ALTER TABLE {stage} ALTER COLUMN _attempt SET DEFAULT current_setting({setting})::bigint"
+        ).format(stage=n.stage, data=data, target=n.target, setting=sql.Literal(ATTEMPT_SETTING))
+
+    def drop_stage(self) -> Query:
+        return sql.SQL("DROP TABLE IF EXISTS {}").format(self.names.stage)
+
+    def copy_rows(self) -> Query:
+        columns = [*self.staged, *(sql.Identifier(m) for m in META)]
+        return sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(self.names.stage, _list(columns))
+
+    def copy_dead(self) -> Query:
+        return sql.SQL(
+            "COPY {} (_topic, _partition, _offset, _delete, _error, _raw_key, _raw_value) FROM STDIN"
+        ).format(self.names.stage)
+
+    def count_staged(self) -> Query:
+        return sql.SQL("SELECT count(*) FROM {} WHERE _attempt = ANY(%(attempts)s)").format(self.names.stage)
+
+    def first_error(self) -> Query:
+        return sql.SQL(
+            "SELECT _topic, _partition, _offset, _error FROM {} WHERE _error IS NOT NULL"
+            " AND _attempt = ANY(%(attempts)s) ORDER BY _topic, _partition, _offset LIMIT 1"
+        ).format(self.names.stage)
+
+    # -- applying ----------------------------------------------------------------------------------------
+
+    def apply(self) -> Query:
+        """The whole batch in one statement: (fresh, upserted, deleted, dead) counts."""
+        ctes = [self._fresh(), self._latest(), *self._changes(), *self._finish()]
+        return self._with(ctes, ["fresh", "upserted", "deleted", "dead"])
+
+    def materialize_latest(self) -> Query:
+        """The fallback's first step: the rows to apply, numbered, in a temp table."""
+        return sql.SQL(
+            "CREATE TEMP TABLE sink_latest ON COMMIT DROP AS WITH {}, {} SELECT row_number() OVER () AS _n, *"
+            " FROM latest"
+        ).format(self._fresh(), self._latest())
+
+    def apply_range(self) -> Query:
+        """Rows _n in [lo, hi] of the temp table: (upserted, deleted) counts."""
+        latest = sql.SQL("latest AS (SELECT * FROM sink_latest WHERE _n BETWEEN %(lo)s AND %(hi)s)")
+        return self._with([latest, *self._changes()], ["upserted", "deleted"])
+
+    def dead_letter_row(self) -> Query:
+        """A row the table refused: its key as text and the row as JSON (the raw record stays in Kafka)."""
+        pairs = _list(
+            [
+                sql.SQL("{}, {}").format(sql.Literal(c), s)
+                for c, s in zip(self.columns, self.staged, strict=True)
+            ]
+        )
+        return sql.SQL(
+            "INSERT INTO {dead} (sink, topic, kafka_partition, kafka_offset, key, value, error)"
+            " SELECT %(sink)s, _topic, _partition, _offset,"
+            " coalesce(_raw_key, convert_to(concat_ws(',', {keys}), 'UTF8')),"
+            " coalesce(_raw_value, convert_to(jsonb_build_object({pairs})::text, 'UTF8')), %(error)s"
+            " FROM sink_latest WHERE _n = %(n)s"
+        ).format(dead=self.names.dead, keys=_list(self.keys), pairs=pairs)
+
+    def finish(self) -> Query:
+        """The fallback's last step: dead letters from staging and the ledger: (fresh, dead) counts."""
+        return self._with([self._fresh(), *self._finish()], ["fresh", "dead"])
+
+    def _with(self, ctes: list[sql.Composable], counts: list[str]) -> Query:
+        selects = _list([sql.SQL("(SELECT count(*) FROM {})").format(sql.Identifier(c)) for c in counts])
+        return sql.SQL("WITH {} SELECT {}").format(_list(ctes), selects)
+
+    def _fresh(self) -> sql.Composable:
+        return sql.SQL(
+            "fresh AS (SELECT s.* FROM {stage} AS s LEFT JOIN {progress} AS p ON p.sink = %(sink)s"
+            " AND p.topic = s._topic AND p.kafka_partition = s._partition"
+            " WHERE s._attempt = ANY(%(attempts)s) AND s._offset >= coalesce(p.next_offset, 0))"
+        ).format(stage=self.names.stage, progress=self.names.progress)
+
+    def _latest(self) -> sql.Composable:
+        # upsert: the highest version, then the latest position wins; insert: the first position wins.
+        order: list[sql.Composable] = list(self.keys)
+        direction = sql.SQL("DESC" if self.spec.mode == "upsert" else "ASC")
+        if self.version:
+            order.append(sql.SQL("{} DESC NULLS FIRST").format(self.version[1]))
+        order += [
+            sql.SQL("{} {}").format(sql.Identifier(c), direction) for c in ("_topic", "_partition", "_offset")
+        ]
+        return sql.SQL(
+            "latest AS (SELECT DISTINCT ON ({keys}) * FROM fresh WHERE _error IS NULL ORDER BY {order})"
+        ).format(keys=_list(self.keys), order=_list(order))
+
+    def _changes(self) -> list[sql.Composable]:
+        n = self.names
+        match = sql.SQL(" AND ").join(
+            sql.SQL("t.{} = l.{}").format(t, s) for t, s in zip(self.target_keys, self.keys, strict=True)
+        )
+        newer = sql.SQL("")
+        if self.version:
+            target_v, staged_v = self.version
+            newer = sql.SQL(" AND (l.{s} IS NULL OR t.{t} IS NULL OR t.{t} <= l.{s})").format(
+                s=staged_v, t=target_v
+            )
+        deleted = sql.SQL(
+            "deleted AS (DELETE FROM {target} AS t USING latest AS l"
+            " WHERE l._delete AND {match}{newer} RETURNING t.*)"
+        ).format(target=n.target, match=match, newer=newer)
+
+        updates = [
+            sql.SQL("{} = EXCLUDED.{}").format(c, c) for c in self.targets if c not in self.target_keys
+        ]
+        if self.spec.mode == "insert" or not updates:
+            conflict = sql.SQL("DO NOTHING")
+        else:
+            # A redelivered event leaves the row (and the outbox) untouched; an older version too.
+            changed = [c for c in self.columns if c not in self.spec.key]
+
+            def side(alias: str) -> sql.Composed:
+                cast = {c: sql.SQL("::text" if c in self.no_equality else "") for c in changed}
+                return _list(
+                    [sql.SQL("{}.{}{}").format(sql.SQL(alias), sql.Identifier(c), cast[c]) for c in changed]
+                )
+
+            guard = sql.SQL("({}) IS DISTINCT FROM ({})").format(side("t"), side("EXCLUDED"))
+            if self.version:
+                guard = sql.SQL("{} AND (t.{v} IS NULL OR t.{v} <= EXCLUDED.{v})").format(
+                    guard, v=self.version[0]
+                )
+            conflict = sql.SQL("DO UPDATE SET {} WHERE {}").format(_list(updates), guard)
+        upserted = sql.SQL(
+            "upserted AS (INSERT INTO {target} AS t ({columns}) SELECT {staged} FROM latest WHERE NOT _delete"
+            " ON CONFLICT ({keys}) {conflict} RETURNING t.*)"
+        ).format(
+            target=n.target,
+            columns=_list(self.targets),
+            staged=_list(self.staged),
+            keys=_list(self.target_keys),
+            conflict=conflict,
+        )
+        return [deleted, upserted, *([self._outbox()] if self.spec.outbox else [])]
+
+    def _outbox(self) -> sql.Composable:
+        box = self.spec.outbox
+        assert box is not None
+
+        def utf8(expr: str | None) -> sql.Composable:
+            if not expr:
+                return sql.SQL("NULL::bytea")
+            return sql.SQL("convert_to(({})::text, 'UTF8')").format(sql.SQL(expr))
+
+        names = sql.Literal(list(box.headers))
+        values = sql.SQL("ARRAY[{}]::bytea[]").format(_list([utf8(e) for e in box.headers.values()]))
+
+        def select(source: str, value: sql.Composable) -> sql.Composable:
+            return sql.SQL(
+                "SELECT gen_random_uuid(), {topic}, {key}, {value}, {names}::text[], {values}"
+                " FROM {source} AS written"
+            ).format(
+                topic=sql.Literal(box.topic),
+                key=utf8(box.key),
+                value=value,
+                names=names,
+                values=values,
+                source=sql.Identifier(source),
+            )
+
+        return sql.SQL(
+            "outboxed AS (INSERT INTO {outbox} (event_id, topic, key, value, header_keys, header_values)"
+            " {upserts} UNION ALL {deletes} RETURNING 1)"
+        ).format(
+            outbox=self.names.outbox,
+            upserts=select("upserted", utf8(box.value)),
+            deletes=select("deleted", sql.SQL("NULL::bytea")),
+        )
+
+    def _finish(self) -> list[sql.Composable]:
+        n = self.names
+        dead = sql.SQL(
+            "dead AS (INSERT INTO {dead} (sink, topic, kafka_partition, kafka_offset, key, value, error)"
+            " SELECT %(sink)s, _topic, _partition, _offset, _raw_key, _raw_value, _error FROM fresh"
+            " WHERE _error IS NOT NULL RETURNING 1)"
+        ).format(dead=n.dead)
+        progress = sql.SQL(
+            "progress AS (INSERT INTO {progress} AS p (sink, topic, kafka_partition, next_offset)"
+            " SELECT %(sink)s, _topic, _partition, max(_offset) + 1 FROM {stage}"
+            " WHERE _attempt = ANY(%(attempts)s) GROUP BY _topic, _partition"
+            " ON CONFLICT (sink, topic, kafka_partition) DO UPDATE"
+            " SET next_offset = GREATEST(p.next_offset, EXCLUDED.next_offset), updated_at = now()"
+            " RETURNING 1)"
+        ).format(progress=n.progress, stage=n.stage)
+        return [dead, progress]

@@ -1,0 +1,47 @@
+"""A streaming job for kill -9 tests: kafka_rc -> PostgresSink, with an optional pause.
+
+Usage: sink_job.py BOOTSTRAP TOPIC DATABASE_URL TABLE CHECKPOINT WORKDIR MAX_OFFSETS PAUSE_AT [available-now]
+PAUSE_AT is a batch id: after its rows are staged (executors committed) and before
+it is applied, the job prints "staged N" and waits to be killed (-1: never).
+Prints "applied N" after each applied batch.
+"""
+
+import sys
+import time
+from pathlib import Path
+
+from sinks.kafka_source import register
+from sinks.local_spark import local_session
+from sinks.postgres import Outbox, PostgresSink, parse_json
+
+bootstrap, topic, url, table, checkpoint, work, max_offsets, pause_at = sys.argv[1:9]
+available_now = sys.argv[9:] == ["available-now"]
+spark = local_session(Path(work), app_name="sink-job", master="local[2]")
+register(spark)
+events = parse_json(
+    spark.readStream.format("kafka_rc")
+    .option("kafka.bootstrap.servers", bootstrap)
+    .option("subscribe", topic)
+    .option("startingOffsets", "earliest")
+    .option("maxOffsetsPerTrigger", max_offsets)
+    .load(),
+    "event_id string, n long, amount decimal(12,2)",
+    key_column="event_id",
+)
+sink = PostgresSink(table, url=url, outbox=Outbox(topic="out", key="written.event_id::text"))
+writer = sink.writer(events)
+
+
+def batch(frame, batch_id):  # type: ignore[no-untyped-def]
+    staged = writer.stage(frame, batch_id)
+    if batch_id == int(pause_at):
+        print(f"staged {batch_id}", flush=True)
+        time.sleep(3600)
+    writer.apply(staged)
+    print(f"applied {batch_id}", flush=True)
+
+
+stream = events.writeStream.foreachBatch(batch).option("checkpointLocation", checkpoint)
+query = (stream.trigger(availableNow=True) if available_now else stream).start()
+query.awaitTermination()
+print("done", flush=True)

@@ -1,0 +1,422 @@
+"""The exactly-once PostgreSQL sink against real Spark, PostgreSQL and Kafka."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from outbox import migrate
+from outbox.config import DatabaseUrl
+from outbox.errors import ConfigError
+from sinks.postgres import Outbox, PostgresSink, parse_json
+from sinks.postgres.apply import SinkError
+from tests.helpers import produce_transaction, read_committed, transactional_producer
+
+SCHEMA = "event_id string, n long, amount decimal(12,2), version int"
+ORDERS = (
+    "CREATE TABLE orders (event_id uuid PRIMARY KEY, n bigint NOT NULL, amount numeric(12,2), version int)"
+)
+
+
+@pytest.fixture
+def db(database: DatabaseUrl, pg: psycopg.Connection) -> DatabaseUrl:
+    migrate.upgrade(database, "public")
+    pg.execute(ORDERS)
+    return database
+
+
+def event(event_id: str, n: int, amount: str = "1.00", version: int | None = None) -> tuple[bytes, bytes]:
+    body: dict[str, Any] = {"event_id": event_id, "n": n, "amount": amount}
+    if version is not None:
+        body["version"] = version
+    return event_id.encode(), json.dumps(body).encode()
+
+
+def run(
+    spark,
+    bootstrap: str,
+    topic: str,
+    checkpoint: Path,
+    sink: PostgresSink,
+    schema: str = SCHEMA,
+    **options: str,
+):  # type: ignore[no-untyped-def]
+    """One availableNow run of the sink; returns the writer (its `last` batch result)."""
+    reader = (
+        spark.readStream.format("kafka_rc")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+    )
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    frame = parse_json(reader.load(), schema, key_column="event_id")
+    writer = sink.writer(frame)
+    query = (
+        frame.writeStream.foreachBatch(writer)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    writer.close()
+    return writer
+
+
+def table(pg: psycopg.Connection, name: str = "orders") -> dict[str, tuple]:
+    rows = pg.execute(
+        sql.SQL("SELECT event_id::text, n, amount, version FROM {}").format(sql.Identifier(name))
+    )
+    return {r[0]: r[1:] for r in rows}
+
+
+def ledger(pg: psycopg.Connection) -> dict[int, int]:
+    return dict(pg.execute("SELECT kafka_partition, next_offset FROM sink_progress").fetchall())
+
+
+def log_ends(bootstrap: str, topic: str) -> dict[int, int]:
+    """Per partition, one past the last committed record: where the ledger must stand."""
+    ends: dict[int, int] = {}
+    for partition, offset, _, _ in read_committed(bootstrap, topic, 2):
+        ends[partition] = max(ends.get(partition, 0), offset + 1)
+    return ends
+
+
+def test_duplicates_within_and_across_batches_apply_once(spark, bootstrap, topic, db, pg, checkpoint) -> None:  # type: ignore[no-untyped-def]
+    ids = [str(uuid.uuid4()) for _ in range(60)]
+    producer = transactional_producer(bootstrap)
+    first = [event(i, n) for n, i in enumerate(ids[:40])]
+    produce_transaction(producer, topic, first + first[:10])  # duplicates inside one batch
+    produce_transaction(producer, topic, [event(i, n, "2.00") for n, i in enumerate(ids[:20])])  # later edits
+    produce_transaction(producer, topic, [event(i, n + 40) for n, i in enumerate(ids[40:])])
+    produce_transaction(producer, topic, [event(ids[0], 999)], commit=False)  # never applied
+
+    writer = run(
+        spark, bootstrap, topic, checkpoint, PostgresSink("orders", url=db.raw), maxOffsetsPerTrigger="25"
+    )
+
+    rows = table(pg)
+    assert sorted(rows) == sorted(ids)
+    assert all(rows[i] == (n, Decimal("2.00"), None) for n, i in enumerate(ids[:20]))
+    assert all(rows[i] == (n, Decimal("1.00"), None) for n, i in enumerate(ids) if n >= 20)
+    assert ledger(pg) == log_ends(bootstrap, topic)
+    assert writer.last is not None and writer.last.dead == 0
+
+
+def test_versions_never_move_backwards(spark, bootstrap, topic, db, pg, checkpoint) -> None:  # type: ignore[no-untyped-def]
+    a, b = str(uuid.uuid4()), str(uuid.uuid4())
+    producer = transactional_producer(bootstrap)
+    produce_transaction(
+        producer, topic, [event(a, 3, "3.00", 3), event(a, 1, "1.00", 1), event(b, 1, "1.00", 1)]
+    )
+    produce_transaction(
+        producer, topic, [event(a, 2, "2.00", 2), event(b, 5, "5.00", 5), event(b, 4, "4.00", 4)]
+    )
+    sink = PostgresSink("orders", url=db.raw, version="version")
+
+    run(spark, bootstrap, topic, checkpoint, sink, maxOffsetsPerTrigger="2")
+
+    assert table(pg) == {a: (3, Decimal("3.00"), 3), b: (5, Decimal("5.00"), 5)}
+
+
+def test_insert_mode_keeps_the_first_event(spark, bootstrap, topic, db, pg, checkpoint) -> None:  # type: ignore[no-untyped-def]
+    a = str(uuid.uuid4())
+    producer = transactional_producer(bootstrap)
+    produce_transaction(producer, topic, [event(a, 1), event(a, 2)])
+    produce_transaction(producer, topic, [event(a, 3)])
+
+    run(spark, bootstrap, topic, checkpoint, PostgresSink("orders", url=db.raw, mode="insert"))
+
+    assert table(pg) == {a: (1, Decimal("1.00"), None)}
+
+
+def test_tombstones_delete_and_feed_the_outbox(spark, bootstrap, topic, db, pg, checkpoint) -> None:  # type: ignore[no-untyped-def]
+    keep, gone, back = (str(uuid.uuid4()) for _ in range(3))
+    producer = transactional_producer(bootstrap)
+    # One partition, three batches: [0, 3) inserts, [3, 6) tombstones (after a marker), [6, 9) re-insert.
+    produce_transaction(producer, topic, [event(keep, 1), event(gone, 2), event(back, 3)], partition=0)
+    produce_transaction(producer, topic, [(gone.encode(), None), (back.encode(), None)], partition=0)
+    produce_transaction(producer, topic, [event(back, 4)], partition=0)
+    outbox = Outbox(topic="orders.changed", key="written.event_id::text", headers={"n": "written.n"})
+    sink = PostgresSink("orders", url=db.raw, outbox=outbox)
+
+    run(spark, bootstrap, topic, checkpoint, sink, maxOffsetsPerTrigger="3")
+
+    assert table(pg) == {keep: (1, Decimal("1.00"), None), back: (4, Decimal("1.00"), None)}
+    events = pg.execute(
+        "SELECT convert_from(key, 'UTF8'), value IS NULL, header_keys, header_values"
+        " FROM outbox_events ORDER BY id"
+    ).fetchall()
+    history: dict[str, list[bool]] = {}
+    for k, deleted, _, _ in events:
+        history.setdefault(k, []).append(deleted)
+    assert history == {keep: [False], gone: [False, True], back: [False, True, False]}
+    assert [(h, [bytes(v) for v in vs]) for _, _, h, vs in events][-1] == (["n"], [b"4"])
+    values = pg.execute(
+        "SELECT convert_from(value, 'UTF8')::jsonb FROM outbox_events WHERE value IS NOT NULL"
+    ).fetchall()
+    assert sorted((v["event_id"], v["n"]) for (v,) in values) == sorted(
+        [(keep, 1), (gone, 2), (back, 3), (back, 4)]
+    )
+
+
+def test_lost_checkpoint_neither_duplicates_nor_skips(spark, bootstrap, topic, db, pg, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    ids = [str(uuid.uuid4()) for _ in range(30)]
+    producer = transactional_producer(bootstrap)
+    produce_transaction(producer, topic, [event(i, n) for n, i in enumerate(ids[:20])])
+    outbox = Outbox(topic="orders.changed", key="written.event_id::text")
+    sink = PostgresSink("orders", url=db.raw, outbox=outbox)
+    run(spark, bootstrap, topic, tmp_path / "first", sink)
+    produce_transaction(producer, topic, [event(i, n + 20) for n, i in enumerate(ids[20:])])
+
+    # A fresh checkpoint replays the whole topic: the ledger turns the old events into no-ops.
+    replay = run(spark, bootstrap, topic, tmp_path / "second", sink)
+    # Starting from the ledger reads nothing twice.
+    produce_transaction(producer, topic, [event(ids[0], 100)])
+    resumed = run(
+        spark, bootstrap, topic, tmp_path / "third", sink, **{"ledger.sink": sink.name, "ledger.url": db.raw}
+    )
+
+    rows = table(pg)
+    assert sorted(rows) == sorted(ids) and rows[ids[0]][0] == 100
+    assert replay.last.replayed == 20 and replay.last.upserted == 10
+    assert resumed.last.staged == 1 and resumed.last.replayed == 0
+    assert pg.execute("SELECT count(*) FROM outbox_events").fetchone() == (31,)
+    assert ledger(pg) == log_ends(bootstrap, topic)
+
+
+def test_poison_records_go_to_dead_letters_and_the_batch_goes_on(
+    spark, bootstrap, topic, db, pg, checkpoint
+) -> None:  # type: ignore[no-untyped-def]
+    pg.execute("ALTER TABLE orders ADD CONSTRAINT positive CHECK (n >= 0), ADD COLUMN note varchar(4)")
+    good = [str(uuid.uuid4()) for _ in range(5)]
+    refused = str(uuid.uuid4())
+    poison = [
+        (b"k1", b"{not json"),  # does not parse: no key
+        (b"k2", json.dumps({"event_id": "not-a-uuid", "n": 1}).encode()),  # conversion failure
+        (b"k3", json.dumps({"event_id": refused, "n": -5}).encode()),  # CHECK violation
+        (
+            b"k4",
+            json.dumps({"event_id": str(uuid.uuid4()), "n": 1, "note": "too long"}).encode(),
+        ),  # oversized
+    ]
+    producer = transactional_producer(bootstrap)
+    produce_transaction(producer, topic, [event(i, n) for n, i in enumerate(good[:3])] + poison, partition=0)
+    produce_transaction(producer, topic, [event(i, n) for n, i in enumerate(good[3:])], partition=0)
+    sink = PostgresSink("orders", url=db.raw)
+    writer = run(
+        spark, bootstrap, topic, checkpoint, sink, SCHEMA + ", note string", maxOffsetsPerTrigger="7"
+    )
+
+    assert sorted(table(pg)) == sorted(good)
+    dead = pg.execute(
+        "SELECT kafka_partition, kafka_offset, key, error FROM sink_dead_letters ORDER BY kafka_offset"
+    ).fetchall()
+    # Rows refused by the table itself keep their key and the row as JSON; the others, the raw record.
+    assert [(p, o, bytes(k)) for p, o, k, _ in dead] == [
+        (0, 3, b"k1"),
+        (0, 4, b"k2"),
+        (0, 5, refused.encode()),
+        (0, 6, b"k4"),
+    ]
+    errors = [e for *_, e in dead]
+    assert "key column 'event_id' is null" in errors[0]
+    assert "invalid input syntax for type uuid" in errors[1] and "'event_id'" in errors[1]
+    assert "positive" in errors[2]
+    assert "too long" in errors[3] and "'note'" in errors[3]
+    assert writer.last.dead == 0  # the second batch; the first reported 4
+
+
+def test_fail_mode_stops_and_commits_nothing(spark, bootstrap, topic, db, pg, checkpoint) -> None:  # type: ignore[no-untyped-def]
+    producer = transactional_producer(bootstrap)
+    produce_transaction(producer, topic, [event(str(uuid.uuid4()), 1), (b"k", b"{not json")], partition=0)
+
+    with pytest.raises(Exception, match="key column 'event_id' is null"):
+        run(spark, bootstrap, topic, checkpoint, PostgresSink("orders", url=db.raw, on_error="fail"))
+
+    assert table(pg) == {} and ledger(pg) == {}
+    assert pg.execute("SELECT count(*) FROM sink_dead_letters").fetchone() == (0,)
+
+
+def test_hostile_identifiers_are_quoted(spark, bootstrap, topic, database, pg, checkpoint) -> None:  # type: ignore[no-untyped-def]
+    from pyspark.sql import types as T
+
+    schema, ledger_schema = 'sch"ema; --', 'led"ger; DROP TABLE canary; --'
+    name, key, amount = 'Or"ders; DROP TABLE canary; --', 'event "id"', "am'ount; ;"
+    pg.execute("CREATE TABLE canary (x int)")
+    pg.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    pg.execute(
+        sql.SQL("CREATE TABLE {} ({} uuid PRIMARY KEY, {} numeric)").format(
+            sql.Identifier(schema, name), sql.Identifier(key), sql.Identifier(amount)
+        )
+    )
+    migrate.upgrade(database, ledger_schema)
+    ids = [str(uuid.uuid4()) for _ in range(5)]
+    producer = transactional_producer(bootstrap)
+    produce_transaction(
+        producer, topic, [(i.encode(), json.dumps({key: i, amount: n}).encode()) for n, i in enumerate(ids)]
+    )
+    fields = T.StructType([T.StructField(key, T.StringType()), T.StructField(amount, T.LongType())])
+    frame = parse_json(
+        spark.readStream.format("kafka_rc")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .load(),
+        fields,
+    )
+    sink = PostgresSink(
+        name, url=database.raw, schema=schema, key=key, ledger_schema=ledger_schema, outbox=Outbox(topic="t")
+    )
+    query = sink.start(frame, str(checkpoint), trigger={"availableNow": True})
+    query.awaitTermination()
+
+    rows = pg.execute(
+        sql.SQL("SELECT {}::text, {} FROM {}").format(
+            sql.Identifier(key), sql.Identifier(amount), sql.Identifier(schema, name)
+        )
+    ).fetchall()
+    assert sorted(rows) == sorted((i, n) for n, i in enumerate(ids))
+    assert pg.execute("SELECT to_regclass('canary') IS NOT NULL").fetchone() == (True,)
+    progress = sql.SQL("SELECT sum(next_offset) FROM {}").format(
+        sql.Identifier(ledger_schema, "sink_progress")
+    )
+    assert pg.execute(progress).fetchone() == (sum(log_ends(bootstrap, topic).values()),)
+
+
+def test_column_types_round_trip(spark, bootstrap, topic, db, pg, checkpoint) -> None:  # type: ignore[no-untyped-def]
+    import datetime as dt
+
+    from pyspark.sql import functions as F
+
+    pg.execute(
+        "CREATE TABLE typed (event_id uuid PRIMARY KEY, doc jsonb, raw_doc json, amount numeric(20,5),"
+        " at timestamptz, at_local timestamp, day date, flag boolean, ints int[], words text[], blob bytea,"
+        " ratio double precision, small smallint)"
+    )
+    i = str(uuid.uuid4())
+    body = {
+        "event_id": i,
+        "doc": {"a": 1, "b": ["x", "y"]},
+        "raw_doc": '{"k": [1, 2]}',
+        "amount": "12345.67891",
+        "at": "2024-03-04T05:06:07.123456Z",
+        "at_local": "2024-03-04T05:06:07",
+        "day": "2024-03-04",
+        "flag": True,
+        "ints": [1, None, 3],
+        "words": ['a "quoted", word', "back\\slash", "{braces}", None, ""],
+        "blob": "AAEC/w==",
+        "ratio": 0.1,
+        "small": 7,
+    }
+    producer = transactional_producer(bootstrap)
+    produce_transaction(producer, topic, [(i.encode(), json.dumps(body).encode())])
+    schema = (
+        "event_id string, doc struct<a:int,b:array<string>>, raw_doc string, amount decimal(20,5),"
+        " at timestamp, at_local timestamp_ntz, day date, flag boolean, ints array<int>, words array<string>,"
+        " blob string, ratio double, small int"
+    )
+    frame = parse_json(
+        spark.readStream.format("kafka_rc")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .load(),
+        schema,
+    ).withColumn("blob", F.unbase64("blob"))
+    PostgresSink("typed", url=db.raw).start(
+        frame, str(checkpoint), trigger={"availableNow": True}
+    ).awaitTermination()
+
+    row = pg.execute("SELECT * FROM typed").fetchone()
+    assert row is not None
+    assert row[1:] == (
+        {"a": 1, "b": ["x", "y"]},
+        {"k": [1, 2]},
+        Decimal("12345.67891"),
+        dt.datetime(2024, 3, 4, 5, 6, 7, 123456, tzinfo=dt.UTC),
+        dt.datetime(2024, 3, 4, 5, 6, 7),
+        dt.date(2024, 3, 4),
+        True,
+        [1, None, 3],
+        ['a "quoted", word', "back\\slash", "{braces}", None, ""],
+        b"\x00\x01\x02\xff",
+        0.1,
+        7,
+    )
+    assert str(row[0]) == i
+
+
+KAFKA = "key binary, value binary, topic string, partition int, offset long"
+
+
+@pytest.mark.parametrize(
+    ("ddl", "columns", "options", "message"),
+    [
+        (None, "event_id string, n long", {}, "does not exist"),
+        (
+            "CREATE TABLE orders2 (event_id uuid PRIMARY KEY)",
+            "event_id string, n long",
+            {},
+            "are not in table",
+        ),
+        (
+            "CREATE TABLE orders2 (event_id uuid PRIMARY KEY, n int NOT NULL)",
+            "event_id string",
+            {},
+            "needs columns ['n']",
+        ),
+        ("CREATE TABLE orders2 (event_id uuid, n int)", "event_id string, n long", {}, "no unique index"),
+        (
+            "CREATE TABLE orders2 (event_id uuid PRIMARY KEY, n numeric)",
+            "event_id string, n boolean",
+            {},
+            "cannot be written",
+        ),
+        (
+            "CREATE TABLE orders2 (event_id uuid PRIMARY KEY, v text)",
+            "event_id string, v string",
+            {"version": "v"},
+            "must be a number",
+        ),
+        ("CREATE TABLE orders2 (id uuid PRIMARY KEY)", "id string", {}, "key columns ['event_id']"),
+    ],
+)
+def test_mistakes_fail_before_the_query_starts(spark, db, pg, ddl, columns, options, message) -> None:  # type: ignore[no-untyped-def]
+    if ddl:
+        pg.execute(ddl)
+    frame = spark.createDataFrame([], f"{columns}, {KAFKA}")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        PostgresSink("orders2", url=db.raw, **options).writer(frame)
+
+
+def test_position_columns_and_ledger_are_required(spark, database, db, pg) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError, match="position columns"):
+        PostgresSink("orders", url=db.raw).writer(spark.createDataFrame([], "event_id string, n long"))
+    with pytest.raises(ConfigError, match="outbox db upgrade --schema elsewhere"):
+        PostgresSink("orders", url=db.raw, ledger_schema="elsewhere").writer(
+            spark.createDataFrame([], f"event_id string, n long, {KAFKA}")
+        )
+
+
+def test_one_running_query_per_sink(spark, db, pg) -> None:  # type: ignore[no-untyped-def]
+    i = str(uuid.uuid4())
+    batch = spark.createDataFrame([(i, 1, None, b"{}", "t", 0, 0)], f"event_id string, n long, {KAFKA}")
+    first = PostgresSink("orders", url=db.raw).writer(batch)
+    second = PostgresSink("orders", url=db.raw).writer(batch)
+    staged = first.stage(batch, 0)
+    with pytest.raises(SinkError, match="being written by another query"):
+        second(batch, 0)
+    first.apply(staged)
+    second(batch, 0)  # once the first is done: a replay, nothing changes
+    first.close()
+    second.close()
+    assert table(pg) == {i: (1, None, None)} and ledger(pg) == {0: 1}
+    assert second.last is not None and second.last.replayed == 1
