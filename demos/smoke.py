@@ -190,16 +190,8 @@ def run_job(spark, bootstrap: str, topic: str, url: DatabaseUrl, checkpoint: Pat
     )
     orders = parse_json(raw, "event_id string, order_id long, amount decimal(12,2), status string")
     sink = PostgresSink(TABLE, url=url.raw, key="event_id")
-    writer = sink.writer(orders)
-    query = (
-        orders.writeStream.foreachBatch(writer)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
-    writer.close()
-    return writer.last
+    sink.start(orders, str(checkpoint), trigger={"availableNow": True}).awaitTermination()
+    return sink.last
 
 
 def say(message: str) -> None:

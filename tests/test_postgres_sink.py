@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from pyspark.sql.types import StructType
 
 from outbox import migrate
 from outbox.config import DatabaseUrl
@@ -40,35 +41,25 @@ def event(event_id: str, n: int, amount: str = "1.00", version: int | None = Non
     return event_id.encode(), json.dumps(body).encode()
 
 
-def run(
+def run(  # type: ignore[no-untyped-def]
     spark,
     bootstrap: str,
     topic: str,
     checkpoint: Path,
     sink: PostgresSink,
-    schema: str = SCHEMA,
+    schema: str | StructType = SCHEMA,
     **options: str,
-):  # type: ignore[no-untyped-def]
-    """One availableNow run of the sink; returns the writer (its `last` batch result)."""
+) -> PostgresSink:
+    """One availableNow run of the sink from the topic's start; `sink.last` tells what its last batch did."""
     reader = (
         spark.readStream.format("kafka_rc")
         .option("kafka.bootstrap.servers", bootstrap)
         .option("subscribe", topic)
         .option("startingOffsets", "earliest")
     )
-    for k, v in options.items():
-        reader = reader.option(k, v)
-    frame = parse_json(reader.load(), schema, key_column="event_id")
-    writer = sink.writer(frame)
-    query = (
-        frame.writeStream.foreachBatch(writer)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
-    writer.close()
-    return writer
+    frame = parse_json(reader.options(**options).load(), schema, key_column="event_id")
+    sink.start(frame, str(checkpoint), trigger={"availableNow": True}).awaitTermination()
+    return sink
 
 
 def table(pg: psycopg.Connection, name: str = "orders") -> dict[str, tuple]:
@@ -99,7 +90,7 @@ def test_duplicates_within_and_across_batches_apply_once(spark, bootstrap, topic
     produce_transaction(producer, topic, [event(i, n + 40) for n, i in enumerate(ids[40:])])
     produce_transaction(producer, topic, [event(ids[0], 999)], commit=False)  # never applied
 
-    writer = run(
+    sink = run(
         spark, bootstrap, topic, checkpoint, PostgresSink("orders", url=db.raw), maxOffsetsPerTrigger="25"
     )
 
@@ -108,7 +99,7 @@ def test_duplicates_within_and_across_batches_apply_once(spark, bootstrap, topic
     assert all(rows[i] == (n, Decimal("2.00"), None) for n, i in enumerate(ids[:20]))
     assert all(rows[i] == (n, Decimal("1.00"), None) for n, i in enumerate(ids) if n >= 20)
     assert ledger(pg) == log_ends(bootstrap, topic)
-    assert writer.last is not None and writer.last.dead == 0
+    assert sink.last is not None and sink.last.dead == 0
 
 
 def test_versions_never_move_backwards(spark, bootstrap, topic, db, pg, checkpoint) -> None:  # type: ignore[no-untyped-def]
@@ -178,17 +169,16 @@ def test_lost_checkpoint_neither_duplicates_nor_skips(spark, bootstrap, topic, d
     produce_transaction(producer, topic, [event(i, n + 20) for n, i in enumerate(ids[20:])])
 
     # A fresh checkpoint replays the whole topic: the ledger turns the old events into no-ops.
-    replay = run(spark, bootstrap, topic, tmp_path / "second", sink)
+    replay = run(spark, bootstrap, topic, tmp_path / "second", sink).last
     # Starting from the ledger reads nothing twice.
     produce_transaction(producer, topic, [event(ids[0], 100)])
-    resumed = run(
-        spark, bootstrap, topic, tmp_path / "third", sink, **{"ledger.sink": sink.name, "ledger.url": db.raw}
-    )
+    ledger_start = {"ledger.sink": sink.name, "ledger.url": db.raw}
+    resumed = run(spark, bootstrap, topic, tmp_path / "third", sink, **ledger_start).last
 
     rows = table(pg)
     assert sorted(rows) == sorted(ids) and rows[ids[0]][0] == 100
-    assert replay.last.replayed == 20 and replay.last.upserted == 10
-    assert resumed.last.staged == 1 and resumed.last.replayed == 0
+    assert replay is not None and replay.replayed == 20 and replay.upserted == 10
+    assert resumed is not None and resumed.staged == 1 and resumed.replayed == 0
     assert pg.execute("SELECT count(*) FROM outbox_events").fetchone() == (31,)
     assert ledger(pg) == log_ends(bootstrap, topic)
 
@@ -212,9 +202,7 @@ def test_poison_records_go_to_dead_letters_and_the_batch_goes_on(
     produce_transaction(producer, topic, [event(i, n) for n, i in enumerate(good[:3])] + poison, partition=0)
     produce_transaction(producer, topic, [event(i, n) for n, i in enumerate(good[3:])], partition=0)
     sink = PostgresSink("orders", url=db.raw)
-    writer = run(
-        spark, bootstrap, topic, checkpoint, sink, SCHEMA + ", note string", maxOffsetsPerTrigger="7"
-    )
+    sink = run(spark, bootstrap, topic, checkpoint, sink, SCHEMA + ", note string", maxOffsetsPerTrigger="7")
 
     assert sorted(table(pg)) == sorted(good)
     dead = pg.execute(
@@ -232,7 +220,7 @@ def test_poison_records_go_to_dead_letters_and_the_batch_goes_on(
     assert "invalid input syntax for type uuid" in errors[1] and "'event_id'" in errors[1]
     assert "positive" in errors[2]
     assert "too long" in errors[3] and "'note'" in errors[3]
-    assert writer.last.dead == 0  # the second batch; the first reported 4
+    assert sink.last.dead == 0  # the second batch; the first reported 4
 
 
 def test_fail_mode_stops_and_commits_nothing(spark, bootstrap, topic, db, pg, checkpoint) -> None:  # type: ignore[no-untyped-def]
@@ -416,7 +404,5 @@ def test_one_running_query_per_sink(spark, db, pg) -> None:  # type: ignore[no-u
         second(batch, 0)
     first.apply(staged)
     second(batch, 0)  # once the first is done: a replay, nothing changes
-    first.close()
-    second.close()
     assert table(pg) == {i: (1, None, None)} and ledger(pg) == {0: 1}
     assert second.last is not None and second.last.replayed == 1

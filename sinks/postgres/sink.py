@@ -65,6 +65,12 @@ class PostgresSink:
             name=name or "",
         )
         self.delete = delete
+        self._writer: BatchWriter | None = None
+
+    @property
+    def last(self) -> BatchResult | None:
+        """What the last batch of the query started by `start` did."""
+        return self._writer.last if self._writer else None
 
     @property
     def name(self) -> str:
@@ -83,7 +89,8 @@ class PostgresSink:
         trigger: dict[str, Any] | None = None,
         query_name: str | None = None,
     ) -> StreamingQuery:
-        stream = frame.writeStream.foreachBatch(self.writer(frame)).option(
+        self._writer = self.writer(frame)
+        stream = frame.writeStream.foreachBatch(self._writer).option(
             "checkpointLocation", checkpoint_location
         )
         if trigger:
@@ -98,6 +105,7 @@ class Staged:
     batch_id: int
     attempts: list[int]  # task attempts whose rows count (retried tasks' leftovers do not)
     rows: int
+    conn: psycopg.Connection  # holds the sink's advisory lock until the batch is applied
 
 
 class BatchWriter:
@@ -115,7 +123,6 @@ class BatchWriter:
             )
         self.delete = _delete_rule(delete, self.plan)
         self.last: BatchResult | None = None
-        self._conn: psycopg.Connection | None = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         self.apply(self.stage(batch, batch_id))
@@ -126,9 +133,9 @@ class BatchWriter:
         Takes the sink's advisory lock until `apply` ends: two queries writing one
         sink would share its stage table, so the second one fails at once instead.
         """
-        conn = self._connection()
-        self._lock(conn)
+        conn = _connect(self.spec.url, autocommit=True)
         try:
+            self._lock(conn)
             conn.execute(self.statements.create_stage())
             job = StageJob(
                 libpq=self.spec.url.libpq,
@@ -141,29 +148,18 @@ class BatchWriter:
             frame = staged_frame(batch, self.plan, self.delete)
             tasks = frame.mapInArrow(stager(job), RESULT_SCHEMA).collect()
         except BaseException:
-            self._unlock(conn)
+            conn.close()
             raise
-        return Staged(batch_id, [t.attempt for t in tasks], sum(t.staged for t in tasks))
+        return Staged(batch_id, [t.attempt for t in tasks], sum(t.staged for t in tasks), conn)
 
     def apply(self, staged: Staged) -> BatchResult:
         """Apply a staged batch in one transaction with the ledger; a replay changes nothing."""
-        conn = self._connection()
-        try:
-            self.last = apply_batch(conn, self.statements, staged.batch_id, staged.attempts, staged.rows)
-        finally:
-            self._unlock(conn)
+        with staged.conn:  # closing it releases the lock
+            self.last = apply_batch(
+                staged.conn, self.statements, staged.batch_id, staged.attempts, staged.rows
+            )
         log.info("sink %s: %s", self.spec.name, self.last)
         return self.last
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
-    def _connection(self) -> psycopg.Connection:
-        if self._conn is None or self._conn.broken or self._conn.closed:
-            self._conn = _connect(self.spec.url, autocommit=True)
-        return self._conn
 
     def _lock(self, conn: psycopg.Connection) -> None:
         locked = conn.execute(f"SELECT pg_try_advisory_lock({_LOCK_KEY})", [self.spec.name]).fetchone()
@@ -172,10 +168,6 @@ class BatchWriter:
                 f"sink {self.spec.name} is being written by another query right now (it holds the sink's"
                 " advisory lock); stop that query, or give this sink another name"
             )
-
-    def _unlock(self, conn: psycopg.Connection) -> None:
-        if not conn.broken and not conn.closed:
-            conn.execute(f"SELECT pg_advisory_unlock({_LOCK_KEY})", [self.spec.name])
 
 
 _LOCK_KEY = "hashtextextended('outbox-sink:' || %s, 0)"
