@@ -1,0 +1,137 @@
+"""Add events to the outbox inside the caller's transaction.
+
+The event commits or rolls back with the business change it describes; the
+relay publishes it to Kafka afterwards. These functions never commit.
+
+    with psycopg.connect(url) as conn, conn.transaction():
+        conn.execute("UPDATE orders SET status = 'paid' WHERE id = %s", [42])
+        add_event(conn, "orders", {"id": 42, "status": "paid"}, key="42")
+
+Works with a psycopg 3 Connection, and with a SQLAlchemy Connection or Session
+on the `postgresql+psycopg` driver.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.pq import TransactionStatus
+
+from outbox.config import schema_name
+from outbox.errors import OutboxError
+
+Headers = Mapping[str, bytes | str] | Sequence[tuple[str, bytes | str]]
+_COLUMNS = ("event_id", "topic", "key", "value", "header_keys", "header_values")
+
+
+@dataclass(frozen=True)
+class Event:
+    """One outbox event. `value` may be bytes, str, or anything JSON can encode; None is a tombstone."""
+
+    topic: str
+    value: Any = None
+    key: bytes | str | None = None
+    headers: Headers = field(default_factory=dict)
+    event_id: uuid.UUID = field(default_factory=uuid.uuid4)
+
+    def row(self) -> tuple[object, ...]:
+        if not self.topic:
+            raise OutboxError("an outbox event needs a topic")
+        pairs = list(self.headers.items() if isinstance(self.headers, Mapping) else self.headers)
+        for name, _ in pairs:
+            if not isinstance(name, str):
+                raise OutboxError(f"header names must be str, not {type(name).__name__}")
+        return (
+            self.event_id,
+            self.topic,
+            _bytes(self.key, "key"),
+            _value(self.value),
+            [name for name, _ in pairs],
+            [_bytes(value, f"header {name!r}") for name, value in pairs],
+        )
+
+
+def add_event(
+    conn: Any,
+    topic: str,
+    value: Any = None,
+    *,
+    key: bytes | str | None = None,
+    headers: Headers | None = None,
+    event_id: uuid.UUID | None = None,
+    schema: str | None = None,
+) -> uuid.UUID:
+    """Add one event in the caller's open transaction; returns its event id."""
+    event = Event(topic, value, key, headers or {}, event_id or uuid.uuid4())
+    add_events(conn, [event], schema=schema)
+    return event.event_id
+
+
+def add_events(conn: Any, events: Iterable[Event], *, schema: str | None = None) -> list[uuid.UUID]:
+    """Add many events with one COPY, in order, in the caller's open transaction."""
+    rows = [e.row() for e in events]
+    target = sql.Identifier(schema or schema_name(), "outbox_events")
+    statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
+        target, sql.SQL(", ").join(map(sql.Identifier, _COLUMNS))
+    )
+    raw = _psycopg(conn)
+    try:
+        with raw.cursor().copy(statement) as copy:
+            for row in rows:
+                copy.write_row(row)
+    except psycopg.errors.UndefinedTable:
+        raise OutboxError(
+            f"no outbox table {schema or schema_name()}.outbox_events: run `outbox db upgrade`"
+            " (this transaction is now aborted)"
+        ) from None
+    return [r[0] for r in rows]  # type: ignore[misc]
+
+
+def _psycopg(conn: Any) -> psycopg.Connection:
+    """The psycopg connection under `conn`, inside an open transaction."""
+    if isinstance(conn, psycopg.Connection):
+        if conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+            raise OutboxError(
+                "add_event needs an open transaction (this connection is in autocommit mode): call it"
+                " inside `with conn.transaction():` so the event commits with your change"
+            )
+        return conn
+    try:  # SQLAlchemy: a Session gives its Connection; a Connection its DBAPI connection.
+        connection = conn.connection() if callable(getattr(conn, "connection", None)) else conn
+        driver = connection.connection.driver_connection
+    except AttributeError:
+        raise OutboxError(
+            "add_event takes a psycopg Connection or a SQLAlchemy Connection/Session,"
+            f" not {type(conn).__name__}"
+        ) from None
+    if not isinstance(driver, psycopg.Connection):
+        raise OutboxError(
+            "add_event needs SQLAlchemy's psycopg 3 driver: use a postgresql+psycopg:// URL"
+            f" (this engine uses {type(driver).__module__})"
+        )
+    return driver
+
+
+def _bytes(value: bytes | str | None, what: str) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    raise OutboxError(f"the {what} must be bytes or str, not {type(value).__name__}")
+
+
+def _value(value: Any) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise OutboxError(f"the event value is neither bytes, str nor JSON-serialisable: {exc}") from None

@@ -1,0 +1,139 @@
+"""add_event / add_events: events commit and roll back with the caller's transaction."""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from outbox import migrate
+from outbox.config import DatabaseUrl
+from outbox.errors import OutboxError
+from outbox.writer import Event, add_event, add_events
+
+
+@pytest.fixture
+def db(database: DatabaseUrl, pg: psycopg.Connection) -> DatabaseUrl:
+    migrate.upgrade(database, "public")
+    pg.execute("CREATE TABLE orders (id int PRIMARY KEY, status text)")
+    return database
+
+
+def outbox_rows(pg: psycopg.Connection) -> list[tuple]:
+    return pg.execute(
+        "SELECT event_id, topic, key, value, header_keys, header_values FROM outbox_events ORDER BY id"
+    ).fetchall()
+
+
+def test_psycopg_event_commits_and_rolls_back_with_the_change(
+    db: DatabaseUrl, pg: psycopg.Connection
+) -> None:
+    with psycopg.connect(db.libpq) as conn:
+        with conn.transaction():
+            conn.execute("INSERT INTO orders VALUES (1, 'paid')")
+            first = add_event(
+                conn, "orders", {"id": 1, "status": "paid"}, key="1", headers={"source": "shop"}
+            )
+        with pytest.raises(RuntimeError), conn.transaction():
+            conn.execute("INSERT INTO orders VALUES (2, 'paid')")
+            add_event(conn, "orders", {"id": 2}, key="2")
+            raise RuntimeError("the business change fails")
+
+    assert pg.execute("SELECT id FROM orders").fetchall() == [(1,)]
+    assert outbox_rows(pg) == [(first, "orders", b"1", b'{"id":1,"status":"paid"}', ["source"], [b"shop"])]
+
+
+def test_never_commits(db: DatabaseUrl, pg: psycopg.Connection) -> None:
+    with psycopg.connect(db.libpq) as conn:  # not autocommit: psycopg opens a transaction
+        add_event(conn, "orders", b"raw")
+        conn.rollback()
+    assert outbox_rows(pg) == []
+
+
+def test_autocommit_without_a_transaction_is_refused(db: DatabaseUrl, pg: psycopg.Connection) -> None:
+    with (
+        psycopg.connect(db.libpq, autocommit=True) as conn,
+        pytest.raises(OutboxError, match="open transaction"),
+    ):
+        add_event(conn, "orders", "x")
+    assert outbox_rows(pg) == []
+
+
+def test_sqlalchemy_connection_and_session(db: DatabaseUrl, pg: psycopg.Connection) -> None:
+    engine = sa.create_engine(db.sqlalchemy)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("INSERT INTO orders VALUES (1, 'new')"))
+            a = add_event(conn, "orders", "one", key=b"\x00k")
+        with Session(engine) as session:
+            session.execute(sa.text("INSERT INTO orders VALUES (2, 'new')"))
+            b = add_event(session, "orders", "two")
+            session.rollback()
+        with Session(engine) as session, session.begin():
+            c = add_event(session, "orders", "three")
+    finally:
+        engine.dispose()
+    assert [(r[0], r[3]) for r in outbox_rows(pg)] == [(a, b"one"), (c, b"three")]
+    assert b not in {r[0] for r in outbox_rows(pg)}
+
+
+def test_bulk_keeps_order_ids_and_headers(db: DatabaseUrl, pg: psycopg.Connection) -> None:
+    given = uuid.uuid4()
+    events = [Event("t", {"n": n}, key=str(n % 3)) for n in range(500)]
+    events.append(Event("t", None, key="gone", headers=[("h", "1"), ("h", b"2")], event_id=given))
+    with psycopg.connect(db.libpq) as conn, conn.transaction():
+        ids = add_events(conn, events)
+    rows = outbox_rows(pg)
+    assert ids == [r[0] for r in rows] and ids[-1] == given
+    assert [r[3] for r in rows[:500]] == [f'{{"n":{n}}}'.encode() for n in range(500)]
+    assert rows[-1][2:] == (b"gone", None, ["h", "h"], [b"1", b"2"])
+
+
+def test_each_row_records_its_transaction_and_rows_are_insert_only(
+    db: DatabaseUrl, pg: psycopg.Connection
+) -> None:
+    with psycopg.connect(db.libpq) as conn, conn.transaction():
+        add_events(conn, [Event("t", "a"), Event("t", "b")])
+        txid = conn.execute("SELECT pg_current_xact_id()::text").fetchone()
+    assert pg.execute("SELECT DISTINCT txid::text FROM outbox_events").fetchall() == [txid]
+    with pytest.raises(psycopg.errors.RaiseException, match="insert-only"):
+        pg.execute("UPDATE outbox_events SET topic = 'other'")
+
+
+def test_notify_on_commit_only(db: DatabaseUrl) -> None:
+    with psycopg.connect(db.libpq, autocommit=True) as listener, psycopg.connect(db.libpq) as conn:
+        listener.execute("LISTEN outbox_events")
+        with conn.transaction():
+            add_event(conn, "t", "kept")
+        with pytest.raises(RuntimeError), conn.transaction():
+            add_event(conn, "t", "dropped")
+            raise RuntimeError
+        received = [n.payload for n in listener.notifies(timeout=2.0)]
+    assert received == ["public"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"topic": "", "value": "x"}, "needs a topic"),
+        ({"topic": "t", "value": object()}, "JSON-serialisable"),
+        ({"topic": "t", "value": "x", "key": 5}, "key must be bytes or str"),
+        ({"topic": "t", "value": "x", "headers": {"h": 1}}, "header 'h' must be bytes or str"),
+    ],
+)
+def test_bad_events_are_refused_before_anything_is_written(
+    db: DatabaseUrl, pg: psycopg.Connection, kwargs: dict, message: str
+) -> None:
+    with psycopg.connect(db.libpq) as conn, conn.transaction():
+        with pytest.raises(OutboxError, match=message):
+            add_events(conn, [Event("t", "fine"), Event(**kwargs)])
+        conn.execute("INSERT INTO orders VALUES (1, 'still usable')")
+    assert outbox_rows(pg) == []
+
+
+def test_missing_table_names_the_fix(database: DatabaseUrl) -> None:
+    with psycopg.connect(database.libpq) as conn, pytest.raises(OutboxError, match="outbox db upgrade"):
+        add_event(conn, "t", "x")
