@@ -30,15 +30,12 @@ from pathlib import Path
 import psycopg
 import pyarrow as pa
 import pyarrow.csv as pacsv
-from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from kafka_load import EMBEDDED_BROKER_FETCH, produce  # bench/kafka_load.py
 
 from outbox import migrate
 from outbox.config import DatabaseUrl
 from outbox.dev.stack import running
-from outbox.probe import quiet_kafka_config
 
-EMBEDDED_BROKER_FETCH = {"receive.message.max.bytes": "1000000000"}  # see bench/source.py
 JDBC_JARS = ("/usr/share/java/postgresql.jar",)
 SCHEMA = "event_id string, n long, amount decimal(12,2), note string"
 TABLE = "CREATE TABLE {} (event_id uuid PRIMARY KEY, n bigint, amount numeric(12,2), note text)"
@@ -54,32 +51,6 @@ def events(count: int, size: int) -> pa.Table:
             "note": pa.repeat(pa.scalar(note), count),
         }
     )
-
-
-def produce(bootstrap: str, topic: str, rows: pa.Table, partitions: int) -> None:
-    admin = AdminClient(quiet_kafka_config({"bootstrap.servers": bootstrap}))
-    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
-        future.result(30)
-    producer = Producer(
-        quiet_kafka_config(
-            {
-                "bootstrap.servers": bootstrap,
-                "linger.ms": 50,
-                "batch.size": 1_000_000,
-                "queue.buffering.max.messages": 500_000,
-                "enable.idempotence": True,
-            }
-        )
-    )
-    for i, row in enumerate(rows.to_pylist()):
-        value = json.dumps(row).encode()
-        while True:
-            try:
-                producer.produce(topic, key=row["event_id"].encode(), value=value, partition=i % partitions)
-                break
-            except BufferError:
-                producer.poll(0.05)
-    producer.flush(120)
 
 
 def psycopg_alone(url: DatabaseUrl, rows: pa.Table, per_batch: int) -> dict[str, float]:
@@ -224,7 +195,8 @@ def main() -> int:
             migrate.upgrade(url, "public")
             rows = events(args.events, args.size)
             topic = f"bench.sink.{uuid.uuid4().hex[:8]}"
-            produce(bootstrap, topic, rows, args.partitions)
+            records = ((r["event_id"].encode(), json.dumps(r).encode()) for r in rows.to_pylist())
+            produce(bootstrap, topic, records, args.partitions)
             base = psycopg_alone(url, rows, per_batch)
             sink, jdbc = spark_runs(url, bootstrap, topic, work / "spark", per_batch, jar, extra)
 

@@ -28,40 +28,11 @@ import time
 import uuid
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import Consumer, TopicPartition
+from kafka_load import EMBEDDED_BROKER_FETCH, produce  # bench/kafka_load.py
 
 from outbox.dev.stack import running
 from outbox.probe import quiet_kafka_config
-
-# The embedded broker answers a fetch with the whole log from the fetch offset.
-EMBEDDED_BROKER_FETCH = {"receive.message.max.bytes": "1000000000"}
-
-
-def produce(bootstrap: str, topic: str, events: int, size: int, partitions: int) -> None:
-    admin = AdminClient(quiet_kafka_config({"bootstrap.servers": bootstrap}))
-    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
-        future.result(30)
-    producer = Producer(
-        quiet_kafka_config(
-            {
-                "bootstrap.servers": bootstrap,
-                "linger.ms": 50,
-                "batch.size": 1_000_000,
-                "queue.buffering.max.messages": 500_000,
-                "enable.idempotence": True,
-            }
-        )
-    )
-    payload = b"x" * size
-    for i in range(events):
-        while True:
-            try:
-                producer.produce(topic, key=str(i).encode(), value=payload, partition=i % partitions)
-                break
-            except BufferError:
-                producer.poll(0.05)
-    producer.flush(120)
 
 
 def raw_consumer(bootstrap: str, topic: str, events: int, partitions: int, extra: dict[str, str]) -> float:
@@ -208,7 +179,10 @@ def main() -> int:
             extra = {} if os.environ.get("KAFKA_BOOTSTRAP_SERVERS") else EMBEDDED_BROKER_FETCH
             topic = f"bench.source.{uuid.uuid4().hex[:8]}"
             t0 = time.perf_counter()
-            produce(bootstrap, topic, args.events, args.size, args.partitions)
+            payload = b"x" * args.size
+            produce(
+                bootstrap, topic, ((str(i).encode(), payload) for i in range(args.events)), args.partitions
+            )
             produced_s = time.perf_counter() - t0
             raw = raw_consumer(bootstrap, topic, args.events, args.partitions, extra)
             per_batch = -(-args.events // args.batches)
