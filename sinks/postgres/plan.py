@@ -17,7 +17,6 @@ from sinks.postgres.spec import SinkSpec
 
 # Columns of a Kafka source frame: used for position, dead letters and deletes,
 # written only where the table has a column of the same name.
-POSITION = ("topic", "partition", "offset")
 KAFKA_COLUMNS = frozenset(
     {"key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers"}
 )

@@ -184,19 +184,23 @@ class Statements:
             " WHERE l._delete AND {match}{newer} RETURNING t.*)"
         ).format(target=n.target, match=match, newer=newer)
 
-        updates = [
-            sql.SQL("{} = EXCLUDED.{}").format(c, c) for c in self.targets if c not in self.target_keys
-        ]
-        if self.spec.mode == "insert" or not updates:
+        changed = [c for c in self.columns if c not in self.spec.key]
+        if self.spec.mode == "insert" or not changed:
             conflict = sql.SQL("DO NOTHING")
         else:
-            # A redelivered event leaves the row (and the outbox) untouched; an older version too.
-            changed = [c for c in self.columns if c not in self.spec.key]
+            updates = [sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c)) for c in changed]
 
+            # A redelivered event leaves the row (and the outbox) untouched; an older version too.
             def side(alias: str) -> sql.Composed:
-                cast = {c: sql.SQL("::text" if c in self.no_equality else "") for c in changed}
                 return _list(
-                    [sql.SQL("{}.{}{}").format(sql.SQL(alias), sql.Identifier(c), cast[c]) for c in changed]
+                    [
+                        sql.SQL("{}.{}{}").format(
+                            sql.SQL(alias),
+                            sql.Identifier(c),
+                            sql.SQL("::text" if c in self.no_equality else ""),
+                        )
+                        for c in changed
+                    ]
                 )
 
             guard = sql.SQL("({}) IS DISTINCT FROM ({})").format(side("t"), side("EXCLUDED"))
