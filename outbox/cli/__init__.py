@@ -1,4 +1,4 @@
-"""The `outbox` command: local services, schema migrations (and, later, the relay).
+"""The `outbox` command: local services, schema migrations, the relay daemon.
 
 Every failure a user can fix is an OutboxError and is printed as one line on
 stderr, never as a traceback.
@@ -11,7 +11,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from outbox.cli import check, db, dev
+from outbox.cli import check, db, dev, relay
 from outbox.errors import OutboxError
 
 EXIT_USER_ERROR = 2
@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     dev.register(commands)
     db.register(commands)
     check.register(commands)
+    relay.register(commands)
     return parser
 
 

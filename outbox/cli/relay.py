@@ -1,0 +1,200 @@
+"""`outbox relay`: publish the outbox table to Kafka, exactly once, until SIGTERM.
+
+Every flag has an environment variable, so the same container image runs
+anywhere with only its environment changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+
+from outbox.config import OUTBOX_SCHEMA, bootstrap_servers, database_url, schema_name
+from outbox.errors import ConfigError
+from outbox.logs import configure
+from outbox.relay.kafka import PRODUCER_DEFAULTS
+from outbox.relay.metrics import RelayMetrics, serve
+from outbox.relay.poison import DEAD_LETTER, HALT
+from outbox.relay.position import Shard
+from outbox.relay.relay import POSITIONS_TOPIC, Relay, RelaySettings
+
+log = logging.getLogger("outbox.relay")
+
+_SECRET_WORDS = ("password", "secret", "key", "token", "jaas")
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(name) or default
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = commands.add_parser(
+        "relay",
+        help="publish outbox rows to Kafka exactly once (a daemon)",
+        description="Publish committed outbox rows to Kafka exactly once, in commit order per key."
+        " Runs until SIGTERM or SIGINT; start more with the same --name as standbys.",
+    )
+    p.add_argument("--url", help="PostgreSQL URL (env DATABASE_URL)")
+    p.add_argument("--bootstrap-servers", help="Kafka host:port list (env KAFKA_BOOTSTRAP_SERVERS)")
+    p.add_argument("--schema", help=f"schema of the outbox table (env {OUTBOX_SCHEMA}, default public)")
+    p.add_argument(
+        "--name",
+        default=_env("OUTBOX_RELAY_NAME"),
+        help="relay name: its position and transactional.id derive from it (env OUTBOX_RELAY_NAME)",
+    )
+    p.add_argument(
+        "--shard",
+        default=_env("OUTBOX_RELAY_SHARD", "0/1"),
+        help="I/N: publish only keys hashing to shard I of N (env OUTBOX_RELAY_SHARD, default 0/1)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=int(_env("OUTBOX_RELAY_BATCH_SIZE", "5000") or 5000),
+        help="rows per Kafka transaction at most (env OUTBOX_RELAY_BATCH_SIZE, default 5000)",
+    )
+    p.add_argument(
+        "--poll-interval",
+        type=float,
+        default=float(_env("OUTBOX_RELAY_POLL_INTERVAL", "1") or 1),
+        help="seconds between reads when no NOTIFY arrives (default 1)",
+    )
+    p.add_argument(
+        "--on-poison",
+        choices=[HALT, DEAD_LETTER],
+        default=_env("OUTBOX_RELAY_ON_POISON", HALT),
+        help="a row Kafka refuses for good: halt (keep order, alert; default) or dead-letter"
+        " (copy to relay_dead_letters, go on)",
+    )
+    p.add_argument(
+        "--positions-topic",
+        default=_env("OUTBOX_RELAY_POSITIONS_TOPIC", POSITIONS_TOPIC),
+        help=f"compacted topic for relay positions (default {POSITIONS_TOPIC}; created if missing)",
+    )
+    p.add_argument(
+        "--retention",
+        type=float,
+        default=float(_env("OUTBOX_RELAY_RETENTION", "0") or 0),
+        help="keep published rows this many seconds before deleting them (default 0)",
+    )
+    p.add_argument("--no-cleanup", action="store_true", help="never delete published rows")
+    p.add_argument(
+        "--delivery",
+        choices=["exactly-once", "at-least-once"],
+        default=_env("OUTBOX_RELAY_DELIVERY", "exactly-once"),
+        help="at-least-once: no Kafka transactions (for brokers without them; may duplicate on failure)",
+    )
+    p.add_argument(
+        "-X",
+        dest="kafka",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="librdkafka producer setting (security, compression, linger.ms, ...); repeatable",
+    )
+    p.add_argument(
+        "--kafka-config",
+        type=Path,
+        default=_env("OUTBOX_RELAY_KAFKA_CONFIG"),
+        help="file of KEY=VALUE librdkafka settings, keeps secrets out of argv"
+        " (env OUTBOX_RELAY_KAFKA_CONFIG)",
+    )
+    p.add_argument(
+        "--metrics-address",
+        default=_env("OUTBOX_RELAY_METRICS_ADDRESS", "0.0.0.0:9400"),
+        help="HOST:PORT for /metrics and /healthz, or off (default 0.0.0.0:9400)",
+    )
+    p.add_argument(
+        "--max-retries",
+        type=int,
+        default=int(_env("OUTBOX_RELAY_MAX_RETRIES", "10") or 10),
+        help="failed sessions in a row before exiting (backoff 0.5 s doubling to 30 s; default 10)",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=["json", "text"],
+        default=_env("OUTBOX_LOG_FORMAT", "json"),
+        help="default json",
+    )
+    p.set_defaults(handler=cmd_relay)
+
+
+def kafka_settings(pairs: list[str], file: Path | None) -> dict[str, object]:
+    """-X pairs over the config file's; later wins."""
+    lines: list[tuple[str, str]] = []
+    if file is not None:
+        try:
+            text = file.read_text()
+        except OSError as exc:
+            raise ConfigError(f"--kafka-config {file}: {exc.strerror}") from None
+        lines += [
+            (str(file), line)
+            for line in text.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")
+        ]
+    lines += [("-X", pair) for pair in pairs]
+    settings: dict[str, object] = {}
+    for source, line in lines:
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{source}: expected KEY=VALUE, got {line.split('=')[0]!r}...")
+        settings[key.strip()] = value.strip()
+    return settings
+
+
+def redacted(settings: dict[str, object]) -> dict[str, object]:
+    return {k: ("***" if any(w in k for w in _SECRET_WORDS) else v) for k, v in settings.items()}
+
+
+def cmd_relay(args: argparse.Namespace) -> int:
+    configure(args.log_format, logging.DEBUG if args.verbose else logging.INFO)
+    if not args.name:
+        raise ConfigError("--name is required (or env OUTBOX_RELAY_NAME): it identifies the relay's position")
+    kafka = kafka_settings(args.kafka, args.kafka_config)
+    settings = RelaySettings(
+        url=database_url(args.url),
+        bootstrap=bootstrap_servers(args.bootstrap_servers),
+        name=args.name,
+        shard=Shard.parse(args.shard),
+        schema=schema_name(args.schema),
+        batch_size=args.batch_size,
+        poll_interval=args.poll_interval,
+        on_poison=args.on_poison,
+        positions_topic=args.positions_topic,
+        cleanup=not args.no_cleanup,
+        retention=args.retention,
+        kafka=kafka,
+        exactly_once=args.delivery == "exactly-once",
+        max_retries=args.max_retries,
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    metrics = RelayMetrics(settings.name, str(settings.shard))
+    server = None
+    if args.metrics_address != "off":
+        server = serve(metrics, args.metrics_address)
+        host, port = server.server_address[:2]
+        log.info("serving /metrics and /healthz", extra={"url": f"http://{host}:{port}"})
+    log.info(
+        "starting",
+        extra={
+            "relay": settings.name,
+            "shard": str(settings.shard),
+            "database": settings.url.safe,
+            "bootstrap": settings.bootstrap,
+            "delivery": args.delivery,
+            "kafka": redacted({**PRODUCER_DEFAULTS, **kafka}),
+        },
+    )
+    try:
+        Relay(settings, metrics, stop).run()
+    finally:
+        if server is not None:
+            server.shutdown()
+    log.info("exiting", extra={"relay": settings.name, "shard": str(settings.shard)})
+    return 0

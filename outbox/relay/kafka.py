@@ -1,0 +1,304 @@
+"""The Kafka edge of the relay: one transaction per batch holding the records and the position.
+
+As in Kafka Connect's exactly-once source connectors (KIP-618), the position
+is written to a compacted topic inside the same transaction as the records
+it covers, so both are committed or neither is. At start the position is
+read back with read_committed after `init_transactions`, which fences any
+older instance with the same transactional.id and aborts its open
+transaction: whatever is read then is the truth.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+
+from outbox.errors import ConfigError, OutboxError, ServiceUnavailable
+from outbox.probe import quiet_kafka_config
+from outbox.relay.outbox_table import Row
+from outbox.relay.poison import Poison, explain, is_poison, missing_topic
+from outbox.relay.position import Position, Shard, latest_position, position_key, transactional_id
+
+log = logging.getLogger("outbox.relay")
+
+EVENT_ID_HEADER = "event_id"
+
+# Settings the relay owns; a -X override of these would void its guarantees.
+RESERVED = frozenset({"transactional.id", "enable.idempotence", "bootstrap.servers"})
+PRODUCER_DEFAULTS: Mapping[str, object] = {
+    "partitioner": "murmur2_random",  # the Java client's partitioner: same key, same partition
+    "linger.ms": 5,
+    "transaction.timeout.ms": 60000,
+}
+# Keys that only make sense for a producer; dropped for the position reader and the admin client.
+_PRODUCER_ONLY = (
+    "partitioner",
+    "linger.ms",
+    "queue.buffering.max",
+    "batch.",
+    "compression",
+    "acks",
+    "transaction.timeout.ms",
+    "message.timeout.ms",
+    "retries",
+    "retry.backoff",
+    "delivery.timeout.ms",
+    "max.in.flight",
+    "message.max.bytes",
+    "request.required.acks",
+    "sticky.partitioning",
+)
+
+
+_FENCED = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})
+
+
+def kafka_failure(exc: KafkaException) -> ServiceUnavailable:
+    error = exc.args[0]
+    if isinstance(error, KafkaError) and error.code() in _FENCED:
+        return ServiceUnavailable("fenced: another instance with this relay name and shard took over")
+    return ServiceUnavailable(f"Kafka: {error.str() if isinstance(error, KafkaError) else error}")
+
+
+def client_config(base: Mapping[str, object], bootstrap: str) -> dict[str, object]:
+    return quiet_kafka_config({**base, "bootstrap.servers": bootstrap})
+
+
+def _shared(config: Mapping[str, object]) -> dict[str, object]:
+    """The settings a consumer or admin client also takes (security, client.id, ...)."""
+    return {k: v for k, v in config.items() if not k.startswith(_PRODUCER_ONLY) and k != "logger"}
+
+
+class Publisher:
+    """Publishes batches of outbox rows for one relay shard; exactly once, or at least once."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        kafka: Mapping[str, object],
+        relay: str,
+        shard: Shard,
+        positions_topic: str,
+        *,
+        exactly_once: bool = True,
+        timeout: float = 30.0,
+    ) -> None:
+        clash = sorted(RESERVED & set(kafka))
+        if clash:
+            raise ConfigError(f"-X {clash[0]} is set by the relay itself and cannot be overridden")
+        self.bootstrap, self.relay, self.shard = bootstrap, relay, shard
+        self.positions_topic, self.exactly_once, self.timeout = positions_topic, exactly_once, timeout
+        self.settings = {**PRODUCER_DEFAULTS, **kafka}
+        self._key = position_key(relay, shard)
+        self._producer: Producer | None = None
+        self._known_topics: set[str] = set()
+        self._failures: list[tuple[KafkaError, Message]] = []
+
+    # -- start ---------------------------------------------------------------
+
+    def start(self) -> Position | None:
+        """Fence older instances, then read this shard's last committed position (None: never ran)."""
+        config = {**self.settings, "enable.idempotence": True}
+        if self.exactly_once:
+            config["transactional.id"] = transactional_id(self.relay, self.shard)
+        self._producer = Producer(client_config(config, self.bootstrap))
+        try:
+            if self.exactly_once:
+                self._producer.init_transactions(self.timeout)
+            admin = AdminClient(client_config(_shared(self.settings), self.bootstrap))
+            self._ensure_positions_topic(admin)
+            return latest_position(self._read_positions(admin), self.relay, self.shard)
+        except KafkaException as exc:
+            raise kafka_failure(exc) from None
+
+    def _ensure_positions_topic(self, admin: AdminClient) -> None:
+        if self.positions_topic in admin.list_topics(timeout=self.timeout).topics:
+            return
+        topic = NewTopic(self.positions_topic, 1, config={"cleanup.policy": "compact"})
+        for future in admin.create_topics([topic]).values():
+            try:
+                future.result(self.timeout)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise ConfigError(
+                        f"cannot create the relay positions topic {self.positions_topic!r}:"
+                        f" {exc.args[0].str()} (create it yourself: compacted, 1 partition)"
+                    ) from None
+        log.info("created positions topic", extra={"topic": self.positions_topic})
+
+    def _read_positions(self, admin: AdminClient) -> list[tuple[bytes | None, bytes | None]]:
+        """Every committed record of the positions topic, in order.
+
+        Reads up to the high watermark seen now, not just to the Last Stable
+        Offset: a position of ours committed after another producer's still-open
+        transaction lies beyond the LSO, and stopping there would read a stale one.
+        """
+        topic = admin.list_topics(timeout=self.timeout).topics[self.positions_topic]
+        ends = admin.list_offsets(
+            {TopicPartition(self.positions_topic, p): OffsetSpec.latest() for p in topic.partitions},
+            isolation_level=IsolationLevel.READ_UNCOMMITTED,
+            request_timeout=self.timeout,
+        )
+        high = {tp.partition: future.result().offset for tp, future in ends.items()}
+        consumer = Consumer(
+            client_config(
+                {
+                    **_shared(self.settings),
+                    "group.id": f"outbox-relay-positions.{self.relay}",
+                    "isolation.level": "read_committed",
+                    "enable.auto.commit": False,
+                    "enable.partition.eof": True,
+                },
+                self.bootstrap,
+            )
+        )
+        try:
+            pending = {p for p, end in high.items() if end > 0}
+            consumer.assign([TopicPartition(self.positions_topic, p, OFFSET_BEGINNING) for p in pending])
+            records: list[tuple[bytes | None, bytes | None]] = []
+            deadline = time.monotonic() + self.timeout * 4
+            while pending:
+                if time.monotonic() > deadline:
+                    raise ServiceUnavailable(
+                        f"the positions topic {self.positions_topic!r} has a transaction open for over"
+                        f" {self.timeout * 4:.0f}s (another relay's, not yet timed out); retrying"
+                    )
+                message = consumer.poll(0.5)
+                if message is None:
+                    continue
+                error = message.error()
+                if error is None:
+                    records.append((message.key(), message.value()))
+                    if message.offset() + 1 >= high[message.partition()]:
+                        pending.discard(message.partition())
+                elif error.code() == KafkaError._PARTITION_EOF:
+                    if message.offset() >= high[message.partition()]:
+                        pending.discard(message.partition())
+                else:
+                    raise KafkaException(error)
+            return records
+        finally:
+            consumer.close()
+
+    # -- publish -------------------------------------------------------------
+
+    def check_topics(self, rows: Sequence[Row]) -> None:
+        """Raise Poison for the first row whose topic does not exist (checked before producing)."""
+        wanted = {row.topic for row in rows} - self._known_topics
+        if not wanted:
+            return
+        self._known_topics = set(self.producer.list_topics(timeout=self.timeout).topics)
+        missing = wanted - self._known_topics
+        if missing:
+            row = next(r for r in rows if r.topic in missing)
+            raise Poison(row.id, missing_topic(row.topic))
+
+    def publish(self, rows: Sequence[Row], position: Position) -> None:
+        """Publish rows and then the position: one Kafka transaction (or, at least once, two flushes)."""
+        producer = self.producer
+        self._failures = []
+        if self.exactly_once:
+            producer.begin_transaction()
+        try:
+            self._produce_rows(producer, rows)
+            if not self.exactly_once:
+                self._flush(producer, rows)
+            producer.produce(
+                self.positions_topic,
+                key=self._key,
+                value=position.to_json(self.relay, self.shard),
+                on_delivery=self._delivered,
+            )
+            if self.exactly_once:
+                producer.commit_transaction(self.timeout)
+            else:
+                self._flush(producer, rows)
+        except Poison:
+            self.abort()
+            raise
+        except KafkaException as exc:
+            # A refused record fails the whole transaction; its delivery report says which one.
+            producer.poll(0)
+            self.abort()
+            self._raise_poison(rows)
+            raise kafka_failure(exc) from None
+        self._raise_poison(rows)
+
+    def _produce_rows(self, producer: Producer, rows: Iterable[Row]) -> None:
+        produce, delivered = producer.produce, self._delivered
+        for row in rows:
+            headers = [(EVENT_ID_HEADER, str(row.event_id).encode())]
+            if row.header_keys:
+                headers += zip(row.header_keys, row.header_values or (), strict=True)
+            while True:
+                try:
+                    produce(row.topic, row.value, row.key, headers=headers, on_delivery=delivered)
+                    break
+                except BufferError:  # local queue full: let deliveries drain it
+                    producer.poll(0.05)
+                except KafkaException as exc:
+                    error = exc.args[0]
+                    if is_poison(error):
+                        raise Poison(row.id, explain(error, row.topic, len(row.value or b""))) from None
+                    raise
+
+    def _flush(self, producer: Producer, rows: Sequence[Row]) -> None:
+        if producer.flush(self.timeout) > 0:
+            raise ServiceUnavailable(f"Kafka at {self.bootstrap}: delivery did not finish in {self.timeout}s")
+        self._raise_poison(rows)
+        if self._failures:
+            raise ServiceUnavailable(f"Kafka at {self.bootstrap}: {self._failures[0][0].str()}")
+
+    def _delivered(self, error: KafkaError | None, message: Message) -> None:
+        if error is not None:
+            self._failures.append((error, message))
+
+    def _raise_poison(self, rows: Sequence[Row]) -> None:
+        """Name the first row Kafka refused for good, found by its topic, key and value.
+
+        Delivery reports carry no headers, so the event id cannot say; rows with
+        equal content fail alike, and the lowest id is the one that blocks.
+        """
+        refused = []
+        for error, message in self._failures:
+            if not is_poison(error):
+                continue
+            sent = (message.topic(), message.key(), message.value())
+            row = next((r for r in rows if (r.topic, r.key, r.value) == sent), None)
+            if row is not None:
+                refused.append((row.id, explain(error, row.topic, len(row.value or b""))))
+        if refused:
+            row_id, reason = min(refused)
+            raise Poison(row_id, reason)
+
+    def abort(self) -> None:
+        """Abort the open transaction, if any; errors here only mean it is gone already."""
+        if self.exactly_once and self._producer is not None:
+            try:
+                self._producer.abort_transaction(self.timeout)
+            except KafkaException as exc:
+                log.debug("abort_transaction: %s", exc.args[0].str())
+
+    @property
+    def producer(self) -> Producer:
+        if self._producer is None:
+            raise OutboxError("publisher not started")
+        return self._producer
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush(min(self.timeout, 5))
+            self._producer = None

@@ -1,0 +1,100 @@
+"""Prometheus metrics and /healthz for the relay, served from a background thread.
+
+Health is what an orchestrator should act on: 200 while the relay is active
+or standing by, 503 while it is halted on a poison row or retrying a
+service it cannot reach.
+"""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from outbox.errors import ConfigError
+
+disable_created_metrics()  # the *_created series only add noise for a long-running daemon
+
+
+class RelayMetrics:
+    def __init__(self, relay: str, shard: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = {"relay": relay, "shard": shard}
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, list(labels), registry=self.registry).labels(**labels)
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, list(labels), registry=self.registry).labels(**labels)
+
+        self.published = counter("outbox_relay_events_published", "Outbox rows published to Kafka")
+        self.batches = counter("outbox_relay_batches", "Kafka transactions committed")
+        self.aborts = counter("outbox_relay_aborts", "Kafka transactions aborted")
+        self.dead_letters = counter("outbox_relay_dead_letters", "Rows moved to relay_dead_letters")
+        self.cleaned = counter("outbox_relay_rows_deleted", "Published rows deleted by cleanup")
+        self.lag = gauge("outbox_relay_lag_seconds", "Age of the oldest committed row not yet published")
+        self.active = gauge("outbox_relay_active", "1 while this instance holds the shard's lock")
+        self.halted = gauge("outbox_relay_halted", "1 while publishing is stopped on a poison row")
+        self.commit_seconds = Histogram(
+            "outbox_relay_transaction_seconds",
+            "Time to produce a batch and commit its Kafka transaction",
+            list(labels),
+            registry=self.registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        ).labels(**labels)
+        self._health = (True, "starting")
+        self._lock = threading.Lock()
+
+    def health(self, ok: bool, state: str) -> None:
+        with self._lock:
+            self._health = (ok, state)
+
+    def read_health(self) -> tuple[bool, str]:
+        with self._lock:
+            return self._health
+
+
+def serve(metrics: RelayMetrics, address: str) -> ThreadingHTTPServer:
+    """Serve /metrics and /healthz on host:port (port 0: any free one) in a daemon thread."""
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        raise ConfigError(f"--metrics-address must be HOST:PORT or off, got {address!r}")
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/metrics":
+                self._send(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
+            elif self.path == "/healthz":
+                ok, state = metrics.read_health()
+                self._send(200 if ok else 503, f"{state}\n".encode(), "text/plain; charset=utf-8")
+            else:
+                self._send(404, b"try /metrics or /healthz\n", "text/plain; charset=utf-8")
+
+        def _send(self, status: int, body: bytes, content_type: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:  # scrapes are not news
+            pass
+
+    try:
+        server = ThreadingHTTPServer((host.strip("[]") or "0.0.0.0", int(port)), Handler)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot serve metrics on {address}: {exc.strerror} (pick another --metrics-address, or off)"
+        ) from None
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server

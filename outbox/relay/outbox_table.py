@@ -1,0 +1,195 @@
+"""The Postgres edge of the relay: one session that holds the shard's lock, reads deltas, cleans up.
+
+The same connection holds the advisory lock, LISTENs, and runs the reads, so
+when it breaks (server restart, network) the lock is gone too and the relay
+starts over as a standby: it cannot go on reading without being the one
+active instance.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any, NamedTuple
+from uuid import UUID
+
+import psycopg
+from psycopg import sql
+
+from outbox.config import DatabaseUrl
+from outbox.errors import ConfigError, ServiceUnavailable
+from outbox.relay.position import Position, Shard
+
+# Set by migration 0002's trigger at each committing insert.
+CHANNEL = "outbox_events"
+
+
+class Row(NamedTuple):
+    id: int
+    event_id: UUID
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    header_keys: list[str] | None
+    header_values: list[bytes] | None
+    created_at: datetime
+
+
+def _shard_filter(shard: Shard) -> sql.Composable:
+    if shard.count == 1:
+        return sql.SQL("")
+    # md5 is stable across server versions (hashtext is not promised to be); see Shard.owns.
+    return sql.SQL(
+        " AND ('x00000000' || left(md5(coalesce(e.key, uuid_send(e.event_id))), 8))::bit(64)::bigint"
+        " % {count} = {index}"
+    ).format(count=sql.Literal(shard.count), index=sql.Literal(shard.index))
+
+
+class OutboxTable:
+    def __init__(self, url: DatabaseUrl, schema: str, relay: str, shard: Shard) -> None:
+        self.url, self.schema, self.relay, self.shard = url, schema, relay, shard
+        self._conn: psycopg.Connection[Any] | None = None
+        names = {
+            "events": sql.Identifier(schema, "outbox_events"),
+            "dead": sql.Identifier(schema, "relay_dead_letters"),
+            "shard": _shard_filter(shard),
+        }
+        self._fetch = sql.SQL(
+            "SELECT e.id, e.event_id, e.topic, e.key, e.value, e.header_keys, e.header_values, e.created_at"
+            " FROM {events} e"
+            " WHERE (e.txid >= pg_snapshot_xmax(%(base)s::pg_snapshot)"
+            "        OR e.txid = ANY(ARRAY(SELECT pg_snapshot_xip(%(base)s::pg_snapshot))))"
+            " AND pg_visible_in_snapshot(e.txid, %(target)s::pg_snapshot)"
+            " AND e.id > %(after)s{shard}"
+            " AND NOT EXISTS (SELECT FROM {dead} d WHERE d.relay = %(relay)s AND d.outbox_id = e.id)"
+            " ORDER BY e.id LIMIT %(limit)s"
+        ).format(**names)
+        self._cleanup = sql.SQL(
+            "DELETE FROM {events} WHERE id IN (SELECT e.id FROM {events} e"
+            " WHERE e.txid < pg_snapshot_xmax(%(base)s::pg_snapshot)"
+            " AND pg_visible_in_snapshot(e.txid, %(base)s::pg_snapshot){shard}"
+            " AND e.created_at < now() - make_interval(secs => %(retention)s)"
+            " ORDER BY e.id LIMIT %(limit)s)"
+        ).format(**names)
+        self._dead_letter = sql.SQL(
+            "INSERT INTO {dead} (relay, outbox_id, event_id, topic, key, value, header_keys,"
+            " header_values, created_at, error)"
+            " SELECT %(relay)s, id, event_id, topic, key, value, header_keys, header_values, created_at,"
+            " %(error)s FROM {events} WHERE id = %(id)s ON CONFLICT DO NOTHING"
+        ).format(**names)
+
+    # -- session -------------------------------------------------------------
+
+    def connect(self) -> None:
+        try:
+            conn = psycopg.connect(
+                self.url.libpq,
+                autocommit=True,
+                connect_timeout=10,
+                application_name=f"outbox-relay {self.relay}",
+            )
+        except psycopg.Error as exc:
+            raise ServiceUnavailable(
+                f"cannot reach PostgreSQL at {self.url.safe}: {self._reason(exc)}"
+            ) from None
+        self._conn = conn
+        missing = [
+            name
+            for name in ("outbox_events", "relay_dead_letters")
+            if conn.execute(
+                "SELECT to_regclass(%s)", [sql.Identifier(self.schema, name).as_string(conn)]
+            ).fetchone()[0]  # type: ignore[index]
+            is None
+        ]
+        if missing:
+            self.close()
+            raise ConfigError(
+                f"table {self.schema}.{missing[0]} does not exist in {self.url.safe}:"
+                f" run `outbox db upgrade --schema {self.schema}` first"
+            )
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None
+
+    @property
+    def conn(self) -> psycopg.Connection[Any]:
+        if self._conn is None:
+            raise ServiceUnavailable("not connected to PostgreSQL")
+        return self._conn
+
+    def try_lock(self) -> bool:
+        """Become the one active instance of this relay shard, if no other session is."""
+        row = self.conn.execute(
+            "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))",
+            [f"outbox-relay/{self.schema}/{self.relay}/{self.shard.index}-of-{self.shard.count}"],
+        ).fetchone()
+        return bool(row and row[0])
+
+    # -- reads ---------------------------------------------------------------
+
+    def fetch(self, position: Position, limit: int) -> tuple[str, list[Row]]:
+        """Up to `limit` rows of the delta after `position`, by id, and the delta's target snapshot.
+
+        Without a target yet, the target is this transaction's own snapshot:
+        exactly the transactions whose rows this read can see.
+        """
+        conn = self.conn
+        with conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            target = position.target or str(conn.execute("SELECT pg_current_snapshot()").fetchone()[0])  # type: ignore[index]
+            cursor = conn.cursor(binary=True)
+            cursor.execute(
+                self._fetch,
+                {
+                    "base": position.base,
+                    "target": target,
+                    "after": position.after_id,
+                    "relay": self.relay,
+                    "limit": limit,
+                },
+            )
+            rows = [Row(*r) for r in cursor.fetchall()]
+        return target, rows
+
+    def wait(self, timeout: float, stop: threading.Event) -> None:
+        """Until a NOTIFY (a commit that inserted events), the timeout, or `stop` is set.
+
+        psycopg keeps notifications that arrive during a fetch for the next
+        call, so a commit racing with a read is never slept through.
+        """
+        deadline = time.monotonic() + timeout
+        while not stop.is_set() and (left := deadline - time.monotonic()) > 0:
+            if list(self.conn.notifies(timeout=min(left, 0.2), stop_after=1)):
+                return
+
+    # -- writes --------------------------------------------------------------
+
+    def cleanup(self, base: str, limit: int, retention: float) -> int:
+        """Delete up to `limit` published rows (visible in `base`) older than `retention` seconds."""
+        cur = self.conn.execute(self._cleanup, {"base": base, "limit": limit, "retention": retention})
+        return cur.rowcount
+
+    def dead_letter(self, row_id: int, error: str) -> None:
+        self.conn.execute(self._dead_letter, {"relay": self.relay, "id": row_id, "error": error})
+
+    # -- helpers -------------------------------------------------------------
+
+    def _reason(self, exc: BaseException) -> str:
+        text = str(exc).strip()
+        return self.url.scrub(text.splitlines()[0] if text else type(exc).__name__)
+
+
+@contextlib.contextmanager
+def opened(table: OutboxTable) -> Iterator[OutboxTable]:
+    table.connect()
+    try:
+        yield table
+    finally:
+        table.close()

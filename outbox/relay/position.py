@@ -1,0 +1,148 @@
+"""Where a relay stands, and what it publishes next: plain values and decisions, no I/O.
+
+A position says which committed outbox rows are already in Kafka:
+
+- every row whose writing transaction is visible in the snapshot `base`;
+- plus, while a delta is being published in parts, the rows of the delta
+  `(base, target]` (visible in `target`, not in `base`) with `id <= after_id`.
+
+Snapshots are PostgreSQL `pg_snapshot` texts (`xmin:xmax:xip,...`). A
+transaction still open in `base` is in its xip list, so its rows belong to a
+later delta however late it commits: nothing is skipped, and no id order is
+assumed across transactions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from outbox.errors import ConfigError, OutboxError
+
+# The snapshot before any transaction: every row of the table is in the first delta.
+EMPTY_SNAPSHOT = "1:1:"
+
+_SNAPSHOT = re.compile(r"^\d+:\d+:(\d+(,\d+)*)?$")
+_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Shard `index` of `count`: the rows whose key hashes to index (md5, first 32 bits, mod count)."""
+
+    index: int = 0
+    count: int = 1
+
+    @classmethod
+    def parse(cls, text: str) -> Shard:
+        match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+        if not match:
+            raise ConfigError(f"--shard must look like I/N (e.g. 0/4), got {text!r}")
+        index, count = int(match[1]), int(match[2])
+        if count < 1 or not 0 <= index < count:
+            raise ConfigError(f"--shard {text}: need 0 <= I < N (shards are numbered from 0)")
+        return cls(index, count)
+
+    def owns(self, key: bytes) -> bool:
+        """Python's copy of the SQL filter (rows without a key hash their event id's 16 bytes)."""
+        return int(hashlib.md5(key).hexdigest()[:8], 16) % self.count == self.index
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+@dataclass(frozen=True)
+class Position:
+    base: str = EMPTY_SNAPSHOT
+    target: str | None = None
+    after_id: int = 0
+
+    def to_json(self, relay: str, shard: Shard) -> bytes:
+        return json.dumps(
+            {
+                "format": _FORMAT,
+                "relay": relay,
+                "shard": shard.index,
+                "shards": shard.count,
+                "base": self.base,
+                "target": self.target,
+                "after_id": self.after_id,
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> tuple[Position, Shard]:
+        try:
+            doc = json.loads(data)
+            position = cls(doc["base"], doc["target"], int(doc["after_id"]))
+            shard = Shard(int(doc["shard"]), int(doc["shards"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise OutboxError(f"unreadable relay position record ({exc}): {data[:200]!r}") from None
+        for snapshot in (position.base, position.target):
+            if snapshot is not None and not _SNAPSHOT.match(snapshot):
+                raise OutboxError(f"relay position holds a malformed snapshot {snapshot!r}")
+        return position, shard
+
+
+def position_key(relay: str, shard: Shard) -> bytes:
+    return f"{relay}/{shard.index}-of-{shard.count}".encode()
+
+
+def transactional_id(relay: str, shard: Shard) -> str:
+    """Stable per relay and shard, so a restarted or standby instance fences the old one."""
+    return f"outbox-relay.{relay}.{shard.index}-of-{shard.count}"
+
+
+def latest_position(
+    records: Sequence[tuple[bytes | None, bytes | None]], relay: str, shard: Shard
+) -> Position | None:
+    """The last committed position of this relay and shard in the positions topic, read in order.
+
+    Refuses to start a shard layout that differs from the one already recorded:
+    shards of different layouts would disagree about which rows are theirs.
+    """
+    mine = position_key(relay, shard)
+    prefix = f"{relay}/".encode()
+    found: Position | None = None
+    layouts: dict[int, bytes] = {}
+    for key, value in records:
+        if key is None or not key.startswith(prefix) or value is None:
+            continue
+        position, recorded = Position.from_json(value)
+        layouts[recorded.count] = key
+        if key == mine:
+            found = position
+    others = sorted(count for count in layouts if count != shard.count)
+    if others:
+        raise ConfigError(
+            f"relay {relay!r} already has positions for {others[-1]} shard(s), and this one was started"
+            f" as shard {shard}. Changing the shard count needs a new relay name (which republishes"
+            " the rows still in the outbox table) or keeping the old count."
+        )
+    return found
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one batch publishes: the first `count` fetched rows, then the relay stands at `position`."""
+
+    count: int
+    position: Position
+    persist: bool
+
+
+def advance(position: Position, target: str, fetched_ids: Sequence[int], limit: int) -> Step:
+    """Decide the next position after fetching up to limit+1 rows of the delta (position, target], by id.
+
+    A full fetch (more than `limit` rows) publishes `limit` rows and records how
+    far into the delta it got. A short fetch finishes the delta: `target`
+    becomes the new base. An empty fetch moves the base without a Kafka
+    transaction; the old base stays valid in Kafka, since nothing lay between.
+    """
+    if len(fetched_ids) > limit:
+        return Step(limit, Position(position.base, target, fetched_ids[limit - 1]), persist=True)
+    return Step(len(fetched_ids), Position(target), persist=bool(fetched_ids))

@@ -1,0 +1,219 @@
+"""The relay daemon's loop: stand by for the shard's lock, then publish batch after batch.
+
+All I/O sits in OutboxTable (Postgres) and Publisher (Kafka); the choice of
+rows and of the next position is `position.advance`. Any failure of either
+service ends the session: the Kafka transaction is aborted, the lock is let
+go with the connection, and a new session starts from the position committed
+in Kafka. Never trusting in-memory state across a failure is what keeps
+"commit timed out, did it land?" from becoming a duplicate or a gap.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import psycopg
+from confluent_kafka import KafkaException
+
+from outbox.config import DatabaseUrl
+from outbox.errors import OutboxError, ServiceUnavailable
+from outbox.relay.kafka import Publisher, kafka_failure
+from outbox.relay.metrics import RelayMetrics
+from outbox.relay.outbox_table import OutboxTable, Row, opened
+from outbox.relay.poison import DEAD_LETTER, HALT, Poison
+from outbox.relay.position import Position, Shard, advance
+
+log = logging.getLogger("outbox.relay")
+
+POSITIONS_TOPIC = "outbox-relay-positions"
+
+
+@dataclass(frozen=True)
+class RelaySettings:
+    url: DatabaseUrl
+    bootstrap: str
+    name: str
+    shard: Shard = field(default_factory=Shard)
+    schema: str = "public"
+    batch_size: int = 5000
+    poll_interval: float = 1.0
+    on_poison: str = HALT
+    positions_topic: str = POSITIONS_TOPIC
+    cleanup: bool = True
+    retention: float = 0.0
+    cleanup_batch: int = 10000
+    kafka: Mapping[str, object] = field(default_factory=dict)
+    exactly_once: bool = True
+    max_retries: int = 10
+    halt_retry: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not self.name or "/" in self.name:
+            raise OutboxError(f"relay name must be non-empty and without '/', got {self.name!r}")
+        if self.batch_size < 1:
+            raise OutboxError("--batch-size must be at least 1")
+        if self.on_poison not in (HALT, DEAD_LETTER):
+            raise OutboxError(f"--on-poison must be {HALT} or {DEAD_LETTER}, got {self.on_poison!r}")
+
+
+def backoff(attempt: int) -> float:
+    """Seconds to wait before retry `attempt` (1, 2, ...): doubling from 0.5 s to 30 s, jittered."""
+    return min(30.0, 0.5 * 2 ** (attempt - 1)) * random.uniform(0.8, 1.2)
+
+
+class Relay:
+    def __init__(
+        self,
+        settings: RelaySettings,
+        metrics: RelayMetrics | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics or RelayMetrics(settings.name, str(settings.shard))
+        self.stop = stop or threading.Event()
+        self._failures = 0
+        self._context = {"relay": settings.name, "shard": str(settings.shard)}
+
+    def run(self) -> None:
+        """Relay until `stop` is set; raise ServiceUnavailable after max_retries failures in a row."""
+        while not self.stop.is_set():
+            try:
+                self._session()
+            except (
+                ServiceUnavailable,
+                psycopg.OperationalError,
+                psycopg.InterfaceError,
+                KafkaException,
+            ) as exc:
+                self._failures += 1
+                reason = _describe(exc, self.settings.url)
+                if self._failures > self.settings.max_retries:
+                    raise ServiceUnavailable(
+                        f"giving up after {self.settings.max_retries} retries: {reason}"
+                    ) from None
+                delay = backoff(self._failures)
+                self.metrics.health(False, f"retrying: {reason}")
+                log.warning(
+                    "session ended, retrying",
+                    extra={
+                        **self._context,
+                        "error": reason,
+                        "attempt": self._failures,
+                        "delay_s": round(delay, 2),
+                    },
+                )
+                self.stop.wait(delay)
+
+    # -- one session: lock, fence, read position, publish --------------------
+
+    def _session(self) -> None:
+        s = self.settings
+        with opened(OutboxTable(s.url, s.schema, s.name, s.shard)) as table:
+            if not self._stand_by(table):
+                return
+            publisher = Publisher(
+                s.bootstrap, s.kafka, s.name, s.shard, s.positions_topic, exactly_once=s.exactly_once
+            )
+            self.metrics.active.set(1)
+            try:
+                position = publisher.start() or Position()
+                log.info(
+                    "active",
+                    extra={**self._context, "position": position.base, "after_id": position.after_id},
+                )
+                self._publish(table, publisher, position)
+            finally:
+                self.metrics.active.set(0)
+                publisher.close()
+        log.info("stopped", extra=self._context)
+
+    def _stand_by(self, table: OutboxTable) -> bool:
+        announced = False
+        while not self.stop.is_set():
+            if table.try_lock():
+                return True
+            if not announced:
+                log.info("standing by: another instance is active", extra=self._context)
+                announced = True
+            self._failures = 0
+            self.metrics.health(True, "standby")
+            self.stop.wait(self.settings.poll_interval)
+        return False
+
+    def _publish(self, table: OutboxTable, publisher: Publisher, position: Position) -> None:
+        s, m = self.settings, self.metrics
+        last_cleanup = 0.0
+        while not self.stop.is_set():
+            target, rows = table.fetch(position, s.batch_size + 1)
+            step = advance(position, target, [r.id for r in rows], s.batch_size)
+            batch = rows[: step.count]
+            m.lag.set(time.time() - min(r.created_at.timestamp() for r in batch) if batch else 0)
+            if step.persist:
+                try:
+                    publisher.check_topics(batch)
+                    started = time.perf_counter()
+                    publisher.publish(batch, step.position)
+                except Poison as poison:
+                    m.aborts.inc()
+                    position = self._poisoned(table, publisher, position, target, batch, poison)
+                    continue
+                m.commit_seconds.observe(time.perf_counter() - started)
+                m.batches.inc()
+                m.published.inc(len(batch))
+            position = step.position
+            self._failures = 0
+            m.halted.set(0)
+            m.health(True, "active")
+            if s.cleanup and (time.monotonic() - last_cleanup > 1.0):
+                deleted = table.cleanup(position.base, s.cleanup_batch, s.retention)
+                m.cleaned.inc(deleted)
+                last_cleanup = 0.0 if deleted == s.cleanup_batch else time.monotonic()
+            if step.count < s.batch_size:
+                table.wait(s.poll_interval, self.stop)
+
+    def _poisoned(
+        self,
+        table: OutboxTable,
+        publisher: Publisher,
+        position: Position,
+        target: str,
+        batch: Sequence[Row],
+        poison: Poison,
+    ) -> Position:
+        """Dead-letter the row, or publish up to it and halt; return the position reached."""
+        if self.settings.on_poison == DEAD_LETTER:
+            table.dead_letter(poison.row_id, poison.reason)
+            self.metrics.dead_letters.inc()
+            log.warning(
+                "dead-lettered", extra={**self._context, "row_id": poison.row_id, "error": poison.reason}
+            )
+            return position
+        before = [r for r in batch if r.id < poison.row_id]
+        if before:
+            position = Position(position.base, target, before[-1].id)
+            publisher.publish(before, position)
+            self.metrics.published.inc(len(before))
+            self.metrics.batches.inc()
+        self.metrics.halted.set(1)
+        self.metrics.health(False, f"halted: {poison}")
+        log.error(
+            "halted on a poison row; retrying in %.0fs (or restart with --on-poison dead-letter)",
+            self.settings.halt_retry,
+            extra={**self._context, "row_id": poison.row_id, "error": poison.reason},
+        )
+        self.stop.wait(self.settings.halt_retry)
+        return position
+
+
+def _describe(exc: BaseException, url: DatabaseUrl) -> str:
+    if isinstance(exc, KafkaException):
+        return str(kafka_failure(exc))
+    if isinstance(exc, psycopg.Error):
+        text = str(exc).strip()
+        return url.scrub(f"PostgreSQL: {text.splitlines()[0] if text else type(exc).__name__}")
+    return url.scrub(str(exc))

@@ -1,0 +1,205 @@
+"""Shared pieces of the relay tests: writers with known commit order, relay processes, the check."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+from confluent_kafka import Consumer, TopicPartition
+
+from outbox.config import DatabaseUrl
+from outbox.probe import quiet_kafka_config
+from outbox.writer import Event, add_events
+from tests.helpers import REPO, Job, unique
+
+
+@dataclass
+class Committed:
+    """What writers know they committed: per key, event ids in commit order."""
+
+    by_key: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, key: str, event_ids: list[str]) -> None:
+        with self.lock:
+            self.by_key[key].extend(event_ids)
+
+    @property
+    def count(self) -> int:
+        with self.lock:
+            return sum(len(ids) for ids in self.by_key.values())
+
+
+class Writers:
+    """Threads that commit outbox events; each key belongs to one writer, so its commit order is known.
+
+    Commits are delayed at random, so transactions overlap and commit out of
+    id order: the case where an `id > last_id` relay loses rows.
+    """
+
+    def __init__(self, url: DatabaseUrl, topic: str, writers: int = 4, keys_per_writer: int = 5) -> None:
+        self.url, self.topic = url, topic
+        self.committed = Committed()
+        self.stop = threading.Event()
+        self.errors: list[BaseException] = []
+        self.threads = [
+            threading.Thread(target=self._run, args=(w, keys_per_writer), daemon=True) for w in range(writers)
+        ]
+
+    def start(self, transactions: int | None = None, max_delay: float = 0.02) -> Writers:
+        self.transactions, self.max_delay = transactions, max_delay
+        for t in self.threads:
+            t.start()
+        return self
+
+    def _run(self, writer: int, keys: int) -> None:
+        rng = random.Random(writer)
+        done = 0
+        try:
+            with psycopg.connect(self.url.libpq) as conn:
+                while not self.stop.is_set() and (self.transactions is None or done < self.transactions):
+                    key = f"w{writer}-k{rng.randrange(keys)}"
+                    events = [
+                        Event(self.topic, {"key": key, "n": i}, key=key) for i in range(rng.randint(1, 3))
+                    ]
+                    with conn.transaction():
+                        add_events(conn, events)
+                        time.sleep(rng.uniform(0, self.max_delay))
+                    self.committed.add(key, [str(e.event_id) for e in events])
+                    done += 1
+        except BaseException as exc:  # surfaced by join()
+            self.errors.append(exc)
+
+    def join(self) -> None:
+        for t in self.threads:
+            t.join(120)
+        assert not self.errors, self.errors
+
+
+def relay_job(
+    tmp: Path, env: dict[str, str], name: str, *flags: str, pause_at: str = "none", label: str | None = None
+) -> tuple[Job, Path]:
+    """Start `outbox relay` as a killable child; returns the job and the file that resumes a pause."""
+    label = label or unique("relay")
+    resume = tmp / f"{label}.resume"
+    job = Job(
+        [
+            str(REPO / "tests" / "jobs" / "relay_job.py"),
+            pause_at,
+            str(resume),
+            "--name",
+            name,
+            "--metrics-address",
+            "127.0.0.1:0",
+            "--poll-interval",
+            "0.2",
+            "--max-retries",
+            "100",
+            "--log-format",
+            "text",
+            *flags,
+        ],
+        tmp / f"{label}.log",
+        env,
+    )
+    return job, resume
+
+
+def published(bootstrap: str, topic: str, partitions: int) -> list[tuple[int, int, str, str]]:
+    """(partition, offset, key, event_id) of every committed record, read from offset 0 by a new consumer.
+
+    Always from 0 and never resumed: the embedded broker mis-lists aborted
+    transactions for a read that starts right after an abort marker.
+    """
+    consumer = Consumer(
+        quiet_kafka_config(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": unique("verify"),
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+            }
+        )
+    )
+    try:
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+            for p in range(partitions)
+        }
+        pending = {p for p, end in ends.items() if end > 0}
+        consumer.assign([TopicPartition(topic, p, 0) for p in pending])
+        out = []
+        deadline = time.monotonic() + 60
+        while pending and time.monotonic() < deadline:
+            m = consumer.poll(0.5)
+            if m is None:
+                continue
+            if m.error() is None:
+                headers = dict(m.headers() or [])
+                out.append((m.partition(), m.offset(), m.key().decode(), headers["event_id"].decode()))
+                if m.offset() + 1 >= ends[m.partition()]:
+                    pending.discard(m.partition())
+            elif m.offset() >= ends[m.partition()]:
+                pending.discard(m.partition())
+        assert not pending, f"could not read partitions {pending} of {topic} to their end"
+        return out
+    finally:
+        consumer.close()
+
+
+def wait_published(bootstrap: str, topic: str, partitions: int, count: int, timeout: float = 90) -> list:
+    deadline = time.monotonic() + timeout
+    while True:
+        records = published(bootstrap, topic, partitions)
+        if len(records) >= count or time.monotonic() > deadline:
+            return records
+        time.sleep(0.5)
+
+
+def assert_exactly_once(records: list[tuple[int, int, str, str]], committed: Committed) -> None:
+    """Every committed event once, nothing else, and per key in commit order in one partition."""
+    seen = [event for _, _, _, event in records]
+    duplicates = {e for e in seen if seen.count(e) > 1} if len(set(seen)) != len(seen) else set()
+    assert not duplicates, f"{len(duplicates)} events published more than once, e.g. {sorted(duplicates)[:3]}"
+    expected = {e for ids in committed.by_key.values() for e in ids}
+    missing, extra = expected - set(seen), set(seen) - expected
+    assert not missing, f"{len(missing)} committed events never published, e.g. {sorted(missing)[:3]}"
+    assert not extra, f"{len(extra)} published events no writer committed, e.g. {sorted(extra)[:3]}"
+    by_key: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
+    for partition, offset, key, event in records:
+        by_key[key].append((partition, offset, event))
+    for key, ids in committed.by_key.items():
+        got = sorted(by_key[key])
+        assert len({p for p, _, _ in got}) == 1, f"key {key} spread over partitions"
+        assert [e for _, _, e in got] == ids, f"key {key}: published order differs from commit order"
+
+
+def murmur2_partition(key: bytes, partitions: int) -> int:
+    """The Java client's default partition for a key (Utils.murmur2, toPositive, mod)."""
+    m, r, length = 0x5BD1E995, 24, len(key)
+    h = (0x9747B28C ^ length) & 0xFFFFFFFF
+    for i in range(0, length - length % 4, 4):
+        k = int.from_bytes(key[i : i + 4], "little")
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> r
+        k = (k * m) & 0xFFFFFFFF
+        h = ((h * m) & 0xFFFFFFFF) ^ k
+    tail = length % 4
+    base = length - tail
+    if tail == 3:
+        h ^= key[base + 2] << 16
+    if tail >= 2:
+        h ^= key[base + 1] << 8
+    if tail >= 1:
+        h ^= key[base]
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return (h & 0x7FFFFFFF) % partitions

@@ -1,0 +1,276 @@
+"""The relay against real PostgreSQL and Kafka: no gaps, exactly once, order per key, standby and fencing."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from outbox import migrate
+from outbox.config import DatabaseUrl
+from outbox.writer import Event, add_event, add_events
+from tests.helpers import create_topic, read_committed, unique
+from tests.relay_support import (
+    Committed,
+    Writers,
+    assert_exactly_once,
+    murmur2_partition,
+    published,
+    relay_job,
+    wait_published,
+)
+
+ACTIVE = "relay: active"
+
+
+@pytest.fixture
+def outbox_db(database: DatabaseUrl) -> DatabaseUrl:
+    migrate.upgrade(database, "public")
+    return database
+
+
+@pytest.fixture
+def env(outbox_db: DatabaseUrl, bootstrap: str) -> dict[str, str]:
+    return {"DATABASE_URL": outbox_db.raw, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
+
+
+@pytest.fixture
+def events_topic(bootstrap: str) -> str:
+    return create_topic(bootstrap, unique("events"), partitions=3)
+
+
+def outbox_rows(url: DatabaseUrl) -> int:
+    with psycopg.connect(url.libpq) as conn:
+        return int(conn.execute("SELECT count(*) FROM outbox_events").fetchone()[0])  # type: ignore[index]
+
+
+def wait_for(condition, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def terminate(job) -> int:  # type: ignore[no-untyped-def]
+    os.kill(job.process.pid, signal.SIGTERM)
+    return job.wait(30)
+
+
+def test_concurrent_writers_and_a_long_open_transaction(
+    tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, events_topic: str
+) -> None:
+    with psycopg.connect(outbox_db.libpq) as long, psycopg.connect(outbox_db.libpq) as aborted:
+        # Opened first, so its row has the lowest id; it commits last, after everything else was published.
+        long.execute("BEGIN")
+        late = add_event(long, events_topic, {"late": True}, key="late")
+        with aborted.transaction(force_rollback=True):
+            add_event(aborted, events_topic, {"rolled": "back"}, key="late")
+
+        writers = Writers(outbox_db, events_topic).start(transactions=60)
+        job, _ = relay_job(tmp_path, env, unique("relay"), "--batch-size", "37")
+        job.wait_for_output(ACTIVE, 60)
+        writers.join()
+        records = wait_published(bootstrap, events_topic, 3, writers.committed.count)
+        assert str(late) not in {event for *_, event in records}, "published before its transaction committed"
+        long.execute("COMMIT")
+
+    committed: Committed = writers.committed
+    committed.add("late", [str(late)])
+    records = wait_published(bootstrap, events_topic, 3, committed.count)
+    assert_exactly_once(records, committed)
+    for partition, _, key, _ in records:
+        assert partition == murmur2_partition(key.encode(), 3), "not the Java client's partition"
+    wait_for(lambda: outbox_rows(outbox_db) == 0, 30, "cleanup of published rows")
+
+    assert terminate(job) == 0, job.output()
+    assert "exiting" in job.output()
+
+
+@pytest.mark.parametrize("point", ["before-produce", "mid-transaction", "before-commit", "before-cleanup"])
+def test_kill9_at_each_point_of_a_batch(
+    tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, events_topic: str, point: str
+) -> None:
+    name = unique("relay")
+    writers = Writers(outbox_db, events_topic).start(transactions=40, max_delay=0.005)
+    writers.join()
+    for _ in range(2):  # the second kill hits a relay that restarted from the first one's leftovers
+        job, _ = relay_job(tmp_path, env, name, "--batch-size", "30", pause_at=point)
+        job.wait_for_output(f"paused at {point}", 60)
+        job.kill9()
+    job, _ = relay_job(tmp_path, env, name, "--batch-size", "30")
+    records = wait_published(bootstrap, events_topic, 3, writers.committed.count)
+    assert_exactly_once(records, writers.committed)
+    wait_for(lambda: outbox_rows(outbox_db) == 0, 30, "cleanup of published rows")
+    assert terminate(job) == 0
+
+
+def test_kill9_at_random_moments_while_writers_write(
+    tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, events_topic: str
+) -> None:
+    name, rng = unique("relay"), random.Random()
+    writers = Writers(outbox_db, events_topic).start(max_delay=0.01)
+    try:
+        for _ in range(10):
+            job, _ = relay_job(tmp_path, env, name, "--batch-size", "25")
+            job.wait_for_output(ACTIVE, 60)
+            time.sleep(rng.uniform(0, 1.5))
+            job.kill9()
+    finally:
+        writers.stop.set()
+        writers.join()
+    job, _ = relay_job(tmp_path, env, name)
+    records = wait_published(bootstrap, events_topic, 3, writers.committed.count)
+    assert writers.committed.count > 100
+    assert_exactly_once(records, writers.committed)
+    assert terminate(job) == 0
+
+
+def test_standby_takes_over_and_the_old_instance_is_fenced(
+    tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, events_topic: str
+) -> None:
+    name = unique("relay")
+    writers = Writers(outbox_db, events_topic).start(max_delay=0.01)
+    try:
+        first, _ = relay_job(tmp_path, env, name, label="first")
+        first.wait_for_output(ACTIVE, 60)
+        second, resume = relay_job(tmp_path, env, name, "--batch-size", "20", pause_at="mid-transaction")
+        second.wait_for_output("standing by", 60)
+        assert ACTIVE not in second.output()
+
+        first.kill9()
+        second.wait_for_output("paused at mid-transaction", 60)  # took over, half a batch sent
+
+        # Make `second` a zombie: its session (and lock) ends while it is paused mid-transaction.
+        with psycopg.connect(outbox_db.libpq, autocommit=True) as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+                [f"outbox-relay {name}"],
+            )
+        third, _ = relay_job(tmp_path, env, name, label="third")
+        third.wait_for_output(ACTIVE, 60)
+        time.sleep(1)
+        resume.touch()
+        second.wait_for_output("fenced", 60)
+        second.wait_for_output("standing by", 60)
+    finally:
+        writers.stop.set()
+        writers.join()
+    records = wait_published(bootstrap, events_topic, 3, writers.committed.count)
+    assert_exactly_once(records, writers.committed)
+    assert terminate(third) == 0
+    assert terminate(second) == 0
+
+
+def test_shards_split_the_keys_and_together_publish_everything(
+    tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, events_topic: str
+) -> None:
+    name = unique("relay")
+    writers = Writers(outbox_db, events_topic, keys_per_writer=8).start(transactions=40)
+    jobs = [relay_job(tmp_path, env, name, "--shard", f"{i}/3")[0] for i in range(3)]
+    writers.join()
+    records = wait_published(bootstrap, events_topic, 3, writers.committed.count)
+    assert_exactly_once(records, writers.committed)
+    for job in jobs:
+        assert terminate(job) == 0
+    # Each shard committed its own positions.
+    keys = {key.decode() for _, _, key, _ in read_committed(bootstrap, "outbox-relay-positions", 1)}
+    assert {k for k in keys if k.startswith(f"{name}/")} == {f"{name}/{i}-of-3" for i in range(3)}
+
+    wrong, _ = relay_job(tmp_path, env, name, "--shard", "0/2")
+    assert wrong.wait(60) == 2
+    assert "already has positions for 3 shard(s)" in wrong.output()
+
+
+def test_poison_rows_halt_by_default_and_dead_letter_on_request(
+    tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, events_topic: str
+) -> None:
+    missing_topic = unique("missing")
+    with psycopg.connect(outbox_db.libpq) as conn:
+        add_events(conn, [Event(events_topic, {"n": 1}, key="a"), Event(events_topic, {"n": 2}, key="a")])
+        add_event(conn, missing_topic, {"n": 3}, key="a")
+        add_event(conn, events_topic, b"x" * 2_000_000, key="a")  # over the broker's 1 MB limit
+        add_event(conn, events_topic, {"n": 5}, key="a")
+
+    name = unique("relay")
+    halted, _ = relay_job(tmp_path, env, name)
+    halted.wait_for_output("halted on a poison row", 60)
+    assert f"topic {missing_topic!r} does not exist" in halted.output()
+    assert len(published(bootstrap, events_topic, 3)) == 2  # the rows before the poison row, nothing after
+    assert terminate(halted) == 0
+
+    job, _ = relay_job(tmp_path, env, name, "--on-poison", "dead-letter", "-X", "message.max.bytes=4000000")
+    wait_for(lambda: len(published(bootstrap, events_topic, 3)) == 3, 60, "the row after the poison rows")
+    with psycopg.connect(outbox_db.libpq) as conn:
+        dead = conn.execute(
+            "SELECT topic, length(value), error FROM relay_dead_letters ORDER BY outbox_id"
+        ).fetchall()
+    assert [(t, n > 1_000_000) for t, n, _ in dead] == [(missing_topic, False), (events_topic, True)]
+    assert "does not exist" in dead[0][2] and "larger than Kafka accepts" in dead[1][2]
+    assert terminate(job) == 0
+
+
+@pytest.fixture
+def private_services(tmp_path: Path) -> Iterator[dict[str, object]]:
+    """A PostgreSQL and a Kafka of this test's own, so it can restart them."""
+    from outbox.dev import kafka, postgres
+    from outbox.dev.process import free_port, stop
+
+    ports = {"postgres": free_port(), "kafka": free_port()}
+    started = {
+        "postgres": postgres.start(tmp_path / "pg", ports["postgres"], die_with_parent=True),
+        "kafka": kafka.start(tmp_path / "kafka", ports["kafka"], die_with_parent=True),
+    }
+    yield {"ports": ports, "services": started, "tmp": tmp_path}
+    for service in started.values():
+        stop(service.pid, signal.SIGKILL if service.name == "kafka" else signal.SIGINT, timeout=30)
+
+
+def test_postgres_restart_and_broker_restart_mid_run(private_services: dict) -> None:  # type: ignore[type-arg]
+    from outbox.dev import kafka, postgres
+    from outbox.dev.process import stop
+
+    tmp, services = private_services["tmp"], private_services["services"]
+    url = DatabaseUrl.parse(services["postgres"].env["DATABASE_URL"])
+    bootstrap = services["kafka"].env["KAFKA_BOOTSTRAP_SERVERS"]
+    migrate.upgrade(url, "public")
+    topic = create_topic(bootstrap, unique("events"), partitions=3)
+    env = {"DATABASE_URL": url.raw, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
+    job, _ = relay_job(tmp, env, "restarts", "--batch-size", "20")
+    job.wait_for_output(ACTIVE, 60)
+    committed = Committed()
+
+    def write_while(restart) -> None:  # type: ignore[no-untyped-def]
+        writers = Writers(url, topic).start(transactions=25)
+        time.sleep(0.3)
+        restart()
+        writers.join()
+        for key, ids in writers.committed.by_key.items():
+            committed.add(key, ids)
+
+    def restart_kafka() -> None:
+        old = services["kafka"]
+        stop(old.pid, signal.SIGKILL)
+        services["kafka"] = kafka.start(tmp / "kafka", old.port, die_with_parent=True)
+
+    write_while(restart_kafka)
+    assert_exactly_once(wait_published(bootstrap, topic, 3, committed.count), committed)
+
+    # Postgres goes down with committed rows not yet published; writers wait for it to come back.
+    writers = Writers(url, topic).start(transactions=25)
+    writers.join()
+    for key, ids in writers.committed.by_key.items():
+        committed.add(key, ids)
+    old = services["postgres"]
+    stop(old.pid, signal.SIGINT, timeout=30)
+    time.sleep(2)
+    services["postgres"] = postgres.start(tmp / "pg", old.port, die_with_parent=True)
+    write_while(lambda: None)
+    assert_exactly_once(wait_published(bootstrap, topic, 3, committed.count), committed)
+    assert "session ended, retrying" in job.output()
+    assert terminate(job) == 0
