@@ -76,3 +76,45 @@ def test_missing_java_stops_the_demo_before_anything_starts(tmp_path: Path) -> N
     assert len(lines) == 1 and lines[0].startswith("demo: error: Spark needs Java 17+"), proc.stderr
     assert "apt-get install openjdk-17-jre-headless" in lines[0]
     assert not (tmp_path / "demo").exists()
+
+
+def test_relay_needs_a_name(database) -> None:  # type: ignore[no-untyped-def]
+    result = outbox("relay", "--url", database.raw, "--bootstrap-servers", "127.0.0.1:9", env={})
+    assert_one_line_error(result, "--name is required")
+
+
+def test_relay_names_the_missing_tables(database, bootstrap) -> None:  # type: ignore[no-untyped-def]
+    result = outbox(
+        "relay",
+        "--name",
+        "r",
+        "--metrics-address",
+        "off",
+        env={"DATABASE_URL": database.raw, "KAFKA_BOOTSTRAP_SERVERS": bootstrap},
+    )
+    assert result.code == 2, result
+    assert "outbox: error: table public.outbox_events does not exist" in result.err
+    assert "outbox db upgrade" in result.err
+
+
+def test_relay_gives_up_on_an_unreachable_database_without_leaking_the_password() -> None:
+    url = "postgresql://app:hunter2@127.0.0.1:9/db"
+    result = outbox(
+        "relay",
+        "--name",
+        "r",
+        "--url",
+        url,
+        "--bootstrap-servers",
+        "127.0.0.1:9",
+        "--max-retries",
+        "1",
+        "--metrics-address",
+        "off",
+    )
+    assert result.code == 2, result
+    assert (
+        "giving up after 1 retries: cannot reach PostgreSQL at postgresql://app:***@127.0.0.1:9/db"
+        in result.err
+    )
+    assert "hunter2" not in result.err + result.out

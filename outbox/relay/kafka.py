@@ -114,6 +114,9 @@ class Publisher:
         config = {**self.settings, "enable.idempotence": True}
         if self.exactly_once:
             config["transactional.id"] = transactional_id(self.relay, self.shard)
+        # With an error_cb, librdkafka's errors (fencing included) surface from the
+        # transactional calls instead of being raised inside delivery callbacks.
+        config["error_cb"] = _log_error
         self._producer = Producer(client_config(config, self.bootstrap))
         try:
             if self.exactly_once:
@@ -302,3 +305,7 @@ class Publisher:
         if self._producer is not None:
             self._producer.flush(min(self.timeout, 5))
             self._producer = None
+
+
+def _log_error(error: KafkaError) -> None:
+    log.log(logging.ERROR if error.fatal() else logging.DEBUG, "kafka client: %s", error.str())

@@ -41,10 +41,11 @@ class Row(NamedTuple):
 def _shard_filter(shard: Shard) -> sql.Composable:
     if shard.count == 1:
         return sql.SQL("")
-    # md5 is stable across server versions (hashtext is not promised to be); see Shard.owns.
+    # md5 is stable across server versions (hashtext is not promised to be): shard =
+    # first 32 bits of md5(key, or the event id when there is no key) mod N.
     return sql.SQL(
-        " AND ('x00000000' || left(md5(coalesce(e.key, uuid_send(e.event_id))), 8))::bit(64)::bigint"
-        " % {count} = {index}"
+        " AND mod(('x00000000' || left(md5(coalesce(e.key, uuid_send(e.event_id))), 8))::bit(64)::bigint,"
+        " {count}) = {index}"
     ).format(count=sql.Literal(shard.count), index=sql.Literal(shard.index))
 
 

@@ -14,7 +14,6 @@ assumed across transactions.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Sequence
@@ -45,10 +44,6 @@ class Shard:
         if count < 1 or not 0 <= index < count:
             raise ConfigError(f"--shard {text}: need 0 <= I < N (shards are numbered from 0)")
         return cls(index, count)
-
-    def owns(self, key: bytes) -> bool:
-        """Python's copy of the SQL filter (rows without a key hash their event id's 16 bytes)."""
-        return int(hashlib.md5(key).hexdigest()[:8], 16) % self.count == self.index
 
     def __str__(self) -> str:
         return f"{self.index}/{self.count}"

@@ -1,0 +1,98 @@
+"""The relay's decisions and settings, without services."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import KafkaError
+
+from outbox.cli.relay import kafka_settings, redacted
+from outbox.errors import ConfigError, OutboxError
+from outbox.relay.kafka import Publisher
+from outbox.relay.poison import explain, is_poison
+from outbox.relay.position import Position, Shard, Step, advance, latest_position, position_key
+from outbox.relay.relay import backoff
+
+SNAP = "100:105:101,103"
+
+
+def test_a_short_fetch_finishes_the_delta() -> None:
+    assert advance(Position("90:90:"), SNAP, [7, 9], limit=5) == Step(2, Position(SNAP), persist=True)
+
+
+def test_a_full_fetch_publishes_a_part_and_remembers_where_in_the_delta() -> None:
+    step = advance(Position("90:90:"), SNAP, [7, 9, 12], limit=2)
+    assert step == Step(2, Position("90:90:", SNAP, 9), persist=True)
+    # the next fetch continues inside the same delta and finishes it
+    assert advance(step.position, SNAP, [12], limit=2) == Step(1, Position(SNAP), persist=True)
+
+
+def test_an_empty_fetch_moves_the_base_without_a_transaction() -> None:
+    assert advance(Position("90:90:"), SNAP, [], limit=2) == Step(0, Position(SNAP), persist=False)
+
+
+def test_position_round_trip_and_bad_records() -> None:
+    position = Position("90:90:", SNAP, 9)
+    assert Position.from_json(position.to_json("r", Shard(1, 4))) == (position, Shard(1, 4))
+    with pytest.raises(OutboxError, match="unreadable"):
+        Position.from_json(b"{}")
+    with pytest.raises(OutboxError, match="malformed snapshot"):
+        Position.from_json(Position("x:y:").to_json("r", Shard()))
+
+
+def test_latest_position_is_the_last_of_this_relay_and_shard() -> None:
+    mine, other_shard = Shard(0, 2), Shard(1, 2)
+    records = [
+        (position_key("r", mine), Position("1:1:").to_json("r", mine)),
+        (position_key("r", other_shard), Position("5:5:").to_json("r", other_shard)),
+        (position_key("r2", Shard()), Position("6:6:").to_json("r2", Shard())),
+        (position_key("r", mine), Position("3:3:", "4:4:", 8).to_json("r", mine)),
+        (b"unrelated", None),
+    ]
+    assert latest_position(records, "r", mine) == Position("3:3:", "4:4:", 8)
+    assert latest_position(records, "r3", Shard()) is None
+
+
+def test_a_different_shard_count_is_refused() -> None:
+    records = [(position_key("r", Shard(0, 3)), Position().to_json("r", Shard(0, 3)))]
+    with pytest.raises(ConfigError, match="already has positions for 3 shard"):
+        latest_position(records, "r", Shard(0, 2))
+
+
+@pytest.mark.parametrize("text", ["2/2", "-1/2", "1", "a/b", "0/0"])
+def test_bad_shards(text: str) -> None:
+    with pytest.raises(ConfigError, match="--shard"):
+        Shard.parse(text)
+
+
+def test_kafka_settings_from_file_and_flags(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    file = tmp_path / "client.properties"
+    file.write_text("# comment\nsecurity.protocol=SASL_SSL\nsasl.password = s3cret\nlinger.ms=1\n")
+    settings = kafka_settings(["linger.ms=20", "compression.type=zstd"], file)
+    assert settings == {
+        "security.protocol": "SASL_SSL",
+        "sasl.password": "s3cret",
+        "linger.ms": "20",
+        "compression.type": "zstd",
+    }
+    assert "s3cret" not in str(redacted(settings))
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        kafka_settings(["linger.ms"], None)
+
+
+@pytest.mark.parametrize("key", ["transactional.id", "enable.idempotence"])
+def test_guarantee_settings_cannot_be_overridden(key: str) -> None:
+    with pytest.raises(ConfigError, match=key):
+        Publisher("localhost:9092", {key: "x"}, "r", Shard(), "positions")
+
+
+def test_backoff_doubles_and_is_capped() -> None:
+    assert 0.4 <= backoff(1) <= 0.6
+    assert 0.8 <= backoff(2) <= 1.2
+    assert 24 <= backoff(30) <= 36
+
+
+def test_poison_is_the_records_fault_only() -> None:
+    assert is_poison(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))
+    assert not is_poison(KafkaError(KafkaError._TRANSPORT))
+    assert not is_poison(KafkaError(KafkaError._MSG_TIMED_OUT))
+    assert "max.message.bytes" in explain(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), "t", 5)
