@@ -51,6 +51,13 @@ class RelayMetrics:
             registry=self.registry,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
         ).labels(**labels)
+        self.fetch_seconds = Histogram(
+            "outbox_relay_fetch_seconds",
+            "Time to read a batch of rows from the outbox table",
+            list(labels),
+            registry=self.registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        ).labels(**labels)
         self._health = (True, "starting")
         self._lock = threading.Lock()
 

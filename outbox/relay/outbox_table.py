@@ -12,9 +12,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
-from datetime import datetime
 from typing import Any, NamedTuple
-from uuid import UUID
 
 import psycopg
 from psycopg import sql
@@ -28,14 +26,16 @@ CHANNEL = "outbox_events"
 
 
 class Row(NamedTuple):
+    """An outbox row as the relay sends it: the event id already as header bytes."""
+
     id: int
-    event_id: UUID
+    event_id: bytes
     topic: str
     key: bytes | None
     value: bytes | None
     header_keys: list[str] | None
     header_values: list[bytes] | None
-    created_at: datetime
+    created_at: float  # epoch seconds
 
 
 def _shard_filter(shard: Shard) -> sql.Composable:
@@ -58,16 +58,28 @@ class OutboxTable:
             "dead": sql.Identifier(schema, "relay_dead_letters"),
             "shard": _shard_filter(shard),
         }
-        self._fetch = sql.SQL(
-            "SELECT e.id, e.event_id, e.topic, e.key, e.value, e.header_keys, e.header_values, e.created_at"
-            " FROM {events} e"
-            " WHERE (e.txid >= pg_snapshot_xmax(%(base)s::pg_snapshot)"
-            "        OR e.txid = ANY(ARRAY(SELECT pg_snapshot_xip(%(base)s::pg_snapshot))))"
+        # Two ways into a delta. Starting one: through the txid index, since the
+        # delta is the transactions at or past the base's xmax plus those it saw
+        # running. Continuing one (a backlog published in parts): along the primary
+        # key from the last id published, stopping after `limit` rows, so each
+        # part costs its own size and not the size of what is left.
+        row = sql.SQL(
+            "SELECT e.id, convert_to(e.event_id::text, 'UTF8'), e.topic, e.key, e.value, e.header_keys,"
+            " e.header_values, extract(epoch FROM e.created_at)::float8 FROM {events} e"
+        ).format(**names)
+        wanted = sql.SQL(
             " AND pg_visible_in_snapshot(e.txid, %(target)s::pg_snapshot)"
             " AND e.id > %(after)s{shard}"
             " AND NOT EXISTS (SELECT FROM {dead} d WHERE d.relay = %(relay)s AND d.outbox_id = e.id)"
             " ORDER BY e.id LIMIT %(limit)s"
         ).format(**names)
+        self._start_delta = sql.SQL(
+            "{row} WHERE (e.txid >= pg_snapshot_xmax(%(base)s::pg_snapshot)"
+            " OR e.txid = ANY(ARRAY(SELECT pg_snapshot_xip(%(base)s::pg_snapshot)))){wanted}"
+        ).format(row=row, wanted=wanted)
+        self._continue_delta = sql.SQL(
+            "{row} WHERE NOT pg_visible_in_snapshot(e.txid, %(base)s::pg_snapshot){wanted}"
+        ).format(row=row, wanted=wanted)
         self._cleanup = sql.SQL(
             "DELETE FROM {events} WHERE id IN (SELECT e.id FROM {events} e"
             " WHERE e.txid < pg_snapshot_xmax(%(base)s::pg_snapshot)"
@@ -147,7 +159,7 @@ class OutboxTable:
             target = position.target or str(conn.execute("SELECT pg_current_snapshot()").fetchone()[0])  # type: ignore[index]
             cursor = conn.cursor(binary=True)
             cursor.execute(
-                self._fetch,
+                self._continue_delta if position.after_id else self._start_delta,
                 {
                     "base": position.base,
                     "target": target,

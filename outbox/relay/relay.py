@@ -149,10 +149,11 @@ class Relay:
         s, m = self.settings, self.metrics
         last_cleanup = 0.0
         while not self.stop.is_set():
-            target, rows = table.fetch(position, s.batch_size + 1)
+            with m.fetch_seconds.time():
+                target, rows = table.fetch(position, s.batch_size + 1)
             step = advance(position, target, [r.id for r in rows], s.batch_size)
             batch = rows[: step.count]
-            m.lag.set(time.time() - min(r.created_at.timestamp() for r in batch) if batch else 0)
+            m.lag.set(time.time() - min(r.created_at for r in batch) if batch else 0)
             if step.persist:
                 try:
                     publisher.check_topics(batch)
