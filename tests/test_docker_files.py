@@ -16,7 +16,8 @@ from tests.helpers import REPO
 COMPOSE = yaml.safe_load((REPO / "docker" / "compose.yaml").read_text())
 SERVICES = COMPOSE["services"]
 APP = [name for name, svc in SERVICES.items() if "build" in svc]
-KNOWN_VARS = {config.DATABASE_URL, config.KAFKA_BOOTSTRAP_SERVERS, config.OUTBOX_SCHEMA}
+RELAY_VARS = set(re.findall(r'_env\("([A-Z_]+)"', (REPO / "outbox" / "cli" / "relay.py").read_text()))
+KNOWN_VARS = {config.DATABASE_URL, config.KAFKA_BOOTSTRAP_SERVERS, config.OUTBOX_SCHEMA} | RELAY_VARS
 
 
 def listeners(value: str) -> dict[str, str]:
@@ -95,3 +96,11 @@ def test_compose_header_shows_the_host_settings_it_publishes() -> None:
     )
     url = config.DatabaseUrl.parse(exports["DATABASE_URL"])
     assert url.libpq.endswith("@localhost:5432/postgres")
+
+
+def test_relay_service_is_named_and_serves_health_where_compose_looks() -> None:
+    relay = SERVICES["relay"]
+    assert relay["environment"]["OUTBOX_RELAY_NAME"]
+    port = int(relay["environment"]["OUTBOX_RELAY_METRICS_ADDRESS"].rsplit(":", 1)[1])
+    assert published("relay") == {port: port}
+    assert f":{port}/healthz" in " ".join(relay["healthcheck"]["test"])
