@@ -303,7 +303,10 @@ class Publisher:
 
     def close(self) -> None:
         if self._producer is not None:
-            self._producer.flush(min(self.timeout, 5))
+            try:
+                self._producer.flush(min(self.timeout, 5))
+            except KafkaException as exc:  # fenced or broken: nothing left worth sending
+                log.debug("flush at close: %s", exc.args[0].str())
             self._producer = None
 
 

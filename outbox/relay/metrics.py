@@ -38,7 +38,7 @@ class RelayMetrics:
 
         self.published = counter("outbox_relay_events_published", "Outbox rows published to Kafka")
         self.batches = counter("outbox_relay_batches", "Kafka transactions committed")
-        self.aborts = counter("outbox_relay_aborts", "Kafka transactions aborted")
+        self.aborts = counter("outbox_relay_aborts", "Transactions aborted on a refused record")
         self.dead_letters = counter("outbox_relay_dead_letters", "Rows moved to relay_dead_letters")
         self.cleaned = counter("outbox_relay_rows_deleted", "Published rows deleted by cleanup")
         self.lag = gauge("outbox_relay_lag_seconds", "Age of the oldest committed row not yet published")
