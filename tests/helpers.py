@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from outbox.dev.process import spawn
@@ -76,8 +76,12 @@ def produce_transaction(
         producer.abort_transaction(30)
 
 
-def read_committed(bootstrap: str, topic: str, partitions: int, timeout: float = 10.0) -> list[tuple]:
-    """Everything a read_committed consumer sees from offset 0 up to the LSO."""
+def committed_messages(bootstrap: str, topic: str, partitions: int, timeout: float = 60.0) -> list[Message]:
+    """Every record a read_committed consumer sees from offset 0 up to the LSO, read by a new consumer.
+
+    Always from 0 and never resumed: the embedded broker mis-lists aborted
+    transactions for a read that starts right after an abort marker.
+    """
     consumer = Consumer(
         quiet_kafka_config(
             {
@@ -85,6 +89,7 @@ def read_committed(bootstrap: str, topic: str, partitions: int, timeout: float =
                 "group.id": unique("verify"),
                 "isolation.level": "read_committed",
                 "enable.auto.commit": False,
+                "enable.partition.eof": True,
             }
         )
     )
@@ -93,20 +98,32 @@ def read_committed(bootstrap: str, topic: str, partitions: int, timeout: float =
             p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
             for p in range(partitions)
         }
-        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-        out: list[tuple] = []
+        pending = {p for p, end in ends.items() if end > 0}
+        consumer.assign([TopicPartition(topic, p, 0) for p in pending])
+        out: list[Message] = []
         deadline = time.monotonic() + timeout
-        done = {p for p, end in ends.items() if end == 0}
-        while len(done) < partitions and time.monotonic() < deadline:
-            for m in consumer.consume(1000, 0.2):
-                if m.error() is None:
-                    out.append((m.partition(), m.offset(), m.key(), m.value()))
-            for p, end in ends.items():
-                if consumer.position([TopicPartition(topic, p)])[0].offset >= end:
-                    done.add(p)
+        while pending and time.monotonic() < deadline:
+            m = consumer.poll(0.5)
+            if m is None:
+                continue
+            if m.error() is None:
+                out.append(m)
+                if m.offset() + 1 >= ends[m.partition()]:
+                    pending.discard(m.partition())
+            elif m.offset() >= ends[m.partition()]:
+                pending.discard(m.partition())
+        assert not pending, f"could not read partitions {pending} of {topic} to their end"
         return out
     finally:
         consumer.close()
+
+
+def read_committed(bootstrap: str, topic: str, partitions: int, timeout: float = 10.0) -> list[tuple]:
+    """(partition, offset, key, value) of every committed record, from offset 0 up to the LSO."""
+    return [
+        (m.partition(), m.offset(), m.key(), m.value())
+        for m in committed_messages(bootstrap, topic, partitions, timeout)
+    ]
 
 
 class Job:

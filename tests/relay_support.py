@@ -10,12 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
-from confluent_kafka import Consumer, TopicPartition
 
 from outbox.config import DatabaseUrl
-from outbox.probe import quiet_kafka_config
 from outbox.writer import Event, add_events
-from tests.helpers import REPO, Job, unique
+from tests.helpers import REPO, Job, committed_messages, unique
 
 
 @dataclass
@@ -111,46 +109,11 @@ def relay_job(
 
 
 def published(bootstrap: str, topic: str, partitions: int) -> list[tuple[int, int, str, str]]:
-    """(partition, offset, key, event_id) of every committed record, read from offset 0 by a new consumer.
-
-    Always from 0 and never resumed: the embedded broker mis-lists aborted
-    transactions for a read that starts right after an abort marker.
-    """
-    consumer = Consumer(
-        quiet_kafka_config(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": unique("verify"),
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-            }
-        )
-    )
-    try:
-        ends = {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
-            for p in range(partitions)
-        }
-        pending = {p for p, end in ends.items() if end > 0}
-        consumer.assign([TopicPartition(topic, p, 0) for p in pending])
-        out = []
-        deadline = time.monotonic() + 60
-        while pending and time.monotonic() < deadline:
-            m = consumer.poll(0.5)
-            if m is None:
-                continue
-            if m.error() is None:
-                headers = dict(m.headers() or [])
-                out.append((m.partition(), m.offset(), m.key().decode(), headers["event_id"].decode()))
-                if m.offset() + 1 >= ends[m.partition()]:
-                    pending.discard(m.partition())
-            elif m.offset() >= ends[m.partition()]:
-                pending.discard(m.partition())
-        assert not pending, f"could not read partitions {pending} of {topic} to their end"
-        return out
-    finally:
-        consumer.close()
+    """(partition, offset, key, event_id) of every committed record of the topic."""
+    return [
+        (m.partition(), m.offset(), m.key().decode(), dict(m.headers() or [])["event_id"].decode())
+        for m in committed_messages(bootstrap, topic, partitions)
+    ]
 
 
 def wait_published(bootstrap: str, topic: str, partitions: int, count: int, timeout: float = 90) -> list:

@@ -24,6 +24,8 @@ from outbox.errors import ConfigError
 
 disable_created_metrics()  # the *_created series only add noise for a long-running daemon
 
+_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
 
 class RelayMetrics:
     def __init__(self, relay: str, shard: str) -> None:
@@ -36,6 +38,11 @@ class RelayMetrics:
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge(name, doc, list(labels), registry=self.registry).labels(**labels)
 
+        def histogram(name: str, doc: str) -> Histogram:
+            return Histogram(name, doc, list(labels), registry=self.registry, buckets=_BUCKETS).labels(
+                **labels
+            )
+
         self.published = counter("outbox_relay_events_published", "Outbox rows published to Kafka")
         self.batches = counter("outbox_relay_batches", "Kafka transactions committed")
         self.aborts = counter("outbox_relay_aborts", "Transactions aborted on a refused record")
@@ -44,20 +51,12 @@ class RelayMetrics:
         self.lag = gauge("outbox_relay_lag_seconds", "Age of the oldest committed row not yet published")
         self.active = gauge("outbox_relay_active", "1 while this instance holds the shard's lock")
         self.halted = gauge("outbox_relay_halted", "1 while publishing is stopped on a poison row")
-        self.commit_seconds = Histogram(
-            "outbox_relay_transaction_seconds",
-            "Time to produce a batch and commit its Kafka transaction",
-            list(labels),
-            registry=self.registry,
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
-        ).labels(**labels)
-        self.fetch_seconds = Histogram(
-            "outbox_relay_fetch_seconds",
-            "Time to read a batch of rows from the outbox table",
-            list(labels),
-            registry=self.registry,
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
-        ).labels(**labels)
+        self.commit_seconds = histogram(
+            "outbox_relay_transaction_seconds", "Time to produce a batch and commit its Kafka transaction"
+        )
+        self.fetch_seconds = histogram(
+            "outbox_relay_fetch_seconds", "Time to read a batch of rows from the outbox table"
+        )
         self._health = (True, "starting")
         self._lock = threading.Lock()
 
