@@ -11,9 +11,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from confluent_kafka.admin import AdminClient
 
 from outbox import migrate
 from outbox.config import DatabaseUrl
+from outbox.probe import quiet_kafka_config
 from outbox.writer import Event, add_event, add_events
 from tests.helpers import create_topic, read_committed, unique
 from tests.relay_support import (
@@ -257,6 +259,15 @@ def test_postgres_restart_and_broker_restart_mid_run(private_services: dict) -> 
         old = services["kafka"]
         stop(old.pid, signal.SIGKILL)
         services["kafka"] = kafka.start(tmp / "kafka", old.port, die_with_parent=True)
+        # The broker answers before it has loaded every topic again; the verifier needs ours.
+        admin = AdminClient(quiet_kafka_config({"bootstrap.servers": bootstrap}))
+
+        def serving() -> bool:
+            found = admin.list_topics(timeout=10).topics.get(topic)
+            parts = found.partitions.values() if found and found.error is None else []
+            return len(parts) == 3 and all(p.leader >= 0 and p.error is None for p in parts)
+
+        wait_for(serving, 60, "the restarted broker to serve the topic")
 
     write_while(restart_kafka)
     assert_exactly_once(wait_published(bootstrap, topic, 3, committed.count), committed)
