@@ -40,6 +40,7 @@ EVENT_ID_HEADER = "event_id"
 RESERVED = frozenset({"transactional.id", "enable.idempotence", "bootstrap.servers"})
 PRODUCER_DEFAULTS: Mapping[str, object] = {
     "partitioner": "murmur2_random",  # the Java client's partitioner: same key, same partition
+    "allow.auto.create.topics": False,  # a missing topic is a poison row, not a new 1-partition topic
     "linger.ms": 5,
     "transaction.timeout.ms": 60000,
 }
