@@ -28,6 +28,8 @@ _SECRET_WORDS = ("password", "secret", "key", "token", "jaas")
 
 
 def _env(name: str, default: str | None = None) -> str | None:
+    """A flag's default from the environment, as text: argparse applies the flag's `type` to it,
+    so a malformed variable is reported like a malformed flag."""
     return os.environ.get(name) or default
 
 
@@ -54,13 +56,13 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument(
         "--batch-size",
         type=int,
-        default=int(_env("OUTBOX_RELAY_BATCH_SIZE", "5000") or 5000),
+        default=_env("OUTBOX_RELAY_BATCH_SIZE", "5000"),
         help="rows per Kafka transaction at most (env OUTBOX_RELAY_BATCH_SIZE, default 5000)",
     )
     p.add_argument(
         "--poll-interval",
         type=float,
-        default=float(_env("OUTBOX_RELAY_POLL_INTERVAL", "1") or 1),
+        default=_env("OUTBOX_RELAY_POLL_INTERVAL", "1"),
         help="seconds between reads when no NOTIFY arrives (default 1)",
     )
     p.add_argument(
@@ -78,7 +80,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument(
         "--retention",
         type=float,
-        default=float(_env("OUTBOX_RELAY_RETENTION", "0") or 0),
+        default=_env("OUTBOX_RELAY_RETENTION", "0"),
         help="keep published rows this many seconds before deleting them (default 0)",
     )
     p.add_argument("--no-cleanup", action="store_true", help="never delete published rows")
@@ -111,7 +113,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument(
         "--max-retries",
         type=int,
-        default=int(_env("OUTBOX_RELAY_MAX_RETRIES", "10") or 10),
+        default=_env("OUTBOX_RELAY_MAX_RETRIES", "10"),
         help="failed sessions in a row before exiting (backoff 0.5 s doubling to 30 s; default 10)",
     )
     p.add_argument(
