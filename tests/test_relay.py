@@ -198,13 +198,24 @@ def test_poison_rows_halt_by_default_and_dead_letter_on_request(
         add_event(conn, events_topic, {"n": 5}, key="a")
 
     name = unique("relay")
-    halted, _ = relay_job(tmp_path, env, name)
+    # Batches of 2 are full, so each poison row is met with the next part already read ahead.
+    halted, _ = relay_job(tmp_path, env, name, "--batch-size", "2")
     halted.wait_for_output("halted on a poison row", 60)
     assert f"topic {missing_topic!r} does not exist" in halted.output()
     assert len(published(bootstrap, events_topic, 3)) == 2  # the rows before the poison row, nothing after
     assert terminate(halted) == 0
 
-    job, _ = relay_job(tmp_path, env, name, "--on-poison", "dead-letter", "-X", "message.max.bytes=4000000")
+    job, _ = relay_job(
+        tmp_path,
+        env,
+        name,
+        "--batch-size",
+        "2",
+        "--on-poison",
+        "dead-letter",
+        "-X",
+        "message.max.bytes=4000000",
+    )
     wait_for(lambda: len(published(bootstrap, events_topic, 3)) == 3, 60, "the row after the poison rows")
     with psycopg.connect(outbox_db.libpq) as conn:
         dead = conn.execute(

@@ -15,6 +15,7 @@ import random
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import psycopg
@@ -148,34 +149,49 @@ class Relay:
     def _publish(self, table: OutboxTable, publisher: Publisher, position: Position) -> None:
         s, m = self.settings, self.metrics
         last_cleanup = 0.0
-        while not self.stop.is_set():
-            with m.fetch_seconds.time():
-                target, rows = table.fetch(position, s.batch_size + 1)
-            step = advance(position, target, [r.id for r in rows], s.batch_size)
-            batch = rows[: step.count]
-            m.lag.set(time.time() - min(r.created_at for r in batch) if batch else 0)
-            if step.persist:
-                try:
-                    publisher.check_topics(batch)
-                    started = time.perf_counter()
-                    publisher.publish(batch, step.position)
-                except Poison as poison:
-                    m.aborts.inc()
-                    position = self._poisoned(table, publisher, position, target, batch, poison)
-                    continue
-                m.commit_seconds.observe(time.perf_counter() - started)
-                m.batches.inc()
-                m.published.inc(len(batch))
-            position = step.position
-            self._failures = 0
-            m.halted.set(0)
-            m.health(True, "active")
-            if s.cleanup and (time.monotonic() - last_cleanup > 1.0):
-                deleted = table.cleanup(position.base, s.cleanup_batch, s.retention)
-                m.cleaned.inc(deleted)
-                last_cleanup = 0.0 if deleted == s.cleanup_batch else time.monotonic()
-            if step.count < s.batch_size:
-                table.wait(s.poll_interval, self.stop)
+        # Through a backlog, the next part is read while this one is produced and
+        # committed: the read only depends on the position `advance` already chose,
+        # and a part read for a batch that then fails is simply dropped (leaving the
+        # `with` waits for it, so the connection is idle before it is closed).
+        with ThreadPoolExecutor(1, thread_name_prefix="outbox-relay-read") as reader:
+            ahead: Future[tuple[str, list[Row]]] | None = None
+            while not self.stop.is_set():
+                target, rows = ahead.result() if ahead else self._fetch(table, position)
+                ahead = None
+                step = advance(position, target, [r.id for r in rows], s.batch_size)
+                batch = rows[: step.count]
+                m.lag.set(time.time() - min(r.created_at for r in batch) if batch else 0)
+                if step.persist:
+                    if step.count == s.batch_size:
+                        ahead = reader.submit(self._fetch, table, step.position)
+                    try:
+                        publisher.check_topics(batch)
+                        started = time.perf_counter()
+                        publisher.publish(batch, step.position)
+                    except Poison as poison:
+                        m.aborts.inc()
+                        _settle(ahead)
+                        ahead = None
+                        position = self._poisoned(table, publisher, position, target, batch, poison)
+                        continue
+                    m.commit_seconds.observe(time.perf_counter() - started)
+                    m.batches.inc()
+                    m.published.inc(len(batch))
+                position = step.position
+                self._failures = 0
+                m.halted.set(0)
+                m.health(True, "active")
+                if s.cleanup and (time.monotonic() - last_cleanup > 1.0):
+                    _settle(ahead)  # the connection must be idle; the part read stays ahead
+                    deleted = table.cleanup(position.base, s.cleanup_batch, s.retention)
+                    m.cleaned.inc(deleted)
+                    last_cleanup = 0.0 if deleted == s.cleanup_batch else time.monotonic()
+                if step.count < s.batch_size:
+                    table.wait(s.poll_interval, self.stop)
+
+    def _fetch(self, table: OutboxTable, position: Position) -> tuple[str, list[Row]]:
+        with self.metrics.fetch_seconds.time():
+            return table.fetch(position, self.settings.batch_size + 1)
 
     def _poisoned(
         self,
@@ -209,6 +225,12 @@ class Relay:
         )
         self.stop.wait(self.settings.halt_retry)
         return position
+
+
+def _settle(read: Future[object] | None) -> None:
+    """Wait until a read ahead is done (wanted or not), so the connection is idle again."""
+    if read is not None:
+        wait([read])
 
 
 def _describe(exc: BaseException, url: DatabaseUrl) -> str:
