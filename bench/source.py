@@ -29,6 +29,7 @@ import uuid
 from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
+from cpu import busy_seconds, measured  # bench/cpu.py
 from kafka_load import EMBEDDED_BROKER_FETCH, produce  # bench/kafka_load.py
 
 from outbox.dev.stack import running
@@ -133,15 +134,15 @@ def spark_runs(
             .options(**{f"kafka.{k}": v for k, v in extra.items()})
         )
         source = run_to_noop(kafka.load(), work / "checkpoint-source")
-        ceiling = run_to_noop(
-            spark.readStream.format("bench_ready_arrow").load(), work / "checkpoint-ceiling"
-        )
+        ready = spark.readStream.format("bench_ready_arrow").load()
+        ceiling = run_to_noop(ready, work / "checkpoint-ceiling")
     finally:
         stop_session(spark)
     return source, ceiling
 
 
 def run_to_noop(df, checkpoint: Path) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """Run to the end; steady state (rate and machine CPU) starts once the first micro-batch is done."""
     start = time.perf_counter()
     query = (
         df.writeStream.format("noop")
@@ -149,18 +150,29 @@ def run_to_noop(df, checkpoint: Path) -> dict[str, float]:  # type: ignore[no-un
         .trigger(availableNow=True)
         .start()
     )
-    query.awaitTermination()
+    first_done: float | None = None
+    while not query.awaitTermination(0.05):
+        if first_done is None and query.lastProgress is not None:
+            first_done = busy_seconds()
+    query.awaitTermination()  # raises what the query failed with
     total = time.perf_counter() - start
+    cpu_end = busy_seconds()
     batches = [p for p in query.recentProgress if p["numInputRows"] > 0]
     rows = [b["numInputRows"] for b in batches]
     seconds = [b["durationMs"]["triggerExecution"] / 1000 for b in batches]
     steady_rows, steady_s = sum(rows[1:]), sum(seconds[1:])
+    steady_cpu = None if first_done is None or cpu_end is None else cpu_end - first_done
     return {
         "rows": sum(rows),
         "batches": len(batches),
         "whole_run_per_s": sum(rows) / total,
         "steady_per_s": steady_rows / steady_s if steady_s else float("nan"),
+        "steady_cpu_us_per_record": steady_cpu / steady_rows * 1e6 if steady_cpu and steady_rows else None,
     }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
 
 
 def main() -> int:
@@ -184,11 +196,25 @@ def main() -> int:
                 bootstrap, topic, ((str(i).encode(), payload) for i in range(args.events)), args.partitions
             )
             produced_s = time.perf_counter() - t0
-            raw = raw_consumer(bootstrap, topic, args.events, args.partitions, extra)
+            raw, raw_usage = measured(
+                lambda: raw_consumer(bootstrap, topic, args.events, args.partitions, extra)
+            )
             per_batch = -(-args.events // args.batches)
             source, ceiling = spark_runs(
                 bootstrap, topic, work / "spark", args.events, args.size, per_batch, extra
             )
+    cpu = {
+        "raw": raw_usage.cpu_us_per(args.events),
+        "source": source["steady_cpu_us_per_record"],
+        "ceiling": ceiling["steady_cpu_us_per_record"],
+    }
+    # A source does the raw consumer's work (librdkafka and the broker serving it) and then
+    # Spark's (the ceiling's): on a full machine its rate cannot pass cores / the sum of both.
+    bound = (
+        (os.cpu_count() or 1) / (cpu["raw"] + cpu["ceiling"]) * 1e6 / raw
+        if cpu["raw"] and cpu["ceiling"]
+        else None
+    )
     result = {
         "events": args.events,
         "value_bytes": args.size,
@@ -205,6 +231,9 @@ def main() -> int:
         "ceiling_rows": ceiling["rows"],
         "ratio_source_vs_ceiling": round(source["steady_per_s"] / ceiling["steady_per_s"], 3),
         "ratio_ceiling_vs_raw": round(ceiling["steady_per_s"] / raw, 3),
+        "machine_cpu_us_per_record": {name: _round(value) for name, value in cpu.items()},
+        "raw_cores_busy": _round(raw_usage.cores_busy()),
+        "ratio_bound_on_this_machine": _round(bound),
     }
     print(f"raw confluent-kafka consumer : {result['raw_consumer_per_s']:>10,} records/s")
     print(f"kafka_rc -> noop, steady     : {result['source_steady_per_s']:>10,} records/s")
@@ -213,6 +242,12 @@ def main() -> int:
     print(f"ratio steady / raw           : {result['ratio_steady_vs_raw']:>10} (target >= 0.7)")
     print(f"ratio steady / ceiling       : {result['ratio_source_vs_ceiling']:>10}")
     print(f"ratio ceiling / raw          : {result['ratio_ceiling_vs_raw']:>10}")
+    print(
+        "machine CPU per record       : "
+        + ", ".join(f"{name} {_round(value)} us" for name, value in cpu.items())
+        + f" (steady; raw kept {_round(raw_usage.cores_busy())} of {os.cpu_count()} cores busy)"
+    )
+    print(f"bound on ratio steady / raw  : {_round(bound):>10} (cores / (raw + ceiling CPU per record))")
     if source["rows"] != args.events:
         print(f"ERROR: the source read {source['rows']} rows, expected {args.events}", file=sys.stderr)
     if args.json:
