@@ -46,12 +46,22 @@ from outbox.writer import Event, add_events
 PARTITIONS = 3
 
 
-def create_topic(bootstrap: str, partitions: int = PARTITIONS) -> str:
-    name = f"bench.relay.{uuid.uuid4().hex[:8]}"
+def create_topic(bootstrap: str, name: str | None = None) -> str:
+    name = name or f"bench.relay.{uuid.uuid4().hex[:8]}"
     admin = AdminClient(quiet_kafka_config({"bootstrap.servers": bootstrap}))
-    for future in admin.create_topics([NewTopic(name, partitions, 1)]).values():
+    for future in admin.create_topics([NewTopic(name, PARTITIONS, 1)]).values():
         future.result(30)
     return name
+
+
+def delete_topic(bootstrap: str, name: str) -> None:
+    """Drop what a run published, so later runs meet a broker no fuller than the first did."""
+    admin = AdminClient(quiet_kafka_config({"bootstrap.servers": bootstrap}))
+    for future in admin.delete_topics([name]).values():
+        future.result(30)
+    deadline = time.monotonic() + 30
+    while name in admin.list_topics(timeout=10).topics and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def fill(url: DatabaseUrl, topic: str, count: int, size: int) -> None:
@@ -94,6 +104,8 @@ def raw_producer(url: DatabaseUrl, bootstrap: str, batch: int) -> dict[str, floa
             producer.produce(topic, value, key, headers=headers)
         producer.commit_transaction(60)
         seconds.append(time.perf_counter() - t0)
+    producer.flush(30)
+    delete_topic(bootstrap, topic)
     steady = len(rows) - min(batch, len(rows))
     return {"steady_per_s": steady / sum(seconds[1:]) if len(seconds) > 1 else 0.0}
 
@@ -222,12 +234,19 @@ def main() -> int:
         }
         url, bootstrap = DatabaseUrl.parse(env["DATABASE_URL"]), env["KAFKA_BOOTSTRAP_SERVERS"]
         migrate.upgrade(url, "public")
-        fill(url, create_topic(bootstrap), args.events, args.size)
+        topic = create_topic(bootstrap)
+        fill(url, topic, args.events, args.size)
+
+        def relayed(exactly_once: bool) -> float:
+            rate = relay_run(url, bootstrap, args.batch_size, args.events, exactly_once)["steady_per_s"]
+            delete_topic(bootstrap, topic)
+            create_topic(bootstrap, topic)
+            return rate
+
         rounds = []
         for n in range(1, args.rounds + 1):
             raw = raw_producer(url, bootstrap, args.batch_size)["steady_per_s"]
-            eos = relay_run(url, bootstrap, args.batch_size, args.events, exactly_once=True)["steady_per_s"]
-            alo = relay_run(url, bootstrap, args.batch_size, args.events, exactly_once=False)["steady_per_s"]
+            eos, alo = relayed(exactly_once=True), relayed(exactly_once=False)
             rounds.append({"raw": raw, "eos": eos, "alo": alo})
             print(
                 f"round {n}: raw {raw:,.0f}/s, exactly-once {eos:,.0f}/s ({eos / raw:.2f}),"
