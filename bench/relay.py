@@ -5,7 +5,8 @@ Writes N outbox rows of ~SIZE bytes once, then publishes the same rows, in the s
                  one transaction per batch (the limit: no Postgres, no position record);
   exactly-once:  the relay (snapshot-delta reads, Kafka transaction with the position);
   at-least-once: the same relay without Kafka transactions (records, flush, position, flush).
-Each relay gets its own name and topic; cleanup is off so each sees all N rows. Steady
+Each relay gets its own name and cleanup is off, so each publishes all N rows; what a run
+published is dropped after it, so every run meets the same broker. Steady
 state excludes the first batch. The three run in turn, ROUNDS times, and the ratios are
 medians of each round's own ratios: on a shared 2-core machine a lone run of a second or
 two swings by 2x, and side by side in time is the only fair comparison.
