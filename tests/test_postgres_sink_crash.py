@@ -93,9 +93,12 @@ def test_kill9_after_executors_staged_then_restart(bootstrap, topic, db, pg, tmp
 
 
 def test_kill9_at_random_points_then_restart(bootstrap, topic, db, pg, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    expected = produce_orders(bootstrap, topic, 2000)
+    expected: dict[str, tuple] = {}
     delays = [random.uniform(0.0, 3.0) for _ in range(3)]
     for run, delay in enumerate(delays):
+        # New events before each run, so each has batches left to apply and be killed in
+        # (with all events written up front, two quick runs could finish them all).
+        expected.update(produce_orders(bootstrap, topic, 700))
         victim = job(bootstrap, topic, db, tmp_path, f"run{run}", -1)
         victim.wait_for_output("applied", timeout=180)  # then somewhere in a later batch's stage or apply
         time.sleep(delay)
