@@ -1,13 +1,18 @@
 """Throughput of the exactly-once PostgreSQL sink, beside its limit and Spark's JDBC writer, in one run.
 
-Produces N JSON events of ~SIZE bytes to Kafka, then writes the same events three ways:
+Produces N JSON events of ~SIZE bytes to Kafka, then writes the same events these ways:
   psycopg: no Spark, no Kafka: the rows already in memory, per batch Arrow-encoded
            CSV COPY into a temp table + one INSERT .. ON CONFLICT (the limit here);
   sink:    kafka_rc -> parse_json -> PostgresSink (upsert on event_id, ledger);
   jdbc:    kafka_rc -> parse_json -> foreachBatch DataFrame.write.jdbc(mode="append"),
            PostgreSQL JDBC driver from POSTGRES_JDBC_JAR or the Debian package
            libpostgresql-jdbc-java (/usr/share/java/postgresql.jar); skipped if absent.
-All three use the same micro-batch size. Steady state excludes the first batch.
+Beside them, what the Kafka side allows and what the writers cost without it:
+  source:  kafka_rc -> parse_json -> noop: the same input with no writing at all;
+           no sink fed by it can be faster, so source / psycopg bounds sink / psycopg;
+  memory:  the sink and the JDBC writer fed the same typed rows (with their Kafka
+           positions) from Parquet files, one per micro-batch: the writers alone.
+All runs use the same micro-batch size. Steady state excludes the first batch.
 
     python bench/sink.py [--events 1000000] [--size 200] [--batches 5] [--json]
 
@@ -27,9 +32,12 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import psycopg
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
 from kafka_load import EMBEDDED_BROKER_FETCH, produce  # bench/kafka_load.py
 
 from outbox import migrate
@@ -75,24 +83,52 @@ def psycopg_alone(url: DatabaseUrl, rows: pa.Table, per_batch: int) -> dict[str,
             conn.commit()
             seconds.append(time.perf_counter() - t0)
         count = conn.execute("SELECT count(*) FROM bench_psycopg").fetchone()[0]  # type: ignore[index]
-    return figures(
-        [min(per_batch, rows.num_rows - s) for s in range(0, rows.num_rows, per_batch)], seconds, count
-    )
+    sizes = [min(per_batch, rows.num_rows - s) for s in range(0, rows.num_rows, per_batch)]
+    return {**figures(sizes, seconds), "written": count}
 
 
-def figures(rows: list[int], seconds: list[float], written: int) -> dict[str, float]:
+def figures(rows: list[int], seconds: list[float]) -> dict[str, float]:
     return {
         "rows": sum(rows),
-        "written": written,
         "batches": len(rows),
         "whole_run_per_s": sum(rows) / sum(seconds),
         "steady_per_s": sum(rows[1:]) / sum(seconds[1:]) if len(rows) > 1 else float("nan"),
     }
 
 
+def write_parquet(rows: pa.Table, topic: str, partitions: int, per_batch: int, folder: Path) -> None:
+    """The rows with the Kafka positions `produce` gave them, as Parquet files a micro-batch reads.
+
+    Each micro-batch is one file per Kafka partition, so Spark splits it into as
+    many tasks as it does the same rows from Kafka.
+    """
+    i = np.arange(rows.num_rows)
+    rows = (
+        rows.set_column(2, "amount", pc.cast(rows["amount"], pa.decimal128(12, 2)))
+        .append_column("topic", pa.repeat(pa.scalar(topic), rows.num_rows))
+        .append_column("partition", pa.array(i % partitions, pa.int32()))
+        .append_column("offset", pa.array(i // partitions, pa.int64()))
+    )
+    folder.mkdir()
+    for k, start in enumerate(range(0, rows.num_rows, per_batch)):
+        batch = rows.slice(start, per_batch)
+        for p in range(partitions):
+            part = batch.filter(pc.equal(batch["partition"], p))
+            pq.write_table(part, folder / f"batch-{k:05d}-partition-{p:05d}.parquet")
+
+
 def spark_runs(
-    url: DatabaseUrl, bootstrap: str, topic: str, work: Path, per_batch: int, jar: str | None, extra: dict
-) -> tuple[dict[str, float], dict[str, float] | None]:
+    url: DatabaseUrl,
+    bootstrap: str,
+    topic: str,
+    work: Path,
+    per_batch: int,
+    jar: str | None,
+    extra: dict,
+    parquet: Path,
+    partitions: int,
+) -> dict[str, dict[str, float] | None]:
+    """Every Spark run, in one SparkSession: from Kafka, then from Parquet."""
     from sinks.kafka_source import register
     from sinks.local_spark import local_session, stop_session
     from sinks.postgres import PostgresSink, parse_json
@@ -101,7 +137,7 @@ def spark_runs(
     try:
         register(spark)
 
-        def frame():  # type: ignore[no-untyped-def]
+        def kafka():  # type: ignore[no-untyped-def]
             raw = (
                 spark.readStream.format("kafka_rc")
                 .option("kafka.bootstrap.servers", bootstrap)
@@ -112,31 +148,57 @@ def spark_runs(
             )
             return parse_json(raw, SCHEMA, key_column="event_id")
 
+        def memory():  # type: ignore[no-untyped-def]
+            typed = f"{SCHEMA}, topic string, partition int, offset long"
+            return (
+                spark.readStream.schema(typed).option("maxFilesPerTrigger", partitions).parquet(str(parquet))
+            )
+
+        def sink(table: str, frame):  # type: ignore[no-untyped-def]
+            return PostgresSink(table, url=url.raw, name=table).writer(frame)
+
+        def noop(batch, _: int) -> None:  # type: ignore[no-untyped-def]
+            batch.write.format("noop").mode("append").save()
+
         with psycopg.connect(url.libpq, autocommit=True) as conn:
-            conn.execute(TABLE.format("bench_sink"))
-            conn.execute(TABLE.format("bench_jdbc"))
-        events = frame()
-        sink = run(events, PostgresSink("bench_sink", url=url.raw).writer(events), work / "chk-sink")
-        sink["written"] = count(url, "bench_sink")
-        jdbc = None
+            for table in ("bench_sink", "bench_jdbc", "bench_sink_memory", "bench_jdbc_memory"):
+                conn.execute(TABLE.format(table))
+        runs: dict[str, dict[str, float] | None] = {}
+        runs["source"] = run(kafka(), noop, work / "chk-source")
+        events = kafka()
+        runs["sink"] = run(events, sink("bench_sink", events), work / "chk-sink")
+        events = memory()
+        runs["sink_memory"] = run(events, sink("bench_sink_memory", events), work / "chk-sink-memory")
+        runs["jdbc"] = runs["jdbc_memory"] = None
         if jar:
             # stringtype=unspecified lets PostgreSQL turn the event id string into uuid.
             jdbc_url = f"jdbc:postgresql://{url.libpq.split('@', 1)[1]}?stringtype=unspecified"
             user = url.libpq.split("://", 1)[1].split("@", 1)[0].split(":", 1)[0]
 
-            def append(batch, _: int) -> None:  # type: ignore[no-untyped-def]
-                batch.select("event_id", "n", "amount", "note").write.jdbc(
-                    jdbc_url,
-                    "bench_jdbc",
-                    mode="append",
-                    properties={"user": user, "driver": "org.postgresql.Driver"},
-                )
+            def append(table: str) -> Callable:
+                def each(batch, _: int) -> None:  # type: ignore[no-untyped-def]
+                    batch.select("event_id", "n", "amount", "note").write.jdbc(
+                        jdbc_url,
+                        table,
+                        mode="append",
+                        properties={"user": user, "driver": "org.postgresql.Driver"},
+                    )
 
-            jdbc = run(frame(), append, work / "chk-jdbc")
-            jdbc["written"] = count(url, "bench_jdbc")
+                return each
+
+            runs["jdbc"] = run(kafka(), append("bench_jdbc"), work / "chk-jdbc")
+            runs["jdbc_memory"] = run(memory(), append("bench_jdbc_memory"), work / "chk-jdbc-memory")
+        for name, table in (
+            ("sink", "bench_sink"),
+            ("sink_memory", "bench_sink_memory"),
+            ("jdbc", "bench_jdbc"),
+            ("jdbc_memory", "bench_jdbc_memory"),
+        ):
+            if runs[name] is not None:
+                runs[name]["written"] = count(url, table)  # type: ignore[index]
     finally:
         stop_session(spark)
-    return sink, jdbc
+    return runs
 
 
 def run(frame, each_batch: Callable, checkpoint: Path) -> dict[str, float]:  # type: ignore[no-untyped-def]
@@ -151,7 +213,7 @@ def run(frame, each_batch: Callable, checkpoint: Path) -> dict[str, float]:  # t
     total = time.perf_counter() - start
     batches = [p for p in query.recentProgress if p["numInputRows"] > 0]
     rows = [b["numInputRows"] for b in batches]
-    result = figures(rows, [b["durationMs"]["triggerExecution"] / 1000 for b in batches], 0)
+    result = figures(rows, [b["durationMs"]["triggerExecution"] / 1000 for b in batches])
     result["whole_run_per_s"] = sum(rows) / total
     return result
 
@@ -198,43 +260,81 @@ def main() -> int:
             records = ((r["event_id"].encode(), json.dumps(r).encode()) for r in rows.to_pylist())
             produce(bootstrap, topic, records, args.partitions)
             base = psycopg_alone(url, rows, per_batch)
-            sink, jdbc = spark_runs(url, bootstrap, topic, work / "spark", per_batch, jar, extra)
+            write_parquet(rows, topic, args.partitions, per_batch, work / "parquet")
+            runs = spark_runs(
+                url,
+                bootstrap,
+                topic,
+                work / "spark",
+                per_batch,
+                jar,
+                extra,
+                work / "parquet",
+                args.partitions,
+            )
 
+    def steady(name: str) -> float | None:
+        run = runs[name]
+        return None if run is None else run["steady_per_s"]
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else round(a / b, 3)
+
+    limit = base["steady_per_s"]
     result: dict[str, object] = {
         "events": args.events,
         "event_bytes": args.size,
         "batches": args.batches,
-        "psycopg_steady_per_s": round(base["steady_per_s"]),
+        "psycopg_steady_per_s": round(limit),
         "psycopg_whole_run_per_s": round(base["whole_run_per_s"]),
-        "sink_steady_per_s": round(sink["steady_per_s"]),
-        "sink_whole_run_per_s": round(sink["whole_run_per_s"]),
-        "sink_rows_written": sink["written"],
-        "ratio_sink_vs_psycopg": round(sink["steady_per_s"] / base["steady_per_s"], 3),
+        **{f"{name}_steady_per_s": _round(steady(name)) for name in runs},
+        "sink_whole_run_per_s": round(runs["sink"]["whole_run_per_s"]),  # type: ignore[index]
+        "ratio_sink_vs_psycopg": ratio(steady("sink"), limit),
         "target_vs_psycopg": 0.6,
-        "jdbc_steady_per_s": round(jdbc["steady_per_s"]) if jdbc else None,
-        "jdbc_whole_run_per_s": round(jdbc["whole_run_per_s"]) if jdbc else None,
-        "ratio_sink_vs_jdbc": round(sink["steady_per_s"] / jdbc["steady_per_s"], 3) if jdbc else None,
+        "ratio_source_alone_vs_psycopg": ratio(steady("source"), limit),
+        "ratio_sink_memory_vs_psycopg": ratio(steady("sink_memory"), limit),
+        "ratio_sink_vs_jdbc": ratio(steady("sink"), steady("jdbc")),
+        "ratio_sink_memory_vs_jdbc_memory": ratio(steady("sink_memory"), steady("jdbc_memory")),
         "target_vs_jdbc": 3.0,
+        "ratio_psycopg_vs_jdbc_memory": ratio(limit, steady("jdbc_memory")),
         "jdbc_skipped": no_jdbc or None,
     }
-    print(f"psycopg COPY + upsert, steady : {result['psycopg_steady_per_s']:>10,} events/s (the limit)")
-    print(f"PostgresSink, steady          : {result['sink_steady_per_s']:>10,} events/s")
-    print(f"PostgresSink, whole run       : {result['sink_whole_run_per_s']:>10,} events/s")
-    if jdbc:
-        print(f"Spark JDBC append, steady     : {result['jdbc_steady_per_s']:>10,} events/s")
-    else:
-        print(f"Spark JDBC append             : skipped: {no_jdbc}")
-    print(f"ratio sink / psycopg          : {result['ratio_sink_vs_psycopg']:>10} (target >= 0.6)")
-    if jdbc:
-        print(f"ratio sink / jdbc             : {result['ratio_sink_vs_jdbc']:>10} (target >= 3)")
-    ok = sink["written"] == args.events and (jdbc is None or jdbc["written"] == args.events)
-    if not ok:
-        print(
-            f"ERROR: rows written: sink {sink['written']}, jdbc {jdbc and jdbc['written']}", file=sys.stderr
-        )
+    lines = [
+        ("psycopg COPY + upsert (the limit)", limit),
+        ("from Kafka: PostgresSink", steady("sink")),
+        ("from Kafka: JDBC append", steady("jdbc")),
+        ("from Kafka: source alone, no writes", steady("source")),
+        ("from Parquet: PostgresSink", steady("sink_memory")),
+        ("from Parquet: JDBC append", steady("jdbc_memory")),
+    ]
+    for label, value in lines:
+        shown = f"{value:>10,.0f} events/s" if value is not None else f"skipped: {no_jdbc}"
+        print(f"{label:<38}: {shown}")
+    ratios = [
+        ("sink / psycopg", "ratio_sink_vs_psycopg", "target >= 0.6"),
+        ("source alone / psycopg", "ratio_source_alone_vs_psycopg", "bounds the one above"),
+        ("sink from Parquet / psycopg", "ratio_sink_memory_vs_psycopg", "the sink's own path"),
+        ("sink / jdbc", "ratio_sink_vs_jdbc", "target >= 3"),
+        ("from Parquet, sink / jdbc", "ratio_sink_memory_vs_jdbc_memory", ""),
+        ("psycopg / jdbc from Parquet", "ratio_psycopg_vs_jdbc_memory", "bounds the two above"),
+    ]
+    for label, key, note in ratios:
+        if result[key] is not None:
+            print(f"{'ratio ' + label:<38}: {result[key]:>10} {f'({note})' if note else ''}")
+    wrong = {
+        name: run["written"]
+        for name, run in runs.items()
+        if run is not None and "written" in run and run["written"] != args.events
+    }
+    if wrong:
+        print(f"ERROR: rows written, expected {args.events}: {wrong}", file=sys.stderr)
     if args.json:
         print(json.dumps(result))
-    return 0 if ok else 1
+    return 1 if wrong else 0
+
+
+def _round(value: float | None) -> int | None:
+    return None if value is None else round(value)
 
 
 if __name__ == "__main__":

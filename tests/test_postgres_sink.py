@@ -406,3 +406,19 @@ def test_one_running_query_per_sink(spark, db, pg) -> None:  # type: ignore[no-u
     second(batch, 0)  # once the first is done: a replay, nothing changes
     assert table(pg) == {i: (1, None, None)} and ledger(pg) == {0: 1}
     assert second.last is not None and second.last.replayed == 1
+
+
+def test_a_stage_that_lost_rows_applies_nothing(spark, db, pg) -> None:  # type: ignore[no-untyped-def]
+    ids = [str(uuid.uuid4()) for _ in range(3)]
+    batch = spark.createDataFrame(
+        [(i, n, None, b"{}", "t", 0, n) for n, i in enumerate(ids)], f"event_id string, n long, {KAFKA}"
+    )
+    writer = PostgresSink("orders", url=db.raw).writer(batch)
+    staged = writer.stage(batch, 0)
+    # What a crash of PostgreSQL does to the unlogged stage table: its rows are gone.
+    pg.execute(sql.SQL("DELETE FROM {} WHERE _offset = 1").format(writer.statements.names.stage))
+    with pytest.raises(SinkError, match="holds 2 of 3 staged rows"):
+        writer.apply(staged)
+    assert table(pg) == {} and ledger(pg) == {}
+    writer(batch, 0)  # the replay Spark makes of the failed batch
+    assert set(table(pg)) == set(ids) and ledger(pg) == {0: 3}

@@ -51,23 +51,22 @@ def apply_batch(
     with conn.transaction():
         # Enough memory to collapse duplicates in one in-memory sort, not in temp files.
         conn.execute("SET LOCAL work_mem = '256MB'")
-        present = conn.execute(st.count_staged(), params).fetchone()[0]  # type: ignore[index]
-        if present != staged:
-            raise SinkError(
-                f"sink {st.spec.name}: the stage table holds {present} of {staged} staged rows (was"
-                " PostgreSQL restarted?); nothing was applied, the batch replays when the query restarts"
-            )
         if fail and (bad := conn.execute(st.first_error(), params).fetchone()):
             raise SinkError(f"sink {st.spec.name}: cannot write {bad[0]}[{bad[1]}]@{bad[2]}: {bad[3]}")
         try:
             with conn.transaction():
-                fresh, upserted, deleted, dead = conn.execute(st.apply(), params).fetchone()  # type: ignore[misc]
+                present, fresh, upserted, deleted, dead = conn.execute(st.apply(), params).fetchone()  # type: ignore[misc]
         except ROW_ERRORS as exc:
             if fail:
                 raise SinkError(f"sink {st.spec.name}: the table refused a row: {reason(exc)}") from None
             upserted, deleted, refused = _apply_in_halves(conn, st, params)
-            fresh, dead = conn.execute(st.finish(), params).fetchone()  # type: ignore[misc]
+            present, fresh, dead = conn.execute(st.finish(), params).fetchone()  # type: ignore[misc]
             dead += refused
+        if present != staged:  # raising here rolls the whole batch back
+            raise SinkError(
+                f"sink {st.spec.name}: the stage table holds {present} of {staged} staged rows (was"
+                " PostgreSQL restarted?); nothing was applied, the batch replays when the query restarts"
+            )
         conn.execute(st.drop_stage())
     return BatchResult(batch_id, staged, fresh, upserted, deleted, dead)
 

@@ -51,6 +51,16 @@ def _list(items: list[sql.Composable]) -> sql.Composed:
     return sql.SQL(", ").join(items)
 
 
+def _count(cte: str) -> sql.Composable:
+    return sql.SQL("(SELECT count(*) FROM {})").format(sql.Identifier(cte))
+
+
+_STAGED_COUNTS = [
+    sql.SQL("(SELECT coalesce(sum({}), 0)::bigint FROM staged)").format(sql.Identifier(c))
+    for c in ("present", "fresh")
+]
+
+
 class Statements:
     """Every statement of one sink, from its spec and plan."""
 
@@ -96,9 +106,6 @@ class Statements:
             "COPY {} (_topic, _partition, _offset, _delete, _error, _raw_key, _raw_value) FROM STDIN"
         ).format(self.names.stage)
 
-    def count_staged(self) -> Query:
-        return sql.SQL("SELECT count(*) FROM {} WHERE _attempt = ANY(%(attempts)s)").format(self.names.stage)
-
     def first_error(self) -> Query:
         return sql.SQL(
             "SELECT _topic, _partition, _offset, _error FROM {} WHERE _error IS NOT NULL"
@@ -108,21 +115,21 @@ class Statements:
     # -- applying ----------------------------------------------------------------------------------------
 
     def apply(self) -> Query:
-        """The whole batch in one statement: (fresh, upserted, deleted, dead) counts."""
-        ctes = [self._fresh(), self._latest(), *self._changes(), *self._finish()]
-        return self._with(ctes, ["fresh", "upserted", "deleted", "dead"])
+        """The whole batch in one statement: (present, fresh, upserted, deleted, dead) counts."""
+        ctes = [self._staged(), self._fresh(), self._latest(), *self._changes(), *self._finish()]
+        return self._with(ctes, [*_STAGED_COUNTS, *map(_count, ["upserted", "deleted", "dead"])])
 
     def materialize_latest(self) -> Query:
         """The fallback's first step: the rows to apply, numbered, in a temp table."""
         return sql.SQL(
-            "CREATE TEMP TABLE sink_latest ON COMMIT DROP AS WITH {}, {} SELECT row_number() OVER () AS _n, *"
+            "CREATE TEMP TABLE sink_latest ON COMMIT DROP AS WITH {} SELECT row_number() OVER () AS _n, *"
             " FROM latest"
-        ).format(self._fresh(), self._latest())
+        ).format(_list([self._staged(), self._fresh(), self._latest()]))
 
     def apply_range(self) -> Query:
         """Rows _n in [lo, hi] of the temp table: (upserted, deleted) counts."""
         latest = sql.SQL("latest AS (SELECT * FROM sink_latest WHERE _n BETWEEN %(lo)s AND %(hi)s)")
-        return self._with([latest, *self._changes()], ["upserted", "deleted"])
+        return self._with([latest, *self._changes()], [_count("upserted"), _count("deleted")])
 
     def dead_letter_row(self) -> Query:
         """A row the table refused: its key as text and the row as JSON (the raw record stays in Kafka)."""
@@ -141,19 +148,38 @@ class Statements:
         ).format(dead=self.names.dead, keys=_list(self.keys), pairs=pairs)
 
     def finish(self) -> Query:
-        """The fallback's last step: dead letters from staging and the ledger: (fresh, dead) counts."""
-        return self._with([self._fresh(), *self._finish()], ["fresh", "dead"])
+        """The fallback's last step: dead letters from staging and the ledger: (present, fresh, dead)."""
+        ctes = [self._staged(), self._fresh(), *self._finish()]
+        return self._with(ctes, [*_STAGED_COUNTS, _count("dead")])
 
-    def _with(self, ctes: list[sql.Composable], counts: list[str]) -> Query:
-        selects = _list([sql.SQL("(SELECT count(*) FROM {})").format(sql.Identifier(c)) for c in counts])
-        return sql.SQL("WITH {} SELECT {}").format(_list(ctes), selects)
+    def _with(self, ctes: list[sql.Composable], selects: list[sql.Composable]) -> Query:
+        return sql.SQL("WITH {} SELECT {}").format(_list(ctes), _list(selects))
+
+    def _staged(self) -> sql.Composable:
+        """Per topic-partition: rows staged, of those not yet applied, where the ledger and the batch end.
+
+        Counting comes with the scan that moves the ledger, so checking that the
+        stage is whole costs no scan of its own.
+        """
+        return sql.SQL(
+            "staged AS (SELECT s._topic, s._partition, count(*) AS present,"
+            " count(*) FILTER (WHERE s._offset >= coalesce(p.next_offset, 0)) AS fresh,"
+            " coalesce(max(p.next_offset), 0) AS applied, max(s._offset) + 1 AS next_offset"
+            " FROM {stage} AS s LEFT JOIN {progress} AS p ON p.sink = %(sink)s"
+            " AND p.topic = s._topic AND p.kafka_partition = s._partition"
+            " WHERE s._attempt = ANY(%(attempts)s) GROUP BY s._topic, s._partition)"
+        ).format(stage=self.names.stage, progress=self.names.progress)
 
     def _fresh(self) -> sql.Composable:
+        # Not materialized: its readers (latest, dead) each filter their own scan of
+        # the stage, instead of every row being copied into a tuplestore first. The
+        # ledger comes through `staged`, one row per partition: the stage table has
+        # no statistics, and joined to the ledger directly it got a nested loop.
         return sql.SQL(
-            "fresh AS (SELECT s.* FROM {stage} AS s LEFT JOIN {progress} AS p ON p.sink = %(sink)s"
-            " AND p.topic = s._topic AND p.kafka_partition = s._partition"
-            " WHERE s._attempt = ANY(%(attempts)s) AND s._offset >= coalesce(p.next_offset, 0))"
-        ).format(stage=self.names.stage, progress=self.names.progress)
+            "fresh AS NOT MATERIALIZED (SELECT s.* FROM {stage} AS s JOIN staged AS g"
+            " ON g._topic = s._topic AND g._partition = s._partition"
+            " WHERE s._attempt = ANY(%(attempts)s) AND s._offset >= g.applied)"
+        ).format(stage=self.names.stage)
 
     def _latest(self) -> sql.Composable:
         # upsert: the highest version, then the latest position wins; insert: the first position wins.
@@ -179,10 +205,12 @@ class Statements:
             newer = sql.SQL(" AND (l.{s} IS NULL OR t.{t} IS NULL OR t.{t} <= l.{s})").format(
                 s=staged_v, t=target_v
             )
+        # Only the outbox reads the written rows; the counts need none of their columns.
+        returning = sql.SQL("t.*" if self.spec.outbox else "1")
         deleted = sql.SQL(
             "deleted AS (DELETE FROM {target} AS t USING latest AS l"
-            " WHERE l._delete AND {match}{newer} RETURNING t.*)"
-        ).format(target=n.target, match=match, newer=newer)
+            " WHERE l._delete AND {match}{newer} RETURNING {returning})"
+        ).format(target=n.target, match=match, newer=newer, returning=returning)
 
         changed = [c for c in self.columns if c not in self.spec.key]
         if self.spec.mode == "insert" or not changed:
@@ -211,13 +239,14 @@ class Statements:
             conflict = sql.SQL("DO UPDATE SET {} WHERE {}").format(_list(updates), guard)
         upserted = sql.SQL(
             "upserted AS (INSERT INTO {target} AS t ({columns}) SELECT {staged} FROM latest WHERE NOT _delete"
-            " ON CONFLICT ({keys}) {conflict} RETURNING t.*)"
+            " ON CONFLICT ({keys}) {conflict} RETURNING {returning})"
         ).format(
             target=n.target,
             columns=_list(self.targets),
             staged=_list(self.staged),
             keys=_list(self.target_keys),
             conflict=conflict,
+            returning=returning,
         )
         return [deleted, upserted, *([self._outbox()] if self.spec.outbox else [])]
 
@@ -264,10 +293,9 @@ class Statements:
         ).format(dead=n.dead)
         progress = sql.SQL(
             "progress AS (INSERT INTO {progress} AS p (sink, topic, kafka_partition, next_offset)"
-            " SELECT %(sink)s, _topic, _partition, max(_offset) + 1 FROM {stage}"
-            " WHERE _attempt = ANY(%(attempts)s) GROUP BY _topic, _partition"
+            " SELECT %(sink)s, _topic, _partition, next_offset FROM staged"
             " ON CONFLICT (sink, topic, kafka_partition) DO UPDATE"
             " SET next_offset = GREATEST(p.next_offset, EXCLUDED.next_offset), updated_at = now()"
             " RETURNING 1)"
-        ).format(progress=n.progress, stage=n.stage)
+        ).format(progress=n.progress)
         return [dead, progress]
