@@ -47,6 +47,7 @@ from outbox.dev.stack import running
 JDBC_JARS = ("/usr/share/java/postgresql.jar",)
 SCHEMA = "event_id string, n long, amount decimal(12,2), note string"
 TABLE = "CREATE TABLE {} (event_id uuid PRIMARY KEY, n bigint, amount numeric(12,2), note text)"
+WRITERS = ("sink", "sink_memory", "jdbc", "jdbc_memory")  # the Spark runs that write, each to bench_<name>
 
 
 def events(count: int, size: int) -> pa.Table:
@@ -161,8 +162,8 @@ def spark_runs(
             batch.write.format("noop").mode("append").save()
 
         with psycopg.connect(url.libpq, autocommit=True) as conn:
-            for table in ("bench_sink", "bench_jdbc", "bench_sink_memory", "bench_jdbc_memory"):
-                conn.execute(TABLE.format(table))
+            for name in WRITERS:
+                conn.execute(TABLE.format(f"bench_{name}"))
         runs: dict[str, dict[str, float] | None] = {}
         runs["source"] = run(kafka(), noop, work / "chk-source")
         events = kafka()
@@ -188,14 +189,9 @@ def spark_runs(
 
             runs["jdbc"] = run(kafka(), append("bench_jdbc"), work / "chk-jdbc")
             runs["jdbc_memory"] = run(memory(), append("bench_jdbc_memory"), work / "chk-jdbc-memory")
-        for name, table in (
-            ("sink", "bench_sink"),
-            ("sink_memory", "bench_sink_memory"),
-            ("jdbc", "bench_jdbc"),
-            ("jdbc_memory", "bench_jdbc_memory"),
-        ):
+        for name in WRITERS:
             if runs[name] is not None:
-                runs[name]["written"] = count(url, table)  # type: ignore[index]
+                runs[name]["written"] = count(url, f"bench_{name}")  # type: ignore[index]
     finally:
         stop_session(spark)
     return runs
