@@ -9,9 +9,6 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from outbox.probe import quiet_kafka_config
 
-# The embedded broker answers a fetch with the whole log from the fetch offset.
-EMBEDDED_BROKER_FETCH = {"receive.message.max.bytes": "1000000000"}
-
 
 def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes, bytes]], partitions: int) -> None:
     """Create `topic` and write `records` round-robin over its partitions (idempotent producer)."""

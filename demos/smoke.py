@@ -29,8 +29,8 @@ from outbox import migrate
 from outbox.config import DatabaseUrl, parse_bootstrap
 from outbox.dev.stack import running
 from outbox.errors import OutboxError
+from outbox.jvm.java import find_java
 from outbox.probe import check_kafka, quiet_kafka_config
-from sinks.java import find_java
 from sinks.postgres import BatchResult, PostgresSink, parse_json
 
 TOPIC = "demo.orders"

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from sinks.java import find_java
+from outbox.jvm import maven
+from outbox.jvm.java import find_java
 
 
 def local_session(
@@ -24,7 +25,9 @@ def local_session(
     app_name: str = "outbox",
     master: str = "local[2]",
     conf: Mapping[str, str] | None = None,
+    jars: Sequence[Path] = (),
 ) -> SparkSession:
+    """jars: local jar files for the session (Spark's `--packages` may not reach Maven here)."""
     java = find_java()
     os.environ.setdefault("JAVA_HOME", str(java.path.resolve().parent.parent))
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -55,12 +58,22 @@ def local_session(
         "spark.sql.shuffle.partitions": "2",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.python.worker.reuse": "true",
+        **({"spark.jars": ",".join(str(j) for j in jars)} if jars else {}),
         **(conf or {}),
     }
     builder = SparkSession.builder
     for key, value in settings.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def kafka_connector_jars() -> list[Path]:
+    """Spark's own Kafka source (`format("kafka")`) and what it needs beyond pyspark's jars."""
+    return maven.jars(
+        "spark-kafka",
+        what="Spark's Kafka connector jars",
+        instead="or use the kafka_rc source, which needs no jars",
+    )
 
 
 def stop_session(spark: SparkSession, timeout: float = 30.0) -> None:

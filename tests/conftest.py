@@ -15,10 +15,12 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from outbox import migrate
 from outbox.config import DatabaseUrl
 from outbox.dev.stack import running
 from tests import containers
-from tests.helpers import create_topic, unique
+from tests.helpers import Broker, create_topic, unique
+from tests.sink_support import ORDERS
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -65,14 +67,6 @@ def bootstrap(services: dict[str, str]) -> str:
     return services["KAFKA_BOOTSTRAP_SERVERS"]
 
 
-@pytest.fixture(scope="session")
-def embedded_kafka(request: pytest.FixtureRequest, services: dict[str, str]) -> bool:
-    """Whether the broker is the embedded one (for tests of its known gaps)."""
-    return (
-        not os.environ.get("KAFKA_BOOTSTRAP_SERVERS") and request.config.getoption("--services") == "embedded"
-    )
-
-
 @pytest.fixture
 def database(server_url: DatabaseUrl) -> Iterator[DatabaseUrl]:
     """A fresh, empty database for one test, dropped afterwards."""
@@ -92,6 +86,22 @@ def pg(database: DatabaseUrl) -> Iterator[psycopg.Connection]:
 
 
 @pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[Broker]:
+    """A Kafka broker for this test alone, which it may restart or kill."""
+    broker = Broker(tmp_path / "kafka")
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture
+def db(database: DatabaseUrl, pg: psycopg.Connection) -> DatabaseUrl:
+    """A migrated database with the sink tests' `orders` table."""
+    migrate.upgrade(database, "public")
+    pg.execute(ORDERS)
+    return database
+
+
+@pytest.fixture
 def topic(bootstrap: str) -> str:
     return create_topic(bootstrap, unique("topic"), partitions=2)
 
@@ -99,9 +109,12 @@ def topic(bootstrap: str) -> str:
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     from sinks.kafka_source import register
-    from sinks.local_spark import local_session, stop_session
+    from sinks.local_spark import kafka_connector_jars, local_session, stop_session
 
-    session = local_session(tmp_path_factory.mktemp("spark"), app_name="outbox-tests")
+    # Spark's own Kafka source too, for the tests that compare kafka_rc with it.
+    session = local_session(
+        tmp_path_factory.mktemp("spark"), app_name="outbox-tests", jars=kafka_connector_jars()
+    )
     register(session)
     yield session
     stop_session(session)

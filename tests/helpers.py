@@ -15,7 +15,9 @@ from pathlib import Path
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from outbox.dev.process import spawn
+from outbox.dev import kafka
+from outbox.dev.process import free_port, spawn, stop
+from outbox.dev.service import Service
 from outbox.probe import quiet_kafka_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -77,11 +79,7 @@ def produce_transaction(
 
 
 def committed_messages(bootstrap: str, topic: str, partitions: int, timeout: float = 60.0) -> list[Message]:
-    """Every record a read_committed consumer sees from offset 0 up to the LSO, read by a new consumer.
-
-    Always from 0 and never resumed: the embedded broker mis-lists aborted
-    transactions for a read that starts right after an abort marker.
-    """
+    """Every record a fresh read_committed consumer sees from offset 0 up to the LSO."""
     consumer = Consumer(
         quiet_kafka_config(
             {
@@ -168,3 +166,23 @@ class Job:
             time.sleep(0.1)
         self.kill9()
         raise AssertionError(f"no {text!r} in job output after {timeout}s:\n{self.output()}")
+
+
+class Broker:
+    """An Apache Kafka broker of one test's own, so the test can restart it or kill it -9."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.service: Service = kafka.start(root, free_port(), die_with_parent=True)
+
+    @property
+    def bootstrap(self) -> str:
+        return self.service.env["KAFKA_BOOTSTRAP_SERVERS"]
+
+    def restart(self, sig: int = signal.SIGTERM) -> None:
+        """Stop it (SIGTERM: a controlled shutdown; SIGKILL: a crash) and start it on the same log."""
+        stop(self.service.pid, sig, timeout=60)
+        self.service = kafka.start(self.root, self.service.port, die_with_parent=True)
+
+    def stop(self) -> None:
+        stop(self.service.pid, signal.SIGKILL)

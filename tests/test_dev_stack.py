@@ -68,7 +68,7 @@ def test_up_recovers_from_a_killed_run(tmp_path: Path) -> None:
         with psycopg.connect(fresh["DATABASE_URL"]) as conn:
             assert conn.execute("select 1").fetchone() == (1,)
         assert check_kafka(fresh["KAFKA_BOOTSTRAP_SERVERS"]) == 1
-        assert len([p for p in our_processes(root) if cmdline_contains(p, "noida")]) == 1
+        assert len([p for p in our_processes(root) if cmdline_contains(p, "kafka.Kafka")]) == 1
     finally:
         outbox("dev", "down", "--dir", str(root))
     assert our_processes(root) == []

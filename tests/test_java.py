@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from outbox.errors import ConfigError
-from sinks.java import find_java, parse_major
+from outbox.jvm.java import find_java, parse_major
 
 
 @pytest.mark.parametrize(

@@ -254,38 +254,23 @@ def test_a_deleted_topic_stops_the_query_with_a_clear_error(
         query.stop()
 
 
-def test_embedded_broker_gap_aborted_txn_list(bootstrap: str, embedded_kafka: bool) -> None:
-    """Documents a gap of the embedded broker (noida-db 0.2.3), not of the source.
+@pytest.mark.parametrize("start", [7, 8])
+def test_a_read_starting_at_or_after_an_abort_marker_keeps_later_commits(
+    spark: SparkSession, bootstrap: str, start: int
+) -> None:
+    """A range that begins right after an aborted transaction still gets the same producer's later commits.
 
-    Its Fetch responses list aborted transactions that ended before the fetch
-    offset, so librdkafka drops later committed records of the same producer
-    when a read starts right after an abort marker. Real Kafka does not.
+    librdkafka filters aborted records by the broker's aborted-transaction list;
+    a list that named transactions ended before the fetch offset would drop
+    these (the emulated broker used before did, silently).
     """
-    name = create_topic(bootstrap, unique("gap"), partitions=1)
+    name = create_topic(bootstrap, unique("abort"), partitions=1)
     producer = transactional_producer(bootstrap)
     produce_transaction(producer, name, records(3, "c"))  # 0-2, marker 3
     produce_transaction(producer, name, records(3, "a"), commit=False)  # 4-6, marker 7
     produce_transaction(producer, name, records(2, "late"))  # 8-9, marker 10
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": unique("g"),
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-        }
-    )
-    consumer.assign([TopicPartition(name, 0, 8)])
-    got: list[int] = []
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and len(got) < 2:
-        got += [m.offset() for m in consumer.consume(10, 0.2) if m.error() is None]
-    consumer.close()
-    if embedded_kafka:
-        assert got == [], "the embedded broker's gap is gone: drop this test and its README note"
-    else:
-        assert got == [8, 9]
+    rows = batch_read(spark, bootstrap, name, startingOffsets=json.dumps({name: {"0": start}}))
+    assert sorted((r.offset, r.value) for r in rows) == [(8, b"late-0"), (9, b"late-1")]
 
 
 def wait_for(condition, what: str, timeout: float = 120) -> None:  # type: ignore[no-untyped-def]
@@ -295,3 +280,42 @@ def wait_for(condition, what: str, timeout: float = 120) -> None:  # type: ignor
             return
         time.sleep(0.3)
     pytest.fail(f"timed out waiting for {what}")
+
+
+HUNG_PRODUCER = """
+import sys, time
+from confluent_kafka import Producer
+producer = Producer({"bootstrap.servers": sys.argv[1], "transactional.id": sys.argv[3],
+                     "transaction.timeout.ms": 3000})
+producer.init_transactions(30)
+producer.begin_transaction()
+for i in range(5):
+    producer.produce(sys.argv[2], key=b"k", value=b"hung-%d" % i)
+producer.flush(30)
+print("open", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_producer_killed_mid_transaction_is_aborted_and_readers_move_past(
+    spark: SparkSession, bootstrap: str, tmp_path: Path, checkpoint: Path
+) -> None:
+    """Killed with its transaction open and never re-initialised: the broker aborts it at its timeout.
+
+    Until then the Last Stable Offset stays at the open transaction, so readers
+    wait; once it is aborted they go on, and its records never show.
+    """
+    name = create_topic(bootstrap, unique("hung"), partitions=1)
+    producer = transactional_producer(bootstrap)
+    produce_transaction(producer, name, records(3, "before"))
+    hung = Job(["-c", HUNG_PRODUCER, bootstrap, name, unique("hung-tx")], tmp_path / "hung.log", {})
+    hung.wait_for_output("open", 60)
+    hung.kill9()
+    produce_transaction(producer, name, records(3, "after"))  # behind the open transaction
+    query, sink = stream_to_memory(spark, bootstrap, name, checkpoint, available_now=False)
+    try:
+        wait_for(lambda: spark.sql(f"select count(*) c from {sink}").first().c >= 6, "the later commits")
+        values = sorted(r.value for r in spark.sql(f"select value from {sink}").collect())
+    finally:
+        query.stop()
+    assert values == sorted(v for _, v in records(3, "before") + records(3, "after"))

@@ -6,79 +6,16 @@ import json
 import re
 import uuid
 from decimal import Decimal
-from pathlib import Path
-from typing import Any
 
-import psycopg
 import pytest
 from psycopg import sql
-from pyspark.sql.types import StructType
 
 from outbox import migrate
-from outbox.config import DatabaseUrl
 from outbox.errors import ConfigError
 from sinks.postgres import Outbox, PostgresSink, parse_json
 from sinks.postgres.apply import SinkError
-from tests.helpers import produce_transaction, read_committed, transactional_producer
-
-SCHEMA = "event_id string, n long, amount decimal(12,2), version int"
-ORDERS = (
-    "CREATE TABLE orders (event_id uuid PRIMARY KEY, n bigint NOT NULL, amount numeric(12,2), version int)"
-)
-
-
-@pytest.fixture
-def db(database: DatabaseUrl, pg: psycopg.Connection) -> DatabaseUrl:
-    migrate.upgrade(database, "public")
-    pg.execute(ORDERS)
-    return database
-
-
-def event(event_id: str, n: int, amount: str = "1.00", version: int | None = None) -> tuple[bytes, bytes]:
-    body: dict[str, Any] = {"event_id": event_id, "n": n, "amount": amount}
-    if version is not None:
-        body["version"] = version
-    return event_id.encode(), json.dumps(body).encode()
-
-
-def run(  # type: ignore[no-untyped-def]
-    spark,
-    bootstrap: str,
-    topic: str,
-    checkpoint: Path,
-    sink: PostgresSink,
-    schema: str | StructType = SCHEMA,
-    **options: str,
-) -> PostgresSink:
-    """One availableNow run of the sink from the topic's start; `sink.last` tells what its last batch did."""
-    reader = (
-        spark.readStream.format("kafka_rc")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-    )
-    frame = parse_json(reader.options(**options).load(), schema, key_column="event_id")
-    sink.start(frame, str(checkpoint), trigger={"availableNow": True}).awaitTermination()
-    return sink
-
-
-def table(pg: psycopg.Connection, name: str = "orders") -> dict[str, tuple]:
-    rows = pg.execute(
-        sql.SQL("SELECT event_id::text, n, amount, version FROM {}").format(sql.Identifier(name))
-    )
-    return {r[0]: r[1:] for r in rows}
-
-
-def ledger(pg: psycopg.Connection) -> dict[int, int]:
-    return dict(pg.execute("SELECT kafka_partition, next_offset FROM sink_progress").fetchall())
-
-
-def log_ends(bootstrap: str, topic: str) -> dict[int, int]:
-    """Per partition, one past the last committed record: where the ledger must stand."""
-    ends: dict[int, int] = {}
-    for partition, offset, _, _ in read_committed(bootstrap, topic, 2):
-        ends[partition] = max(ends.get(partition, 0), offset + 1)
-    return ends
+from tests.helpers import produce_transaction, transactional_producer
+from tests.sink_support import SCHEMA, event, ledger, log_ends, run, table
 
 
 def test_duplicates_within_and_across_batches_apply_once(spark, bootstrap, topic, db, pg, checkpoint) -> None:  # type: ignore[no-untyped-def]

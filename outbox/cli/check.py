@@ -45,7 +45,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         return f"Kafka at {servers} ({check_kafka(servers)} broker(s))"
 
     def java() -> str:
-        from sinks.java import find_java
+        from outbox.jvm.java import find_java
 
         found = find_java()
         return f"Java {found.major} at {found.path}"

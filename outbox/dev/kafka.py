@@ -1,67 +1,133 @@
-"""A throwaway Kafka broker: the `noida-db` wheel's Kafka-protocol binary.
+"""A throwaway Apache Kafka broker: one KRaft node (broker and controller) from Kafka's own jars.
 
-It implements idempotent and transactional producers, read_committed and
-consumer groups, but never enforces session or transaction timeouts (see
-README, "Embedded services").
+The jars come from Maven once (`outbox/jvm/poms/kafka.xml`); the broker runs
+as a plain `kafka.Kafka` process with a generated `server.properties` in its
+data directory, so a restart on the same directory keeps its ports, its
+cluster id and every committed record.
 """
 
 from __future__ import annotations
 
-import os
+import base64
 import signal
-import socket
-from importlib.resources import files
+import subprocess
+import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
-from outbox.dev.process import spawn, wait_until
+from outbox.dev.process import free_port, spawn, wait_until
 from outbox.dev.service import Service
 from outbox.errors import ConfigError, ServiceUnavailable
+from outbox.jvm import maven
+from outbox.jvm.java import find_java
 from outbox.probe import check_kafka
 
+INSTEAD = "or set KAFKA_BOOTSTRAP_SERVERS to use your own cluster"
+WHAT = "Apache Kafka's jars"
+HEAP = "512m"
+# A single node: internal topics have one replica and one partition (quick to create).
+SETTINGS = {
+    "process.roles": "broker,controller",
+    "node.id": "1",
+    "controller.listener.names": "CONTROLLER",
+    "inter.broker.listener.name": "PLAINTEXT",
+    "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+    "offsets.topic.replication.factor": "1",
+    "offsets.topic.num.partitions": "1",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    "transaction.state.log.num.partitions": "1",
+    "share.coordinator.state.topic.replication.factor": "1",
+    "share.coordinator.state.topic.min.isr": "1",
+    "group.initial.rebalance.delay.ms": "0",
+    # Abandoned transactions are aborted within a second of their timeout, not ten.
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
+    "num.network.threads": "2",
+    "num.io.threads": "4",
+}
+_LOG4J = """\
+rootLogger.level = info
+rootLogger.appenderRef.file.ref = file
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+logger.request.name = kafka.request.logger
+logger.request.level = warn
+"""
 
-def binary() -> Path:
-    try:
-        path = Path(str(files("noida_db").joinpath("noida-db")))
-    except ModuleNotFoundError:
-        raise ConfigError(
-            "the embedded Kafka broker is not installed: pip install 'outbox-eos[embedded]',"
-            " or set KAFKA_BOOTSTRAP_SERVERS to use your own cluster"
-        ) from None
-    if not os.access(path, os.X_OK):
-        path.chmod(0o755)
-    return path
+
+def server_properties(data_dir: Path, port: int, controller_port: int) -> dict[str, str]:
+    """The broker's settings: PLAINTEXT on port, the controller on controller_port, logs in data_dir."""
+    return {
+        **SETTINGS,
+        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "log.dirs": str(data_dir / "logs"),
+    }
+
+
+def render(properties: Mapping[str, str]) -> str:
+    return "".join(f"{key}={value}\n" for key, value in properties.items())
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    lines = [line.split("=", 1) for line in path.read_text().splitlines() if "=" in line]
+    return {key.strip(): value.strip() for key, value in lines}
+
+
+def cluster_id() -> str:
+    """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding (as Kafka's Uuid)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
 def start(data_dir: Path, port: int, *, die_with_parent: bool) -> Service:
-    """Start the broker on 127.0.0.1:port; wait until it answers metadata requests."""
+    """Start the broker on 127.0.0.1:port; wait until it answers metadata requests.
+
+    A data directory the broker already ran in is started again as it was
+    (same controller port, same log): that is a broker restart.
+    """
+    java = find_java(needed_by="The embedded Kafka broker")
+    classpath = maven.classpath(maven.jars("kafka", what=WHAT, instead=INSTEAD))
     data_dir.mkdir(parents=True, exist_ok=True)
-    log = data_dir / "kafka.log"
-    argv = [
-        str(binary()),
-        "start",
-        "--only",
-        "kafka",
-        "--host",
-        "127.0.0.1",
-        "--kafka-port",
-        str(port),
-        "--data-dir",
-        str(data_dir / "data"),
+    config, log = data_dir / "server.properties", data_dir / "kafka.log"
+    log4j, scratch = data_dir / "log4j2.properties", data_dir / "tmp"
+    scratch.mkdir(exist_ok=True)
+    known = read_properties(config) if config.exists() else {}
+    if not known.get("listeners", "").startswith(f"PLAINTEXT://127.0.0.1:{port},"):
+        config.write_text(render(server_properties(data_dir, port, free_port())))
+        log4j.write_text(_LOG4J.format(log=data_dir / "server.log"))
+    jvm = [
+        str(java.path),
+        f"-Xmx{HEAP}",
+        f"-Xms{HEAP}",
+        "-XX:-UsePerfData",
+        "-Djava.awt.headless=true",
+        # Compression codecs unpack native libraries into the temp dir: keep it ours.
+        f"-Djava.io.tmpdir={scratch}",
+        f"-Dlog4j2.configurationFile={log4j}",
+        "-cp",
+        classpath,
     ]
+    if not (data_dir / "logs" / "meta.properties").exists():  # a restart keeps its storage
+        fmt = [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id(), "-c", str(config)]
+        result = subprocess.run(fmt, capture_output=True, text=True, timeout=120)
+        if result.returncode != 0:
+            lines = (result.stderr + result.stdout).strip().splitlines() or ["no output"]
+            first = next((line for line in lines if "Exception" in line or "rror" in line), lines[0])
+            raise ConfigError(f"formatting Kafka's storage in {data_dir} failed: {first.strip()}")
+    argv = [*jvm, "kafka.Kafka", str(config)]
     proc = spawn(argv, log, die_with_parent=signal.SIGKILL if die_with_parent else None)
+    wait_until(lambda: _answers(port), proc, what="Kafka broker", log=data_dir / "server.log", timeout=120)
     bootstrap = f"127.0.0.1:{port}"
-    wait_until(lambda: _answers(port), proc, what="Kafka broker", log=log)
     return Service("kafka", proc.pid, port, data_dir, log, {"KAFKA_BOOTSTRAP_SERVERS": bootstrap})
 
 
 def _answers(port: int) -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            pass
-    except OSError:
-        return False
-    try:
-        check_kafka(f"127.0.0.1:{port}", timeout=2)
+        check_kafka(f"127.0.0.1:{port}", timeout=1)
     except ServiceUnavailable:
         return False
     return True

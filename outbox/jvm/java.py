@@ -1,7 +1,7 @@
-"""Find a Java runtime Spark can use, or say how to get one.
+"""Find a Java runtime for Spark and the embedded Kafka broker, or say how to get one.
 
 Without this, a missing or old Java surfaces as a gateway error from deep in
-PySpark long after the job started.
+PySpark, or a broker that never answers, long after the job started.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def parse_major(version_output: str) -> int | None:
     return int(match.group(2) or 0) if major == 1 else major
 
 
-def find_java(environ: dict[str, str] | None = None) -> Java:
+def find_java(environ: dict[str, str] | None = None, *, needed_by: str = "Spark") -> Java:
     env = dict(os.environ if environ is None else environ)
     home = env.get("JAVA_HOME")
     candidate = Path(home) / "bin" / "java" if home else None
@@ -47,7 +47,7 @@ def find_java(environ: dict[str, str] | None = None) -> Java:
             raise ConfigError(f"JAVA_HOME={home} has no bin/java: {INSTALL_HINT}")
         candidate = Path(found) if found else None
     if candidate is None:
-        raise ConfigError(f"Spark needs Java {MIN_MAJOR}+, and no `java` was found: {INSTALL_HINT}")
+        raise ConfigError(f"{needed_by} needs Java {MIN_MAJOR}+, and no `java` was found: {INSTALL_HINT}")
     try:
         # -XX:-UsePerfData: no /tmp/hsperfdata_<user> left behind.
         out = subprocess.run(
@@ -58,5 +58,7 @@ def find_java(environ: dict[str, str] | None = None) -> Java:
     major = parse_major(out.stderr + out.stdout)
     if major is None or major < MIN_MAJOR:
         found_version = major if major is not None else "an unknown version"
-        raise ConfigError(f"Spark needs Java {MIN_MAJOR}+, {candidate} is {found_version}: {INSTALL_HINT}")
+        raise ConfigError(
+            f"{needed_by} needs Java {MIN_MAJOR}+, {candidate} is {found_version}: {INSTALL_HINT}"
+        )
     return Java(candidate, major)
