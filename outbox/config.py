@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from urllib.parse import SplitResult, unquote, urlsplit
+from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 from outbox.errors import ConfigError
 
@@ -75,6 +75,15 @@ class DatabaseUrl:
         return unquote(pw) if pw else None
 
     @property
+    def secrets(self) -> set[str]:
+        """Every secret the URL carries, as written and decoded: its password, ?password=, ?sslpassword=."""
+        found = {self._parts.password or "", self.password or ""}
+        for key, value in parse_qsl(self._parts.query, keep_blank_values=True):
+            if key.lower() in SECRET_PARAMETERS:
+                found |= {value, *re.findall(rf"(?i)(?:^|&){key}=([^&]*)", self._parts.query)}
+        return {secret for secret in found if secret}
+
+    @property
     def safe(self) -> str:
         """The URL with its password masked, for messages and logs."""
         return redact_url(self.raw)
@@ -82,9 +91,8 @@ class DatabaseUrl:
     def scrub(self, text: str) -> str:
         """Remove this URL's password from text (e.g. a driver's error message)."""
         text = text.replace(self.raw, self.safe)
-        for secret in {self.password, self._parts.password}:
-            if secret:
-                text = text.replace(secret, "***")
+        for secret in sorted(self.secrets, key=len, reverse=True):
+            text = text.replace(secret, "***")
         return text
 
     def __str__(self) -> str:
@@ -94,9 +102,17 @@ class DatabaseUrl:
         return f"DatabaseUrl({self.safe!r})"
 
 
+# libpq settings whose values are secrets, in a URL's query or a key=value connection string.
+SECRET_PARAMETERS = ("password", "sslpassword")
+_USERINFO_PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@/\s]*@")
+_SECRET_SETTING = re.compile(
+    r"(?i)((?:^|[?&\s])(?:" + "|".join(SECRET_PARAMETERS) + r")\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s]*)"
+)
+
+
 def redact_url(url: str) -> str:
-    """Mask the password in a URL-shaped string, even an invalid one."""
-    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
+    """Mask every secret in a URL or libpq connection string (even an invalid one)."""
+    return _SECRET_SETTING.sub(r"\1***", _USERINFO_PASSWORD.sub(r"\1***@", url))
 
 
 def parse_bootstrap(value: str | None, *, source: str = KAFKA_BOOTSTRAP_SERVERS) -> str:

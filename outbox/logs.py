@@ -7,6 +7,8 @@ import logging
 import sys
 from datetime import UTC, datetime
 
+from outbox.probe import KAFKA_CLIENT_LOG
+
 # Attributes every LogRecord has; anything else came in through `extra=` and is a field.
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
@@ -40,3 +42,7 @@ def configure(fmt: str, level: int) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    # The Kafka client's own log lines only with debug logging (--verbose).
+    logging.getLogger(KAFKA_CLIENT_LOG).setLevel(
+        logging.DEBUG if level <= logging.DEBUG else logging.CRITICAL + 1
+    )

@@ -15,9 +15,12 @@ from confluent_kafka.admin import AdminClient
 from outbox.config import DatabaseUrl
 from outbox.errors import ServiceUnavailable
 
-# librdkafka reports every failed connection attempt on stderr; route it to
-# logging instead, where it stays quiet unless debug logging is on.
-_kafka_log = logging.getLogger("outbox.kafka")
+# librdkafka reports every failed connection attempt, dozens a second; route it
+# to logging, silent unless debug logging asks for it (`outbox.logs.configure`).
+# What matters of it reaches the user in the error of the call that failed.
+KAFKA_CLIENT_LOG = "outbox.kafka"
+_kafka_log = logging.getLogger(KAFKA_CLIENT_LOG)
+_kafka_log.setLevel(logging.CRITICAL + 1)
 
 
 def quiet_kafka_config(config: dict[str, object]) -> dict[str, object]:

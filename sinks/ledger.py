@@ -13,6 +13,7 @@ from psycopg import sql
 
 from outbox.config import DatabaseUrl
 from outbox.errors import ConfigError, ServiceUnavailable
+from outbox.sqltext import bindable
 
 TABLE = "sink_progress"
 
@@ -21,8 +22,10 @@ Positions = dict[tuple[str, int], int]
 
 def read_positions(url: DatabaseUrl, schema: str, sink: str) -> Positions:
     """Next offsets recorded for `sink`, per topic-partition."""
-    query = sql.SQL("SELECT topic, kafka_partition, next_offset FROM {}.{} WHERE sink = %s").format(
-        sql.Identifier(schema), sql.Identifier(TABLE)
+    query = bindable(
+        sql.SQL("SELECT topic, kafka_partition, next_offset FROM {} WHERE sink = %s").format(
+            sql.Identifier(schema, TABLE)
+        )
     )
     try:
         with psycopg.connect(url.libpq, connect_timeout=10) as conn:

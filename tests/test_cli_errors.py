@@ -118,3 +118,38 @@ def test_relay_gives_up_on_an_unreachable_database_without_leaking_the_password(
         in result.err
     )
     assert "hunter2" not in result.err + result.out
+
+
+def test_relay_hides_a_password_given_as_a_query_parameter() -> None:
+    url = "postgresql://app@127.0.0.1:9/db?sslmode=disable&password=hunter2"
+    result = outbox(
+        "relay", "--name", "r", "--url", url, "--bootstrap-servers", "127.0.0.1:9",
+        "--max-retries", "0", "--metrics-address", "off",
+    )  # fmt: skip
+    assert result.code == 2, result
+    assert (
+        "cannot reach PostgreSQL at postgresql://app@127.0.0.1:9/db?sslmode=disable&password=***"
+        in result.err
+    )
+    assert "hunter2" not in result.err + result.out
+
+
+def test_relay_names_an_unreachable_kafka_and_why_once_per_attempt(database) -> None:  # type: ignore[no-untyped-def]
+    from outbox import migrate
+    from outbox.dev.process import free_port
+
+    migrate.upgrade(database, "public")
+    servers = f"127.0.0.1:{free_port()}"
+    result = outbox(
+        "relay", "--name", "r", "--url", database.raw, "--bootstrap-servers", servers,
+        "--max-retries", "1", "--metrics-address", "off", "--log-format", "text",
+    )  # fmt: skip
+    assert result.code == 2, result
+    lines = result.err.strip().splitlines()
+    about_kafka = [line for line in lines[1:] if "Kafka" in line or "rdkafka" in line or servers in line]
+    assert "INFO outbox.relay: starting" in lines[0]
+    # One "session ended, retrying" line, then the final error: each names the servers and the cause.
+    assert len(about_kafka) == 2, result.err
+    for line in about_kafka:
+        assert f"cannot reach Kafka at {servers}" in line and "Connection refused" in line, line
+    assert lines[-1].startswith("outbox: error: giving up after 1 retries: cannot reach Kafka at"), lines[-1]

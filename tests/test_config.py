@@ -1,4 +1,8 @@
+from urllib.parse import quote
+
+import hypothesis.strategies as st
 import pytest
+from hypothesis import given
 
 from outbox.config import DatabaseUrl, parse_bootstrap, redact_url, schema_name
 from outbox.errors import ConfigError
@@ -56,3 +60,28 @@ def test_schema_defaults_to_public_and_follows_env(monkeypatch: pytest.MonkeyPat
     assert schema_name("flag") == "flag"
     with pytest.raises(ConfigError):
         schema_name("x" * 64)
+
+
+secret_text = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs", "Cc", "Zs"), blacklist_characters="&'\\\\/@?#%"),
+    min_size=1,
+    max_size=20,
+).map(lambda s: "Zq9" + s)
+
+
+@given(secret=secret_text, form=st.sampled_from(["userinfo", "query", "sslpassword", "conninfo"]))
+def test_no_secret_survives_masking_in_any_form(secret: str, form: str) -> None:
+    """Wherever a URL or connection string carries a password, masking removes it."""
+    quoted = quote(secret, safe="")
+    text = {
+        "userinfo": f"postgresql://app:{quoted}@db:5432/shop",
+        "query": f"postgresql://app@db:5432/shop?sslmode=disable&password={quoted}",
+        "sslpassword": f"postgresql://app@db:5432/shop?sslpassword={quoted}",
+        "conninfo": f"host=db user=app password={secret} dbname=shop",
+    }[form]
+    assert secret not in redact_url(text) and quoted not in redact_url(text)
+    if form != "conninfo":
+        url = DatabaseUrl.parse(text)
+        message = f"connection to {text} failed: password {secret!r} ({quoted}) refused"
+        for shown in (url.safe, str(url), repr(url), url.scrub(message)):
+            assert secret not in shown and quoted not in shown, shown

@@ -15,7 +15,7 @@ from outbox.errors import ConfigError
 from sinks.postgres import Outbox, PostgresSink, parse_json
 from sinks.postgres.apply import SinkError
 from tests.helpers import produce_transaction, transactional_producer
-from tests.sink_support import SCHEMA, event, ledger, log_ends, run, table
+from tests.sink_support import ORDERS, SCHEMA, event, ledger, log_ends, run, table
 
 
 def test_duplicates_within_and_across_batches_apply_once(spark, bootstrap, topic, db, pg, checkpoint) -> None:  # type: ignore[no-untyped-def]
@@ -153,7 +153,7 @@ def test_poison_records_go_to_dead_letters_and_the_batch_goes_on(
         (0, 6, b"k4"),
     ]
     errors = [e for *_, e in dead]
-    assert "key column 'event_id' is null" in errors[0]
+    assert "the value is not a JSON object of the schema" in errors[0]
     assert "invalid input syntax for type uuid" in errors[1] and "'event_id'" in errors[1]
     assert "positive" in errors[2]
     assert "too long" in errors[3] and "'note'" in errors[3]
@@ -164,11 +164,56 @@ def test_fail_mode_stops_and_commits_nothing(spark, bootstrap, topic, db, pg, ch
     producer = transactional_producer(bootstrap)
     produce_transaction(producer, topic, [event(str(uuid.uuid4()), 1), (b"k", b"{not json")], partition=0)
 
-    with pytest.raises(Exception, match="key column 'event_id' is null"):
+    with pytest.raises(Exception, match="@1: the value is not a JSON object of the schema"):
         run(spark, bootstrap, topic, checkpoint, PostgresSink("orders", url=db.raw, on_error="fail"))
 
     assert table(pg) == {} and ledger(pg) == {}
     assert pg.execute("SELECT count(*) FROM sink_dead_letters").fetchone() == (0,)
+    assert stage_tables(pg) == 0, "a failed batch left its stage table behind"
+
+
+def stage_tables(pg) -> int:  # type: ignore[no-untyped-def]
+    return pg.execute("SELECT count(*) FROM pg_class WHERE relname LIKE 'sink_stage_%'").fetchone()[0]
+
+
+@pytest.mark.parametrize(
+    ("schema", "name", "column", "ledger_schema"),
+    [
+        ("public", "50% off", "note", "public"),
+        ("public", "orders", "note %s", "public"),
+        ("sales %(x)s", "t%%", "n%", "led%s ger"),
+    ],
+)
+def test_percent_signs_in_names_are_names(spark, database, pg, schema, name, column, ledger_schema) -> None:  # type: ignore[no-untyped-def]
+    """psycopg reads % as a placeholder in statements with parameters; names with % must work anyway."""
+    for s in {schema, ledger_schema} - {"public"}:
+        pg.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(s)))
+    pg.execute(
+        sql.SQL("CREATE TABLE {} (event_id uuid PRIMARY KEY, {} text)").format(
+            sql.Identifier(schema, name), sql.Identifier(column)
+        )
+    )
+    migrate.upgrade(database, ledger_schema)
+    ids = [str(uuid.uuid4()) for _ in range(3)]
+    rows = [(i, f"{n}% more", None, b"{}", "t", 0, n) for n, i in enumerate(ids)]
+    batch = spark.createDataFrame(rows, f"event_id string, `{column}` string, {KAFKA}")
+    box = Outbox(topic="100%", key="written.event_id::text || '%'")
+    sink = PostgresSink(name, url=database.raw, schema=schema, ledger_schema=ledger_schema, outbox=box)
+    sink.writer(batch)(batch, 0)
+
+    got = pg.execute(
+        sql.SQL("SELECT event_id::text, {} FROM {}").format(
+            sql.Identifier(column), sql.Identifier(schema, name)
+        )
+    ).fetchall()
+    assert sorted(got) == sorted((i, f"{n}% more") for n, i in enumerate(ids))
+    keys = pg.execute(
+        sql.SQL("SELECT convert_from(key, 'UTF8'), topic FROM {}").format(
+            sql.Identifier(ledger_schema, "outbox_events")
+        )
+    ).fetchall()
+    assert sorted(keys) == sorted((f"{i}%", "100%") for i in ids)
+    assert stage_tables(pg) == 0
 
 
 def test_hostile_identifiers_are_quoted(spark, bootstrap, topic, database, pg, checkpoint) -> None:  # type: ignore[no-untyped-def]
@@ -359,3 +404,55 @@ def test_a_stage_that_lost_rows_applies_nothing(spark, db, pg) -> None:  # type:
     assert table(pg) == {} and ledger(pg) == {}
     writer(batch, 0)  # the replay Spark makes of the failed batch
     assert set(table(pg)) == set(ids) and ledger(pg) == {0: 3}
+
+
+def test_a_field_that_does_not_read_as_its_type_is_a_dead_letter_never_null(spark, db, pg) -> None:  # type: ignore[no-untyped-def]
+    """The README's own schema: a decimal "not-a-number" or a version "seven" used to become NULL."""
+    good, bad_amount, bad_version, tombstone = (str(uuid.uuid4()) for _ in range(4))
+    records = [
+        (good, {"event_id": good, "n": 1, "amount": "2.50", "version": 3}),
+        (bad_amount, {"event_id": bad_amount, "n": 2, "amount": "not-a-number"}),
+        (bad_version, {"event_id": bad_version, "n": 3, "version": "seven"}),
+        (tombstone, None),  # a delete: a null value is no parse error
+        ("no-key", {"n": 5}),  # parses, but names no key
+    ]
+    rows = [
+        (k.encode(), None if v is None else json.dumps(v).encode(), "t", 0, offset)
+        for offset, (k, v) in enumerate(records)
+    ]
+    events = parse_json(spark.createDataFrame(rows, KAFKA), SCHEMA, key_column="event_id")
+    PostgresSink("orders", url=db.raw, version="version").writer(events)(events, 0)
+
+    assert table(pg) == {good: (1, Decimal("2.50"), 3)}
+    dead = dict(pg.execute("SELECT kafka_offset, error FROM sink_dead_letters").fetchall())
+    assert set(dead) == {1, 2, 4}
+    assert "field 'amount': not-a-number is not a valid decimal(12,2)" in dead[1]
+    assert "field 'version': seven is not a valid int" in dead[2]
+    assert "key column 'event_id' is null" in dead[4]
+    assert ledger(pg) == {0: 5}
+
+
+def test_the_result_does_not_depend_on_where_batches_split(spark, bootstrap, topic, db, pg, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue reproductions: E v1, tombstone, E v2 ends at v2; a refused v2 keeps the valid v1."""
+    pg.execute("ALTER TABLE orders ADD CONSTRAINT positive CHECK (amount >= 0)")
+    pg.execute(ORDERS.replace("orders", "orders_split"))
+    pg.execute("ALTER TABLE orders_split ADD CONSTRAINT positive_split CHECK (amount >= 0)")
+    e, e1 = str(uuid.uuid4()), str(uuid.uuid4())
+    records = [
+        event(e, 1, "1.00", version=1),
+        (e.encode(), None),  # tombstone
+        event(e, 2, "2.00", version=2),
+        event(e1, 1, "1.00", version=1),
+        event(e1, 2, "-1.00", version=2),  # refused by the CHECK
+    ]
+    produce_transaction(transactional_producer(bootstrap), topic, records, partition=0)
+
+    run(spark, bootstrap, topic, tmp_path / "one", PostgresSink("orders", url=db.raw, version="version"))
+    split = PostgresSink("orders_split", url=db.raw, version="version")
+    run(spark, bootstrap, topic, tmp_path / "split", split, maxOffsetsPerTrigger="1")
+
+    expected = {e: (2, Decimal("2.00"), 2), e1: (1, Decimal("1.00"), 1)}
+    assert table(pg) == expected
+    assert table(pg, "orders_split") == expected
+    dead = pg.execute("SELECT sink, kafka_offset FROM sink_dead_letters ORDER BY sink").fetchall()
+    assert dead == [("public.orders", 4), ("public.orders_split", 4)]

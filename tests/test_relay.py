@@ -291,3 +291,36 @@ def test_broker_restart_mid_run(private_services: dict, sig: int) -> None:  # ty
     # starts over from the position in Kafka; either way every event is there once.
     assert_exactly_once(wait_published(bootstrap, topic, 3, writers.committed.count, 120), writers.committed)
     assert terminate(job) == 0
+
+
+def test_the_same_name_on_two_schemas_publishes_each_outbox_exactly_once(
+    tmp_path: Path, database: DatabaseUrl, bootstrap: str, events_topic: str
+) -> None:
+    """The reproduction of a data loss: one --name on two schemas used to share a position and fence."""
+    env = {"DATABASE_URL": database.raw, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
+    committed = {schema: Committed() for schema in ("a", "b")}
+
+    def write(count: int) -> None:
+        with psycopg.connect(database.libpq) as conn:
+            for schema, done in committed.items():
+                for n in range(count):
+                    key = f"{schema}-k{n % 7}"
+                    with conn.transaction():
+                        ids = add_events(conn, [Event(events_topic, {"n": n}, key=key)], schema=schema)
+                    done.add(key, [str(i) for i in ids])
+
+    for schema in committed:
+        migrate.upgrade(database, schema)
+    name = unique("shared")
+    first, _ = relay_job(tmp_path, env, name, "--schema", "a", label="a")
+    first.wait_for_output(ACTIVE, 60)
+    write(100)
+    second, _ = relay_job(tmp_path, env, name, "--schema", "b", label="b")
+    second.wait_for_output(ACTIVE, 60)
+    write(100)
+
+    records = wait_published(bootstrap, events_topic, 3, 400)
+    for schema, done in committed.items():
+        assert_exactly_once([r for r in records if r[2].startswith(f"{schema}-")], done)
+    assert "fenced" not in first.output() + second.output()
+    assert terminate(first) == 0 and terminate(second) == 0

@@ -9,7 +9,7 @@ from outbox.cli.relay import kafka_settings, redacted
 from outbox.errors import ConfigError, OutboxError
 from outbox.relay.kafka import Publisher
 from outbox.relay.poison import explain, is_poison
-from outbox.relay.position import Position, Shard, Step, advance, latest_position, position_key
+from outbox.relay.position import Identity, Position, Shard, Step, advance, latest_position
 from outbox.relay.relay import backoff
 
 SNAP = "100:105:101,103"
@@ -30,32 +30,55 @@ def test_an_empty_fetch_moves_the_base_without_a_transaction() -> None:
     assert advance(Position("90:90:"), SNAP, [], limit=2) == Step(0, Position(SNAP), persist=False)
 
 
+A, B = "0b6b7c6e-aaaa-4d5e-9f00-000000000001", "0b6b7c6e-bbbb-4d5e-9f00-000000000002"
+
+
+def record(relay: Identity, position: Position) -> tuple[bytes, bytes]:
+    return relay.position_key, position.to_json(relay)
+
+
 def test_position_round_trip_and_bad_records() -> None:
-    position = Position("90:90:", SNAP, 9)
-    assert Position.from_json(position.to_json("r", Shard(1, 4))) == (position, Shard(1, 4))
+    position, relay = Position("90:90:", SNAP, 9), Identity("r", A, Shard(1, 4))
+    assert Position.from_json(position.to_json(relay)) == (position, relay)
     with pytest.raises(OutboxError, match="unreadable"):
         Position.from_json(b"{}")
     with pytest.raises(OutboxError, match="malformed snapshot"):
-        Position.from_json(Position("x:y:").to_json("r", Shard()))
+        Position.from_json(Position("x:y:").to_json(relay))
 
 
-def test_latest_position_is_the_last_of_this_relay_and_shard() -> None:
-    mine, other_shard = Shard(0, 2), Shard(1, 2)
+def test_latest_position_is_the_last_of_this_relay_outbox_and_shard() -> None:
+    mine, other_shard = Identity("r", A, Shard(0, 2)), Identity("r", A, Shard(1, 2))
     records = [
-        (position_key("r", mine), Position("1:1:").to_json("r", mine)),
-        (position_key("r", other_shard), Position("5:5:").to_json("r", other_shard)),
-        (position_key("r2", Shard()), Position("6:6:").to_json("r2", Shard())),
-        (position_key("r", mine), Position("3:3:", "4:4:", 8).to_json("r", mine)),
+        record(mine, Position("1:1:")),
+        record(other_shard, Position("5:5:")),
+        record(Identity("r2", A), Position("6:6:")),
+        record(Identity("r", B, Shard(0, 3)), Position("7:7:")),  # same name, another outbox
+        record(mine, Position("3:3:", "4:4:", 8)),
         (b"unrelated", None),
     ]
-    assert latest_position(records, "r", mine) == Position("3:3:", "4:4:", 8)
-    assert latest_position(records, "r3", Shard()) is None
+    assert latest_position(records, mine) == Position("3:3:", "4:4:", 8)
+    assert latest_position(records, Identity("r", B, Shard(0, 3))) == Position("7:7:")
+    assert latest_position(records, Identity("r3", A)) is None
+
+
+def test_the_same_name_on_two_outboxes_is_two_relays() -> None:
+    """Keys and transactional ids differ by outbox: a relay never fences nor reads another outbox's."""
+    a, b = Identity("shared", A), Identity("shared", B)
+    assert a.position_key != b.position_key and a.transactional_id != b.transactional_id
+    assert latest_position([record(a, Position("9:9:"))], b) is None
+
+
+def test_a_position_naming_another_outbox_is_refused() -> None:
+    mine = Identity("r", A)
+    forged = (mine.position_key, Position("9:9:").to_json(Identity("r", B)))
+    with pytest.raises(ConfigError, match="refusing to apply another outbox's position"):
+        latest_position([forged], mine)
 
 
 def test_a_different_shard_count_is_refused() -> None:
-    records = [(position_key("r", Shard(0, 3)), Position().to_json("r", Shard(0, 3)))]
+    records = [record(Identity("r", A, Shard(0, 3)), Position())]
     with pytest.raises(ConfigError, match="already has positions for 3 shard"):
-        latest_position(records, "r", Shard(0, 2))
+        latest_position(records, Identity("r", A, Shard(0, 2)))
 
 
 @pytest.mark.parametrize("text", ["2/2", "-1/2", "1", "a/b", "0/0"])
@@ -82,7 +105,7 @@ def test_kafka_settings_from_file_and_flags(tmp_path) -> None:  # type: ignore[n
 @pytest.mark.parametrize("key", ["transactional.id", "enable.idempotence"])
 def test_guarantee_settings_cannot_be_overridden(key: str) -> None:
     with pytest.raises(ConfigError, match=key):
-        Publisher("localhost:9092", {key: "x"}, "r", Shard(), "positions")
+        Publisher("localhost:9092", {key: "x"}, Identity("r", A), "positions")
 
 
 def test_backoff_doubles_and_is_capped() -> None:

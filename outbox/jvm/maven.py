@@ -97,6 +97,7 @@ def _resolve(pom: Path, folder: Path, what: str, instead: str, properties: dict[
         mvn,
         "-q",
         "-B",
+        "-Dstyle.color=never",
         "-f",
         str(pom),
         "dependency:copy-dependencies",
@@ -104,7 +105,9 @@ def _resolve(pom: Path, folder: Path, what: str, instead: str, properties: dict[
         f"-DoutputDirectory={partial}",
         *(f"-D{key}={value}" for key, value in properties.items()),
     ]
-    env = {**os.environ, "JAVA_HOME": str(java.path.resolve().parent.parent)}
+    # -XX:-UsePerfData: Maven's JVM leaves no /tmp/hsperfdata_<user> behind.
+    opts = f"{os.environ.get('MAVEN_OPTS', '')} -XX:-UsePerfData".strip()
+    env = {**os.environ, "JAVA_HOME": str(java.path.resolve().parent.parent), "MAVEN_OPTS": opts}
     try:
         result = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=env)
     except subprocess.TimeoutExpired:

@@ -30,7 +30,7 @@ from outbox.errors import ConfigError, OutboxError, ServiceUnavailable
 from outbox.probe import quiet_kafka_config
 from outbox.relay.outbox_table import Row
 from outbox.relay.poison import Poison, explain, is_poison, missing_topic
-from outbox.relay.position import Position, Shard, latest_position, position_key, transactional_id
+from outbox.relay.position import Identity, Position, latest_position
 
 log = logging.getLogger("outbox.relay")
 
@@ -71,11 +71,22 @@ _PRODUCER_ONLY = (
 _FENCED = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})
 
 
-def kafka_failure(exc: KafkaException) -> ServiceUnavailable:
+# Errors that mean "the cluster cannot be reached" and leave the real cause in the client's log.
+_UNREACHABLE = frozenset(
+    {KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE}
+)
+
+
+def kafka_failure(exc: KafkaException, bootstrap: str = "", cause: str | None = None) -> ServiceUnavailable:
+    """One line for a failed Kafka call: fenced, unreachable (with the cause the client saw), or other."""
     error = exc.args[0]
-    if isinstance(error, KafkaError) and error.code() in _FENCED:
+    if not isinstance(error, KafkaError):
+        return ServiceUnavailable(f"Kafka at {bootstrap}: {error}")
+    if error.code() in _FENCED:
         return ServiceUnavailable("fenced: another instance with this relay name and shard took over")
-    return ServiceUnavailable(f"Kafka: {error.str() if isinstance(error, KafkaError) else error}")
+    if error.code() in _UNREACHABLE and cause:
+        return ServiceUnavailable(f"cannot reach Kafka at {bootstrap}: {cause}")
+    return ServiceUnavailable(f"Kafka at {bootstrap}: {error.str()}")
 
 
 def client_config(base: Mapping[str, object], bootstrap: str) -> dict[str, object]:
@@ -94,8 +105,7 @@ class Publisher:
         self,
         bootstrap: str,
         kafka: Mapping[str, object],
-        relay: str,
-        shard: Shard,
+        relay: Identity,
         positions_topic: str,
         *,
         exactly_once: bool = True,
@@ -104,13 +114,13 @@ class Publisher:
         clash = sorted(RESERVED & set(kafka))
         if clash:
             raise ConfigError(f"-X {clash[0]} is set by the relay itself and cannot be overridden")
-        self.bootstrap, self.relay, self.shard = bootstrap, relay, shard
+        self.bootstrap, self.relay = bootstrap, relay
         self.positions_topic, self.exactly_once, self.timeout = positions_topic, exactly_once, timeout
         self.settings = {**PRODUCER_DEFAULTS, **kafka}
-        self._key = position_key(relay, shard)
         self._producer: Producer | None = None
         self._known_topics: set[str] = set()
         self._failures: list[tuple[KafkaError, Message]] = []
+        self._cause: str | None = None  # the client's last connection error: why a call timed out
 
     # -- start ---------------------------------------------------------------
 
@@ -118,19 +128,22 @@ class Publisher:
         """Fence older instances, then read this shard's last committed position (None: never ran)."""
         config = {**self.settings, "enable.idempotence": True}
         if self.exactly_once:
-            config["transactional.id"] = transactional_id(self.relay, self.shard)
+            config["transactional.id"] = self.relay.transactional_id
         # With an error_cb, librdkafka's errors (fencing included) surface from the
         # transactional calls instead of being raised inside delivery callbacks.
-        config["error_cb"] = _log_error
+        config["error_cb"] = self._client_error
         self._producer = Producer(client_config(config, self.bootstrap))
         try:
+            # Unreachable brokers are told in seconds, not after init_transactions' full wait.
+            self._producer.list_topics(timeout=min(self.timeout, 10))
             if self.exactly_once:
                 self._producer.init_transactions(self.timeout)
             admin = AdminClient(client_config(_shared(self.settings), self.bootstrap))
             self._ensure_positions_topic(admin)
-            return latest_position(self._read_positions(admin), self.relay, self.shard)
+            return latest_position(self._read_positions(admin), self.relay)
         except KafkaException as exc:
-            raise kafka_failure(exc) from None
+            self._producer.poll(0)  # error callbacks run from poll: the cause arrives now
+            raise kafka_failure(exc, self.bootstrap, self._cause) from None
 
     def _ensure_positions_topic(self, admin: AdminClient) -> None:
         if self.positions_topic in admin.list_topics(timeout=self.timeout).topics:
@@ -165,7 +178,7 @@ class Publisher:
             client_config(
                 {
                     **_shared(self.settings),
-                    "group.id": f"outbox-relay-positions.{self.relay}",
+                    "group.id": f"outbox-relay-positions.{self.relay.name}",
                     "isolation.level": "read_committed",
                     "enable.auto.commit": False,
                     "enable.partition.eof": True,
@@ -226,8 +239,8 @@ class Publisher:
                 self._flush(producer, rows)
             producer.produce(
                 self.positions_topic,
-                key=self._key,
-                value=position.to_json(self.relay, self.shard),
+                key=self.relay.position_key,
+                value=position.to_json(self.relay),
                 on_delivery=self._delivered,
             )
             if self.exactly_once:
@@ -242,7 +255,7 @@ class Publisher:
             producer.poll(0)
             self.abort()
             self._raise_poison(rows)
-            raise kafka_failure(exc) from None
+            raise kafka_failure(exc, self.bootstrap, self._cause) from None
         self._raise_poison(rows)
 
     def _produce_rows(self, producer: Producer, rows: Iterable[Row]) -> None:
@@ -314,6 +327,7 @@ class Publisher:
                 log.debug("flush at close: %s", exc.args[0].str())
             self._producer = None
 
-
-def _log_error(error: KafkaError) -> None:
-    log.log(logging.ERROR if error.fatal() else logging.DEBUG, "kafka client: %s", error.str())
+    def _client_error(self, error: KafkaError) -> None:
+        if error.code() in _UNREACHABLE:
+            self._cause = error.str()
+        log.log(logging.ERROR if error.fatal() else logging.DEBUG, "kafka client: %s", error.str())

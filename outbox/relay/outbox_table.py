@@ -20,6 +20,7 @@ from psycopg import sql
 from outbox.config import DatabaseUrl
 from outbox.errors import ConfigError, ServiceUnavailable
 from outbox.relay.position import Position, Shard
+from outbox.sqltext import bindable
 
 # Set by migration 0002's trigger at each committing insert.
 CHANNEL = "outbox_events"
@@ -76,26 +77,34 @@ class OutboxTable:
             " AND NOT EXISTS (SELECT FROM {dead} d WHERE d.relay = %(relay)s AND d.outbox_id = e.id)"
             " ORDER BY e.id LIMIT %(limit)s"
         ).format(**names)
-        self._start_delta = sql.SQL(
-            "{row} WHERE (e.txid >= pg_snapshot_xmax(%(base)s::pg_snapshot)"
-            " OR e.txid = ANY(ARRAY(SELECT pg_snapshot_xip(%(base)s::pg_snapshot)))){wanted}"
-        ).format(row=row, wanted=wanted)
-        self._continue_delta = sql.SQL(
-            "{row} WHERE NOT pg_visible_in_snapshot(e.txid, %(base)s::pg_snapshot){wanted}"
-        ).format(row=row, wanted=wanted)
-        self._cleanup = sql.SQL(
-            "DELETE FROM {events} WHERE id IN (SELECT e.id FROM {events} e"
-            " WHERE e.txid < pg_snapshot_xmax(%(base)s::pg_snapshot)"
-            " AND pg_visible_in_snapshot(e.txid, %(base)s::pg_snapshot){shard}"
-            " AND e.created_at < now() - make_interval(secs => %(retention)s)"
-            " ORDER BY e.id LIMIT %(limit)s)"
-        ).format(**names)
-        self._dead_letter = sql.SQL(
-            "INSERT INTO {dead} (relay, outbox_id, event_id, topic, key, value, header_keys,"
-            " header_values, created_at, error)"
-            " SELECT %(relay)s, id, event_id, topic, key, value, header_keys, header_values, created_at,"
-            " %(error)s FROM {events} WHERE id = %(id)s ON CONFLICT DO NOTHING"
-        ).format(**names)
+        self._start_delta = bindable(
+            sql.SQL(
+                "{row} WHERE (e.txid >= pg_snapshot_xmax(%(base)s::pg_snapshot)"
+                " OR e.txid = ANY(ARRAY(SELECT pg_snapshot_xip(%(base)s::pg_snapshot)))){wanted}"
+            ).format(row=row, wanted=wanted)
+        )
+        self._continue_delta = bindable(
+            sql.SQL("{row} WHERE NOT pg_visible_in_snapshot(e.txid, %(base)s::pg_snapshot){wanted}").format(
+                row=row, wanted=wanted
+            )
+        )
+        self._cleanup = bindable(
+            sql.SQL(
+                "DELETE FROM {events} WHERE id IN (SELECT e.id FROM {events} e"
+                " WHERE e.txid < pg_snapshot_xmax(%(base)s::pg_snapshot)"
+                " AND pg_visible_in_snapshot(e.txid, %(base)s::pg_snapshot){shard}"
+                " AND e.created_at < now() - make_interval(secs => %(retention)s)"
+                " ORDER BY e.id LIMIT %(limit)s)"
+            ).format(**names)
+        )
+        self._dead_letter = bindable(
+            sql.SQL(
+                "INSERT INTO {dead} (relay, outbox_id, event_id, topic, key, value, header_keys,"
+                " header_values, created_at, error)"
+                " SELECT %(relay)s, id, event_id, topic, key, value, header_keys, header_values, created_at,"
+                " %(error)s FROM {events} WHERE id = %(id)s ON CONFLICT DO NOTHING"
+            ).format(**names)
+        )
 
     # -- session -------------------------------------------------------------
 
@@ -114,7 +123,7 @@ class OutboxTable:
         self._conn = conn
         missing = [
             name
-            for name in ("outbox_events", "relay_dead_letters")
+            for name in ("outbox_events", "relay_dead_letters", "outbox_identity")
             if conn.execute(
                 "SELECT to_regclass(%s)", [sql.Identifier(self.schema, name).as_string(conn)]
             ).fetchone()[0]  # type: ignore[index]
@@ -139,6 +148,17 @@ class OutboxTable:
         if self._conn is None:
             raise ServiceUnavailable("not connected to PostgreSQL")
         return self._conn
+
+    def outbox_id(self) -> str:
+        """The id `outbox db upgrade` gave this outbox: what the relay's Kafka state is keyed by."""
+        query = sql.SQL("SELECT id::text FROM {}").format(sql.Identifier(self.schema, "outbox_identity"))
+        row = self.conn.execute(query).fetchone()
+        if row is None:
+            raise ConfigError(
+                f"{self.schema}.outbox_identity in {self.url.safe} is empty:"
+                f" run `outbox db upgrade --schema {self.schema}` (it adds the outbox's id)"
+            )
+        return str(row[0])
 
     def try_lock(self) -> bool:
         """Become the one active instance of this relay shard, if no other session is."""

@@ -50,18 +50,43 @@ class Shard:
 
 
 @dataclass(frozen=True)
+class Identity:
+    """Which relay: its name, the outbox it reads (the id `outbox db upgrade` stored there), its shard.
+
+    A position holds snapshots of one database, so it must only ever be applied
+    to the outbox it was read from: every key, transactional.id and position
+    record carries the outbox id, and the same name on another schema or
+    database is another relay.
+    """
+
+    name: str
+    outbox: str
+    shard: Shard = Shard()
+
+    @property
+    def position_key(self) -> bytes:
+        return f"{self.name}/{self.outbox}/{self.shard.index}-of-{self.shard.count}".encode()
+
+    @property
+    def transactional_id(self) -> str:
+        """Stable per relay, outbox and shard, so a restarted or standby instance fences the old one."""
+        return f"outbox-relay.{self.name}.{self.outbox}.{self.shard.index}-of-{self.shard.count}"
+
+
+@dataclass(frozen=True)
 class Position:
     base: str = EMPTY_SNAPSHOT
     target: str | None = None
     after_id: int = 0
 
-    def to_json(self, relay: str, shard: Shard) -> bytes:
+    def to_json(self, relay: Identity) -> bytes:
         return json.dumps(
             {
                 "format": _FORMAT,
-                "relay": relay,
-                "shard": shard.index,
-                "shards": shard.count,
+                "relay": relay.name,
+                "outbox": relay.outbox,
+                "shard": relay.shard.index,
+                "shards": relay.shard.count,
                 "base": self.base,
                 "target": self.target,
                 "after_id": self.after_id,
@@ -70,53 +95,51 @@ class Position:
         ).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> tuple[Position, Shard]:
+    def from_json(cls, data: bytes) -> tuple[Position, Identity]:
         try:
             doc = json.loads(data)
             position = cls(doc["base"], doc["target"], int(doc["after_id"]))
-            shard = Shard(int(doc["shard"]), int(doc["shards"]))
+            relay = Identity(
+                str(doc["relay"]), str(doc["outbox"]), Shard(int(doc["shard"]), int(doc["shards"]))
+            )
         except (ValueError, KeyError, TypeError) as exc:
             raise OutboxError(f"unreadable relay position record ({exc}): {data[:200]!r}") from None
         for snapshot in (position.base, position.target):
             if snapshot is not None and not _SNAPSHOT.match(snapshot):
                 raise OutboxError(f"relay position holds a malformed snapshot {snapshot!r}")
-        return position, shard
+        return position, relay
 
 
-def position_key(relay: str, shard: Shard) -> bytes:
-    return f"{relay}/{shard.index}-of-{shard.count}".encode()
+def latest_position(records: Sequence[tuple[bytes | None, bytes | None]], relay: Identity) -> Position | None:
+    """The last committed position of this relay (name, outbox, shard) in the positions topic, read in order.
 
-
-def transactional_id(relay: str, shard: Shard) -> str:
-    """Stable per relay and shard, so a restarted or standby instance fences the old one."""
-    return f"outbox-relay.{relay}.{shard.index}-of-{shard.count}"
-
-
-def latest_position(
-    records: Sequence[tuple[bytes | None, bytes | None]], relay: str, shard: Shard
-) -> Position | None:
-    """The last committed position of this relay and shard in the positions topic, read in order.
-
-    Refuses to start a shard layout that differs from the one already recorded:
-    shards of different layouts would disagree about which rows are theirs.
+    Refuses to start a shard layout that differs from the one already recorded
+    for this name and outbox (shards of different layouts would disagree about
+    which rows are theirs), and a record under this relay's key that names
+    another outbox (a position is only ever applied to the outbox it was read from).
     """
-    mine = position_key(relay, shard)
-    prefix = f"{relay}/".encode()
+    prefix = f"{relay.name}/{relay.outbox}/".encode()
     found: Position | None = None
     layouts: dict[int, bytes] = {}
     for key, value in records:
         if key is None or not key.startswith(prefix) or value is None:
             continue
         position, recorded = Position.from_json(value)
-        layouts[recorded.count] = key
-        if key == mine:
+        if recorded.outbox != relay.outbox or recorded.name != relay.name:
+            raise ConfigError(
+                f"the position record under {key.decode(errors='replace')!r} belongs to relay"
+                f" {recorded.name!r} of outbox {recorded.outbox}, not to {relay.name!r} of outbox"
+                f" {relay.outbox}: refusing to apply another outbox's position"
+            )
+        layouts[recorded.shard.count] = key
+        if key == relay.position_key:
             found = position
-    others = sorted(count for count in layouts if count != shard.count)
+    others = sorted(count for count in layouts if count != relay.shard.count)
     if others:
         raise ConfigError(
-            f"relay {relay!r} already has positions for {others[-1]} shard(s), and this one was started"
-            f" as shard {shard}. Changing the shard count needs a new relay name (which republishes"
-            " the rows still in the outbox table) or keeping the old count."
+            f"relay {relay.name!r} already has positions for {others[-1]} shard(s) of this outbox, and this"
+            f" one was started as shard {relay.shard}. Changing the shard count needs a new relay name (which"
+            " republishes the rows still in the outbox table) or keeping the old count."
         )
     return found
 

@@ -27,7 +27,7 @@ from outbox.relay.kafka import Publisher, kafka_failure
 from outbox.relay.metrics import RelayMetrics
 from outbox.relay.outbox_table import OutboxTable, Row, opened
 from outbox.relay.poison import DEAD_LETTER, HALT, Poison
-from outbox.relay.position import Position, Shard, advance
+from outbox.relay.position import Identity, Position, Shard, advance
 
 log = logging.getLogger("outbox.relay")
 
@@ -92,7 +92,7 @@ class Relay:
                 KafkaException,
             ) as exc:
                 self._failures += 1
-                reason = _describe(exc, self.settings.url)
+                reason = _describe(exc, self.settings.url, self.settings.bootstrap)
                 if self._failures > self.settings.max_retries:
                     raise ServiceUnavailable(
                         f"giving up after {self.settings.max_retries} retries: {reason}"
@@ -117,9 +117,8 @@ class Relay:
         with opened(OutboxTable(s.url, s.schema, s.name, s.shard)) as table:
             if not self._stand_by(table):
                 return
-            publisher = Publisher(
-                s.bootstrap, s.kafka, s.name, s.shard, s.positions_topic, exactly_once=s.exactly_once
-            )
+            relay = Identity(s.name, table.outbox_id(), s.shard)
+            publisher = Publisher(s.bootstrap, s.kafka, relay, s.positions_topic, exactly_once=s.exactly_once)
             self.metrics.active.set(1)
             try:
                 position = publisher.start() or Position()
@@ -233,9 +232,9 @@ def _settle(read: Future[object] | None) -> None:
         wait([read])
 
 
-def _describe(exc: BaseException, url: DatabaseUrl) -> str:
+def _describe(exc: BaseException, url: DatabaseUrl, bootstrap: str) -> str:
     if isinstance(exc, KafkaException):
-        return str(kafka_failure(exc))
+        return str(kafka_failure(exc, bootstrap))
     if isinstance(exc, psycopg.Error):
         text = str(exc).strip()
         return url.scrub(f"PostgreSQL: {text.splitlines()[0] if text else type(exc).__name__}")

@@ -2,9 +2,11 @@
 
 The rows, the outbox events, the dead letters and the ledger commit together,
 and the stage table is dropped in the same transaction, so a batch is either
-wholly applied or not at all. When the table refuses a row (a CHECK, a foreign
-key, an index row too large), the batch is applied again in halves under
-savepoints until the refused rows are found and dead-lettered.
+wholly applied or not at all. A key with several events in the batch has
+them applied one after another (statements.py says how); when the table
+refuses a row (a CHECK, a foreign key, an index row too large), that round is
+applied again in halves under savepoints until the refused rows are found
+and dead-lettered.
 """
 
 from __future__ import annotations
@@ -49,19 +51,23 @@ def apply_batch(
     params: dict[str, Any] = {"sink": st.spec.name, "attempts": attempts}
     fail = st.spec.on_error == "fail"
     with conn.transaction():
-        # Enough memory to collapse duplicates in one in-memory sort, not in temp files.
+        # Enough memory to number a batch's events in one in-memory sort, not in temp files.
         conn.execute("SET LOCAL work_mem = '256MB'")
         if fail and (bad := conn.execute(st.first_error(), params).fetchone()):
             raise SinkError(f"sink {st.spec.name}: cannot write {bad[0]}[{bad[1]}]@{bad[2]}: {bad[3]}")
-        try:
-            with conn.transaction():
-                present, fresh, upserted, deleted, dead = conn.execute(st.apply(), params).fetchone()  # type: ignore[misc]
-        except ROW_ERRORS as exc:
-            if fail:
-                raise SinkError(f"sink {st.spec.name}: the table refused a row: {reason(exc)}") from None
-            upserted, deleted, refused = _apply_in_halves(conn, st, params)
+        counts = None
+        if conn.execute(st.rounds(), params).fetchone()[0] <= 1:  # type: ignore[index]
+            try:
+                with conn.transaction():
+                    counts = conn.execute(st.apply(), params).fetchone()
+            except ROW_ERRORS as exc:
+                if fail:
+                    raise SinkError(f"sink {st.spec.name}: the table refused a row: {reason(exc)}") from None
+        if counts is None:
+            upserted, deleted, refused = _apply_in_rounds(conn, st, params, fail)
             present, fresh, dead = conn.execute(st.finish(), params).fetchone()  # type: ignore[misc]
-            dead += refused
+            counts = (present, fresh, upserted, deleted, dead + refused)
+        present, fresh, upserted, deleted, dead = counts
         if present != staged:  # raising here rolls the whole batch back
             raise SinkError(
                 f"sink {st.spec.name}: the stage table holds {present} of {staged} staged rows (was"
@@ -71,24 +77,35 @@ def apply_batch(
     return BatchResult(batch_id, staged, fresh, upserted, deleted, dead)
 
 
-def _apply_in_halves(
-    conn: psycopg.Connection, st: Statements, params: dict[str, Any]
+def _apply_in_rounds(
+    conn: psycopg.Connection, st: Statements, params: dict[str, Any], fail: bool
 ) -> tuple[int, int, int]:
-    conn.execute(st.materialize_latest(), params)
-    total = conn.execute("SELECT count(*) FROM sink_latest").fetchone()[0]  # type: ignore[index]
+    """Each key's events one after another: round r applies every key's r-th event.
+
+    A round the table refuses is applied again in halves under savepoints until
+    the refused rows are found and dead-lettered; the key's next event then
+    meets the row as it was, as it would one event at a time.
+    """
+    conn.execute(st.materialize_rounds(), params)
+    conn.execute(st.index_rounds())
     upserted = deleted = refused = 0
-    pending = [(1, total)] if total else []
-    while pending:
-        lo, hi = pending.pop()
-        try:
-            with conn.transaction():
-                u, d = conn.execute(st.apply_range(), {**params, "lo": lo, "hi": hi}).fetchone()  # type: ignore[misc]
-            upserted, deleted = upserted + u, deleted + d
-        except ROW_ERRORS as exc:
-            if lo == hi:
-                conn.execute(st.dead_letter_row(), {**params, "n": lo, "error": reason(exc)})
-                refused += 1
-            else:
-                mid = (lo + hi) // 2
-                pending += [(mid + 1, hi), (lo, mid)]
+    for round_, total in conn.execute(st.round_sizes()).fetchall():
+        pending = [(1, total)]
+        while pending:
+            lo, hi = pending.pop()
+            bounds = {**params, "round": round_, "lo": lo, "hi": hi}
+            try:
+                with conn.transaction():
+                    u, d = conn.execute(st.apply_range(), bounds).fetchone()  # type: ignore[misc]
+                upserted, deleted = upserted + u, deleted + d
+            except ROW_ERRORS as exc:
+                if fail:
+                    raise SinkError(f"sink {st.spec.name}: the table refused a row: {reason(exc)}") from None
+                if lo == hi:
+                    row = {**params, "round": round_, "n": lo, "error": reason(exc)}
+                    conn.execute(st.dead_letter_row(), row)
+                    refused += 1
+                else:
+                    mid = (lo + hi) // 2
+                    pending += [(mid + 1, hi), (lo, mid)]
     return upserted, deleted, refused

@@ -9,8 +9,10 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from outbox.errors import ConfigError
+from sinks.postgres.plan import ERROR_COLUMN
 
 KEEP = ("key", "value", "topic", "partition", "offset")
+_CORRUPT = "_corrupt_record"
 
 
 def parse_json(
@@ -26,17 +28,24 @@ def parse_json(
     position (topic, partition, offset) that makes the sink exactly-once.
     In a tombstone (null value) `key_column` comes from the Kafka key, so the
     sink knows which row to delete.
+
+    A top-level field that is present but cannot be read as its type
+    (`"amount": "not-a-number"` for a decimal) never becomes NULL: the row gets
+    an error in the `_error` column, and the sink dead-letters it.
     """
-    parsed = frame.select(
-        F.from_json(F.col("value").cast("string"), schema, options or {}).alias("_event"), *KEEP
-    )
-    event = parsed.schema["_event"].dataType
-    assert isinstance(event, T.StructType)
-    clash = [f.name for f in event.fields if f.name in KEEP]
+    event = _struct(frame, schema)
+    clash = [f.name for f in event.fields if f.name in (*KEEP, ERROR_COLUMN, _CORRUPT)]
     if clash:
         raise ConfigError(f"schema fields {clash} clash with the Kafka columns of the same name; rename them")
     if key_column is not None and key_column not in event.fieldNames():
         raise ConfigError(f"key_column {key_column!r} is not a field of the schema {event.simpleString()}")
+    text = F.col("value").cast("string")
+    # PERMISSIVE parsing keeps the fields it could read and, when any field (or the
+    # whole value) could not be, the record's text in the corrupt-record column:
+    # one parse for every row, a second one only for the rare bad row, to say why.
+    with_corrupt = T.StructType([*event.fields, T.StructField(_CORRUPT, T.StringType())])
+    parse_options = {**(options or {}), "mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
+    parsed = frame.select(F.from_json(text, with_corrupt, parse_options).alias("_event"), *KEEP)
 
     def field(f: T.StructField) -> Column:
         column = F.col("_event").getField(f.name)
@@ -46,4 +55,34 @@ def parse_json(
             )
         return column.alias(f.name)
 
-    return parsed.select(*(field(f) for f in event.fields), *KEEP)
+    corrupt = F.col("_event").getField(_CORRUPT)
+    error = F.when(corrupt.isNotNull(), _unreadable_fields(text, event, options or {}))
+    return parsed.select(*(field(f) for f in event.fields), *KEEP, error.alias(ERROR_COLUMN))
+
+
+def _struct(frame: DataFrame, schema: str | T.StructType) -> T.StructType:
+    if isinstance(schema, T.StructType):
+        return schema
+    probe = frame.select(F.from_json(F.lit("{}"), schema).alias("s")).schema["s"].dataType
+    assert isinstance(probe, T.StructType)
+    return probe
+
+
+def _unreadable_fields(text: Column, event: T.StructType, options: dict[str, Any]) -> Column:
+    """Why a value did not parse: each field present as text but absent as its type, or the JSON itself."""
+    as_text = T.StructType([T.StructField(f.name, T.StringType()) for f in event.fields])
+    raw = F.from_json(text, as_text, options)
+    typed = F.from_json(text, event, options)
+    reasons = [
+        F.when(
+            raw.getField(f.name).isNotNull() & typed.getField(f.name).isNull(),
+            F.concat(
+                F.lit(f"field {f.name!r}: "),
+                F.substring(raw.getField(f.name), 1, 200),
+                F.lit(f" is not a valid {f.dataType.simpleString()}"),
+            ),
+        )
+        for f in event.fields
+    ]
+    joined = F.concat_ws("; ", *reasons)
+    return F.when(joined != "", joined).otherwise(F.lit("the value is not a JSON object of the schema"))

@@ -21,6 +21,9 @@ KAFKA_COLUMNS = frozenset(
     {"key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers"}
 )
 
+# Set by parse_json on a row whose value did not parse as its schema: the sink dead-letters it.
+ERROR_COLUMN = "_error"
+
 # How a column reaches COPY: Arrow as is, bytea hex, a PostgreSQL array literal, or JSON text.
 Conversion = Literal["native", "hex", "array", "json"]
 
@@ -35,6 +38,7 @@ class Plan:
     conversions: dict[str, Conversion]
     raw_key: str | None  # binary Kafka key/value kept for dead letters
     raw_value: str | None
+    error: str | None  # the frame's parse-error column, if it has one
     no_equality: frozenset[str]  # columns (json, xml, geometric) compared as text to spot a real change
 
 
@@ -43,13 +47,13 @@ def plan(schema: T.StructType, table: Table, spec: SinkSpec) -> Plan:
     where = f"table {table.schema}.{table.name}"
     _check_position(fields)
 
-    unknown = [n for n in fields if n not in table.columns and n not in KAFKA_COLUMNS]
+    unknown = [n for n in fields if n not in table.columns and n not in KAFKA_COLUMNS | {ERROR_COLUMN}]
     if unknown:
         raise ConfigError(
             f"DataFrame columns {unknown} are not in {where} (columns: {list(table.columns)});"
             " drop or rename them before the sink"
         )
-    columns = tuple(n for n in fields if n in table.columns)
+    columns = tuple(n for n in fields if n in table.columns and n != ERROR_COLUMN)
     generated = [n for n in columns if table.columns[n].generated]
     if generated:
         raise ConfigError(f"columns {generated} of {where} are generated and cannot be written; drop them")
@@ -83,7 +87,8 @@ def plan(schema: T.StructType, table: Table, spec: SinkSpec) -> Plan:
     no_equality = frozenset(
         n for n in columns if table.columns[n].base in ("json", "xml") or table.columns[n].category == "G"
     )
-    return Plan(columns, conversions, raw("key"), raw("value"), no_equality)
+    error = ERROR_COLUMN if isinstance(fields.get(ERROR_COLUMN), T.StringType) else None
+    return Plan(columns, conversions, raw("key"), raw("value"), error, no_equality)
 
 
 def _check_position(fields: dict[str, T.DataType]) -> None:

@@ -136,6 +136,10 @@ class BatchWriter:
         conn = _connect(self.spec.url, autocommit=True)
         try:
             self._lock(conn)
+        except BaseException:
+            conn.close()  # the stage table is the other writer's: leave it alone
+            raise
+        try:
             conn.execute(self.statements.create_stage())
             job = StageJob(
                 libpq=self.spec.url.libpq,
@@ -148,16 +152,20 @@ class BatchWriter:
             frame = staged_frame(batch, self.plan, self.delete)
             tasks = frame.mapInArrow(stager(job), RESULT_SCHEMA).collect()
         except BaseException:
-            conn.close()
+            _drop_stage(conn, self.statements)
             raise
         return Staged(batch_id, [t.attempt for t in tasks], sum(t.staged for t in tasks), conn)
 
     def apply(self, staged: Staged) -> BatchResult:
         """Apply a staged batch in one transaction with the ledger; a replay changes nothing."""
-        with staged.conn:  # closing it releases the lock
+        try:
             self.last = apply_batch(
                 staged.conn, self.statements, staged.batch_id, staged.attempts, staged.rows
             )
+        except BaseException:
+            _drop_stage(staged.conn, self.statements)  # a failed batch leaves nothing behind
+            raise
+        staged.conn.close()  # releases the lock
         log.info("sink %s: %s", self.spec.name, self.last)
         return self.last
 
@@ -173,8 +181,19 @@ class BatchWriter:
 _LOCK_KEY = "hashtextextended('outbox-sink:' || %s, 0)"
 
 
+def _drop_stage(conn: psycopg.Connection, statements: Statements) -> None:
+    """Drop the stage table, if the connection still works, and close it (which frees the lock)."""
+    try:
+        if not conn.closed and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            conn.execute(statements.drop_stage())
+    except psycopg.Error as exc:
+        log.warning("sink %s: could not drop the stage table: %s", statements.spec.name, exc)
+    finally:
+        conn.close()
+
+
 def staged_frame(batch: DataFrame, plan: Plan, delete: Column) -> DataFrame:
-    """The columns the stager copies: data as c0..cN, then position, delete flag, raw record."""
+    """The columns the stager copies: data as c0..cN, then position, delete flag, raw record, parse error."""
     data = [_convert(_col(n), plan.conversions[n]).alias(f"c{i}") for i, n in enumerate(plan.columns)]
     raw = [
         (_col(name) if name else F.lit(None).cast("binary")).alias(alias)
@@ -187,6 +206,7 @@ def staged_frame(batch: DataFrame, plan: Plan, delete: Column) -> DataFrame:
         F.col("offset").alias("_offset"),
         F.coalesce(delete, F.lit(False)).alias("_delete"),
         *raw,
+        (_col(plan.error) if plan.error else F.lit(None).cast("string")).alias("_parse_error"),
     )
 
 

@@ -50,7 +50,7 @@ def stager(job: StageJob) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.Re
         with psycopg.connect(job.libpq) as conn:
             conn.execute("SELECT set_config(%s, %s, true)", [ATTEMPT_SETTING, str(attempt)])
             for batch in batches:
-                rows, bad = split_null_keys(batch, job)
+                rows, bad = split_unwritable(batch, job)
                 errors = [*bad.items(), *copy_bisect(conn, job, rows, _kept(batch, bad))]
                 if errors:
                     write_dead(conn, job, batch, errors)
@@ -65,9 +65,12 @@ def stager(job: StageJob) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.Re
     return stage
 
 
-def split_null_keys(batch: pa.RecordBatch, job: StageJob) -> tuple[pa.RecordBatch, dict[int, str]]:
-    """Rows with every key column set, and the others' positions with why they cannot be written."""
+def split_unwritable(batch: pa.RecordBatch, job: StageJob) -> tuple[pa.RecordBatch, dict[int, str]]:
+    """Rows that parsed and have every key column set, and the others' positions with why not."""
     bad: dict[int, str] = {}
+    parse_errors = batch.column(len(job.names) + 6)
+    for i in pc.indices_nonzero(pc.is_valid(parse_errors)).to_pylist():
+        bad[i] = parse_errors[i].as_py()
     for position in job.keys:
         for i in pc.indices_nonzero(pc.is_null(batch.column(position))).to_pylist():
             bad.setdefault(i, f"key column {job.names[position]!r} is null (did the value parse?)")

@@ -3,10 +3,16 @@
 The stage table holds one batch: the written columns as c0..cN (so no user
 column name can clash with the sink's own), the Kafka position, the delete
 flag, the task attempt that wrote the row, and for rows that could not be
-converted, the error and the raw record. Applying a batch reads it in one
-statement whose common table expressions share one snapshot: rows already in
-the ledger are skipped, duplicates collapse to the latest per key, deletes and
-upserts apply, outbox events and dead letters are inserted, the ledger moves.
+converted, the error and the raw record.
+
+The rule a batch follows: the table ends as if its events had been applied
+one by one, in offset order per topic-partition. When each key has at most
+one event in the batch, one statement does it all, its common table
+expressions sharing one snapshot: rows already in the ledger are skipped,
+deletes and upserts apply, outbox events and dead letters are inserted, the
+ledger moves. Otherwise the events are numbered into rounds (a key's first
+event in round 1, its second in round 2, ...) and applied round after round,
+so every event meets the row its predecessor left.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
+from outbox.sqltext import bindable, user_sql
 from sinks.postgres.plan import Plan
 from sinks.postgres.spec import SinkSpec
 
@@ -106,32 +113,63 @@ class Statements:
             "COPY {} (_topic, _partition, _offset, _delete, _error, _raw_key, _raw_value) FROM STDIN"
         ).format(self.names.stage)
 
-    def first_error(self) -> Query:
-        return sql.SQL(
-            "SELECT _topic, _partition, _offset, _error FROM {} WHERE _error IS NOT NULL"
-            " AND _attempt = ANY(%(attempts)s) ORDER BY _topic, _partition, _offset LIMIT 1"
-        ).format(self.names.stage)
+    def first_error(self) -> sql.Composable:
+        return bindable(
+            sql.SQL(
+                "SELECT _topic, _partition, _offset, _error FROM {} WHERE _error IS NOT NULL"
+                " AND _attempt = ANY(%(attempts)s) ORDER BY _topic, _partition, _offset LIMIT 1"
+            ).format(self.names.stage)
+        )
 
     # -- applying ----------------------------------------------------------------------------------------
 
-    def apply(self) -> Query:
-        """The whole batch in one statement: (present, fresh, upserted, deleted, dead) counts."""
-        ctes = [self._staged(), self._fresh(), self._latest(), *self._changes(), *self._finish()]
+    def rounds(self) -> sql.Composable:
+        """How many events the busiest key has in this batch: 1 (or 0) means one statement applies it."""
+        keys = _list(self.keys)
+        return self._with(
+            [self._staged(), self._fresh()],
+            [
+                sql.SQL(
+                    "coalesce((SELECT max(c) FROM (SELECT count(*) AS c FROM fresh WHERE _error IS NULL"
+                    " GROUP BY {}) AS k), 0)"
+                ).format(keys)
+            ],
+        )
+
+    def apply(self) -> sql.Composable:
+        """A batch with one event per key, in one statement: (present, fresh, upserted, deleted, dead)."""
+        latest = sql.SQL("latest AS (SELECT * FROM fresh WHERE _error IS NULL)")
+        ctes = [self._staged(), self._fresh(), latest, *self._changes(), *self._finish()]
         return self._with(ctes, [*_STAGED_COUNTS, *map(_count, ["upserted", "deleted", "dead"])])
 
-    def materialize_latest(self) -> Query:
-        """The fallback's first step: the rows to apply, numbered, in a temp table."""
-        return sql.SQL(
-            "CREATE TEMP TABLE sink_latest ON COMMIT DROP AS WITH {} SELECT row_number() OVER () AS _n, *"
-            " FROM latest"
-        ).format(_list([self._staged(), self._fresh(), self._latest()]))
+    def materialize_rounds(self) -> sql.Composable:
+        """The rows to apply, in a temp table: _round is the event's place among its key's events,
+        _n its place in the round."""
+        keys = _list(self.keys)
+        return bindable(
+            sql.SQL(
+                "CREATE TEMP TABLE sink_rounds ON COMMIT DROP AS WITH {ctes}"
+                " SELECT row_number() OVER (PARTITION BY _round ORDER BY {keys}) AS _n, * FROM"
+                " (SELECT row_number() OVER (PARTITION BY {keys} ORDER BY _topic, _partition, _offset)"
+                " AS _round, * FROM fresh WHERE _error IS NULL) AS r"
+            ).format(ctes=_list([self._staged(), self._fresh()]), keys=keys)
+        )
 
-    def apply_range(self) -> Query:
-        """Rows _n in [lo, hi] of the temp table: (upserted, deleted) counts."""
-        latest = sql.SQL("latest AS (SELECT * FROM sink_latest WHERE _n BETWEEN %(lo)s AND %(hi)s)")
+    def index_rounds(self) -> sql.Composable:
+        """Each round and each half of one is read by an index, not by a scan of the whole batch."""
+        return sql.SQL("CREATE INDEX ON sink_rounds (_round, _n); ANALYZE sink_rounds")
+
+    def round_sizes(self) -> sql.Composable:
+        return sql.SQL("SELECT _round, count(*) FROM sink_rounds GROUP BY _round ORDER BY _round")
+
+    def apply_range(self) -> sql.Composable:
+        """Rows _n in [lo, hi] of round `round`: (upserted, deleted) counts."""
+        latest = sql.SQL(
+            "latest AS (SELECT * FROM sink_rounds WHERE _round = %(round)s AND _n BETWEEN %(lo)s AND %(hi)s)"
+        )
         return self._with([latest, *self._changes()], [_count("upserted"), _count("deleted")])
 
-    def dead_letter_row(self) -> Query:
+    def dead_letter_row(self) -> sql.Composable:
         """A row the table refused: its key as text and the row as JSON (the raw record stays in Kafka)."""
         pairs = _list(
             [
@@ -139,21 +177,23 @@ class Statements:
                 for c, s in zip(self.columns, self.staged, strict=True)
             ]
         )
-        return sql.SQL(
-            "INSERT INTO {dead} (sink, topic, kafka_partition, kafka_offset, key, value, error)"
-            " SELECT %(sink)s, _topic, _partition, _offset,"
-            " coalesce(_raw_key, convert_to(concat_ws(',', {keys}), 'UTF8')),"
-            " coalesce(_raw_value, convert_to(jsonb_build_object({pairs})::text, 'UTF8')), %(error)s"
-            " FROM sink_latest WHERE _n = %(n)s"
-        ).format(dead=self.names.dead, keys=_list(self.keys), pairs=pairs)
+        return bindable(
+            sql.SQL(
+                "INSERT INTO {dead} (sink, topic, kafka_partition, kafka_offset, key, value, error)"
+                " SELECT %(sink)s, _topic, _partition, _offset,"
+                " coalesce(_raw_key, convert_to(concat_ws(',', {keys}), 'UTF8')),"
+                " coalesce(_raw_value, convert_to(jsonb_build_object({pairs})::text, 'UTF8')), %(error)s"
+                " FROM sink_rounds WHERE _round = %(round)s AND _n = %(n)s"
+            ).format(dead=self.names.dead, keys=_list(self.keys), pairs=pairs)
+        )
 
-    def finish(self) -> Query:
+    def finish(self) -> sql.Composable:
         """The fallback's last step: dead letters from staging and the ledger: (present, fresh, dead)."""
         ctes = [self._staged(), self._fresh(), *self._finish()]
         return self._with(ctes, [*_STAGED_COUNTS, _count("dead")])
 
-    def _with(self, ctes: list[sql.Composable], selects: list[sql.Composable]) -> Query:
-        return sql.SQL("WITH {} SELECT {}").format(_list(ctes), _list(selects))
+    def _with(self, ctes: list[sql.Composable], selects: list[sql.Composable]) -> sql.Composable:
+        return bindable(sql.SQL("WITH {} SELECT {}").format(_list(ctes), _list(selects)))
 
     def _staged(self) -> sql.Composable:
         """Per topic-partition: rows staged, of those not yet applied, where the ledger and the batch end.
@@ -171,7 +211,7 @@ class Statements:
         ).format(stage=self.names.stage, progress=self.names.progress)
 
     def _fresh(self) -> sql.Composable:
-        # Not materialized: its readers (latest, dead) each filter their own scan of
+        # Not materialized: its readers (latest, rounds, dead) each filter their own scan of
         # the stage, instead of every row being copied into a tuplestore first. The
         # ledger comes through `staged`, one row per partition: the stage table has
         # no statistics, and joined to the ledger directly it got a nested loop.
@@ -180,19 +220,6 @@ class Statements:
             " ON g._topic = s._topic AND g._partition = s._partition"
             " WHERE s._attempt = ANY(%(attempts)s) AND s._offset >= g.applied)"
         ).format(stage=self.names.stage)
-
-    def _latest(self) -> sql.Composable:
-        # upsert: the highest version, then the latest position wins; insert: the first position wins.
-        order: list[sql.Composable] = list(self.keys)
-        direction = sql.SQL("DESC" if self.spec.mode == "upsert" else "ASC")
-        if self.version:
-            order.append(sql.SQL("{} DESC NULLS FIRST").format(self.version[1]))
-        order += [
-            sql.SQL("{} {}").format(sql.Identifier(c), direction) for c in ("_topic", "_partition", "_offset")
-        ]
-        return sql.SQL(
-            "latest AS (SELECT DISTINCT ON ({keys}) * FROM fresh WHERE _error IS NULL ORDER BY {order})"
-        ).format(keys=_list(self.keys), order=_list(order))
 
     def _changes(self) -> list[sql.Composable]:
         n = self.names
@@ -257,7 +284,7 @@ class Statements:
         def utf8(expr: str | None) -> sql.Composable:
             if not expr:
                 return sql.SQL("NULL::bytea")
-            return sql.SQL("convert_to(({})::text, 'UTF8')").format(sql.SQL(expr))
+            return sql.SQL("convert_to(({})::text, 'UTF8')").format(user_sql(expr))
 
         names = sql.Literal(list(box.headers))
         values = sql.SQL("ARRAY[{}]::bytea[]").format(_list([utf8(e) for e in box.headers.values()]))

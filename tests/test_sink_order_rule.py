@@ -1,0 +1,217 @@
+"""The sink's rule, for every input: the table ends as if the committed events were applied one by one.
+
+One by one means: in offset order per topic-partition (a key's events share a
+partition, as Kafka's partitioner puts them), with the version guard, deletes,
+refused rows dead-lettered and one outbox event per change. Hypothesis draws
+sequences of upserts, stale versions, tombstones, redeliveries and rows the
+table refuses; each is applied three ways (as one batch, one record per
+batch, and cut into batches at random) straight through the stage table and
+`apply_batch`, and the table, the dead letters and the outbox events must be
+the same each time and equal to the plain-Python model below.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from decimal import Decimal
+
+import hypothesis.strategies as st
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from psycopg import sql
+from pyspark.sql import types as T
+
+from outbox.config import DatabaseUrl
+from sinks.postgres.apply import apply_batch
+from sinks.postgres.catalog import describe
+from sinks.postgres.plan import plan
+from sinks.postgres.spec import Mode, Outbox, SinkSpec
+from sinks.postgres.statements import Statements
+
+KEYS = [f"00000000-0000-0000-0000-00000000000{i}" for i in range(4)]
+PARTITIONS = 2
+ATTEMPT = 7
+FRAME = T.StructType(
+    [
+        T.StructField("event_id", T.StringType()),
+        T.StructField("n", T.LongType()),
+        T.StructField("amount", T.DecimalType(12, 2)),
+        T.StructField("version", T.IntegerType()),
+        T.StructField("topic", T.StringType()),
+        T.StructField("partition", T.IntegerType()),
+        T.StructField("offset", T.LongType()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class Event:
+    key: str
+    delete: bool
+    n: int
+    amount: int  # negative: the table's CHECK refuses the row
+    version: int | None
+
+    @property
+    def partition(self) -> int:
+        return KEYS.index(self.key) % PARTITIONS
+
+
+events = st.lists(
+    st.builds(
+        Event,
+        key=st.sampled_from(KEYS),
+        delete=st.sampled_from([False, False, True]),
+        n=st.integers(0, 2),
+        amount=st.sampled_from([-1, 0, 1, 2]),
+        version=st.none() | st.integers(1, 4),
+    ),
+    min_size=1,
+    max_size=24,
+)
+
+
+def positioned(drawn: list[Event]) -> list[tuple[int, int, Event]]:
+    """(partition, offset, event): offsets in the order drawn, per partition."""
+    next_offset = [0] * PARTITIONS
+    out = []
+    for e in drawn:
+        out.append((e.partition, next_offset[e.partition], e))
+        next_offset[e.partition] += 1
+    return out
+
+
+def model(log: list[tuple[int, int, Event]], mode: Mode, versioned: bool) -> tuple[dict, set, dict]:
+    """The rule, one event at a time: (table, dead letters, outbox events per key)."""
+    table: dict[str, tuple] = {}
+    dead: set[tuple[int, int]] = set()
+    outbox: dict[str, list] = {}
+    for partition, offset, e in log_order(log):
+        row = table.get(e.key)
+        version = e.version if versioned else None
+        if e.delete:
+            if row is None:
+                continue
+            if versioned and version is not None and row[2] is not None and row[2] > version:
+                continue  # an older delete never removes a newer row
+            del table[e.key]
+            outbox.setdefault(e.key, []).append(None)
+            continue
+        new = (e.n, _cents(e.amount), version)
+        if e.amount < 0:  # CHECK (amount >= 0): refused whatever else happens
+            dead.add((partition, offset))
+            continue
+        if row is not None:
+            if mode == "insert":
+                continue
+            if versioned and row[2] is not None and (version is None or row[2] > version):
+                continue  # never replaced by an older (or unversioned) event
+            if row == new:
+                continue  # a redelivery changes nothing
+        table[e.key] = new
+        outbox.setdefault(e.key, []).append(new)
+    return table, dead, outbox
+
+
+def _cents(amount: object) -> Decimal:
+    return Decimal(str(amount)).quantize(Decimal("0.01"))
+
+
+def apply_in_batches(
+    conn: psycopg.Connection, st_: Statements, log: list[tuple[int, int, Event]], cuts: list[list[int]]
+) -> None:
+    """Apply the log in batches: batch i holds, per partition, the offsets below cuts[i][partition]."""
+    done = [0] * PARTITIONS
+    for batch_id, cut in enumerate(cuts):
+        rows = [(p, o, e) for p, o, e in log if done[p] <= o < cut[p]]
+        done = [max(d, c) for d, c in zip(done, cut, strict=True)]
+        if not rows:
+            continue
+        conn.execute(st_.create_stage())
+        with conn.cursor().copy(
+            sql.SQL(
+                "COPY {} (c0, c1, c2, c3, _topic, _partition, _offset, _delete, _attempt) FROM STDIN"
+            ).format(st_.names.stage)
+        ) as copy:
+            for p, o, e in rows:
+                # A delete carries its version (delete="..." rules); a tombstone's is None.
+                values = (None, None, e.version) if e.delete else (e.n, e.amount, e.version)
+                copy.write_row((e.key, *values, "t", p, o, e.delete, ATTEMPT))
+        apply_batch(conn, st_, batch_id, [ATTEMPT], len(rows))
+
+
+def one_record_each(log: list[tuple[int, int, Event]], ends: list[int]) -> list[list[int]]:
+    """Cuts that make each record its own batch, partition 0's first."""
+    return [
+        [o + 1 if q == p else (ends[q] if q < p else 0) for q in range(PARTITIONS)]
+        for p, o, _ in log_order(log)
+    ]
+
+
+def growing(points: list[tuple[int, int]], ends: list[int]) -> list[list[int]]:
+    """Random cut points made into batch ends: within the log, never moving back, the last at the end."""
+    cuts: list[list[int]] = []
+    for point in [*sorted(points, key=sum), tuple(ends)]:
+        previous = cuts[-1] if cuts else [0] * PARTITIONS
+        cuts.append([max(previous[q], min(point[q], ends[q])) for q in range(PARTITIONS)])
+    return cuts
+
+
+def log_order(log: list[tuple[int, int, Event]]) -> list[tuple[int, int, Event]]:
+    return sorted(log, key=lambda x: (x[0], x[1]))
+
+
+def observed(conn: psycopg.Connection) -> tuple[dict, set, dict]:
+    table = {
+        k: (n, a, v) for k, n, a, v in conn.execute("SELECT event_id::text, n, amount, version FROM orders")
+    }
+    dead = set(conn.execute("SELECT kafka_partition, kafka_offset FROM sink_dead_letters").fetchall())
+    outbox: dict[str, list] = {}
+    for key, value in conn.execute("SELECT convert_from(key, 'UTF8'), value FROM outbox_events ORDER BY id"):
+        doc = None if value is None else json.loads(bytes(value))
+        row = None if doc is None else (doc["n"], _cents(doc["amount"]), doc["version"])
+        outbox.setdefault(key, []).append(row)
+    return table, dead, outbox
+
+
+@pytest.fixture
+def checked_db(db: DatabaseUrl, pg: psycopg.Connection) -> DatabaseUrl:
+    pg.execute("ALTER TABLE orders ADD CONSTRAINT amount_not_negative CHECK (amount >= 0)")
+    return db
+
+
+@pytest.mark.parametrize(("mode", "versioned"), [("upsert", False), ("upsert", True), ("insert", False)])
+def test_any_batch_boundaries_give_the_one_by_one_result(
+    checked_db: DatabaseUrl, mode: Mode, versioned: bool
+) -> None:
+    spec = SinkSpec(
+        url=checked_db,
+        table="orders",
+        mode=mode,
+        version="version" if versioned else None,
+        outbox=Outbox(topic="changes", key="written.event_id::text"),
+    )
+    with psycopg.connect(checked_db.libpq, autocommit=True) as conn:
+        statements = Statements(spec, plan(FRAME, describe(conn, "public", "orders"), spec))
+
+        @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+        @given(
+            drawn=events, cut_points=st.lists(st.tuples(st.integers(0, 24), st.integers(0, 24)), max_size=6)
+        )
+        def check(drawn: list[Event], cut_points: list[tuple[int, int]]) -> None:
+            if not versioned:
+                drawn = [Event(e.key, e.delete, e.n, e.amount, None) for e in drawn]
+            log = positioned(drawn)
+            ends = [sum(1 for p, _, _ in log if p == q) for q in range(PARTITIONS)]
+            for cuts in ([ends], one_record_each(log, ends), growing(cut_points, ends)):
+                conn.execute("TRUNCATE orders, sink_progress, sink_dead_letters, outbox_events")
+                apply_in_batches(conn, statements, log, cuts)
+                assert observed(conn) == model(log, mode, versioned), f"batches cut at {cuts}"
+                ledger = dict(
+                    conn.execute("SELECT kafka_partition, next_offset FROM sink_progress").fetchall()
+                )
+                assert ledger == {p: end for p, end in enumerate(ends) if end}
+
+        check()
