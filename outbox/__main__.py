@@ -1,5 +1,16 @@
+"""`python -m outbox` and the `outbox` script: stop signals are caught before the heavy imports."""
+
 import sys
 
-from outbox.cli import main
+from outbox.stopping import catch_stop_signals
 
-sys.exit(main())
+
+def entry() -> int:
+    catch_stop_signals()
+    from outbox.cli import main
+
+    return main()
+
+
+if __name__ == "__main__":
+    sys.exit(entry())

@@ -153,3 +153,17 @@ def test_relay_names_an_unreachable_kafka_and_why_once_per_attempt(database) -> 
     for line in about_kafka:
         assert f"cannot reach Kafka at {servers}" in line and "Connection refused" in line, line
     assert lines[-1].startswith("outbox: error: giving up after 1 retries: cannot reach Kafka at"), lines[-1]
+
+
+def test_a_relay_told_to_stop_while_starting_exits_cleanly(tmp_path: Path) -> None:
+    """SIGTERM during start-up (imports, connecting) is a request to stop, answered with exit 0."""
+    import signal
+    import time
+
+    from tests.helpers import Job
+
+    env = {"DATABASE_URL": "postgresql://u@127.0.0.1:9/db", "KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9"}
+    job = Job(["-m", "outbox", "relay", "--name", "r", "--metrics-address", "off"], tmp_path / "r.log", env)
+    time.sleep(0.3)  # Python is up, the heavy imports are not done
+    job.process.send_signal(signal.SIGTERM)
+    assert job.wait(30) == 0, job.output()

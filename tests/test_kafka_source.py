@@ -319,3 +319,25 @@ def test_a_producer_killed_mid_transaction_is_aborted_and_readers_move_past(
     finally:
         query.stop()
     assert values == sorted(v for _, v in records(3, "before") + records(3, "after"))
+
+
+def test_a_checkpoint_of_another_subscription_is_named_as_such(
+    spark: SparkSession, bootstrap: str, checkpoint: Path
+) -> None:
+    from pyspark.errors import StreamingQueryException
+
+    first, second = (create_topic(bootstrap, unique("sub"), partitions=1) for _ in range(2))
+    for name in (first, second):
+        produce_transaction(transactional_producer(bootstrap), name, records(2, name))
+
+    def to_noop(topic: str) -> StreamingQuery:
+        reader = spark.readStream.format("kafka_rc").option("kafka.bootstrap.servers", bootstrap)
+        frame = reader.option("subscribe", topic).load()
+        stream = frame.writeStream.format("noop").option("checkpointLocation", str(checkpoint))
+        return stream.trigger(availableNow=True).start()
+
+    to_noop(first).awaitTermination(120)
+    query = to_noop(second)
+    with pytest.raises(StreamingQueryException, match=f"offsets of topic.s. {first}.*another subscription"):
+        query.awaitTermination(120)
+    query.stop()

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from outbox.cli import check, db, dev, relay
 from outbox.errors import OutboxError
+from outbox.stopping import release_stop_signals
 
 EXIT_USER_ERROR = 2
 
@@ -33,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command != "relay":  # only the daemon keeps a stop request for itself (outbox.stopping)
+        release_stop_signals()
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

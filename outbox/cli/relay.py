@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
-import threading
 from pathlib import Path
 
 from outbox.config import OUTBOX_SCHEMA, bootstrap_servers, database_url, schema_name
@@ -21,6 +19,7 @@ from outbox.relay.metrics import RelayMetrics, serve
 from outbox.relay.poison import DEAD_LETTER, HALT
 from outbox.relay.position import Shard
 from outbox.relay.relay import POSITIONS_TOPIC, Relay, RelaySettings
+from outbox.stopping import STOP, catch_stop_signals
 
 log = logging.getLogger("outbox.relay")
 
@@ -173,9 +172,9 @@ def cmd_relay(args: argparse.Namespace) -> int:
         exactly_once=args.delivery == "exactly-once",
         max_retries=args.max_retries,
     )
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    # Set by SIGTERM or SIGINT, also one that came while the relay was still starting.
+    stop = STOP
+    catch_stop_signals()
     metrics = RelayMetrics(settings.name, str(settings.shard))
     server = None
     if args.metrics_address != "off":

@@ -145,6 +145,12 @@ class Publisher:
             self._producer.poll(0)  # error callbacks run from poll: the cause arrives now
             raise kafka_failure(exc, self.bootstrap, self._cause) from None
 
+    def restart(self) -> Position | None:
+        """A new producer, initialised again: after a refused record, whose sequence number the
+        idempotent producer already spent, the old one would fail its next transaction."""
+        self.close()
+        return self.start()
+
     def _ensure_positions_topic(self, admin: AdminClient) -> None:
         if self.positions_topic in admin.list_topics(timeout=self.timeout).topics:
             return

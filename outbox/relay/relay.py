@@ -171,6 +171,7 @@ class Relay:
                         m.aborts.inc()
                         _settle(ahead)
                         ahead = None
+                        position = publisher.restart() or Position()
                         position = self._poisoned(table, publisher, position, target, batch, poison)
                         continue
                     m.commit_seconds.observe(time.perf_counter() - started)

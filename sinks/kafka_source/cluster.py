@@ -41,12 +41,7 @@ class Cluster:
 
     def partitions(self) -> list[TopicPartitionKey]:
         """Partitions of the subscribed topics; a named topic that is missing is an error."""
-        try:
-            metadata = self.admin.list_topics(timeout=self.timeout)
-        except KafkaException as exc:
-            raise ServiceUnavailable(
-                f"cannot reach Kafka at {self.options.bootstrap_servers}: {exc.args[0].str()}"
-            ) from None
+        metadata = self._metadata()
         found = [
             (name, pid)
             for name, topic in metadata.topics.items()
@@ -60,6 +55,18 @@ class Cluster:
                 " (deleted, or never created)"
             )
         return sorted(found)
+
+    def topics(self) -> set[str]:
+        """Every topic on the cluster, subscribed or not."""
+        return set(self._metadata().topics)
+
+    def _metadata(self):  # type: ignore[no-untyped-def]
+        try:
+            return self.admin.list_topics(timeout=self.timeout)
+        except KafkaException as exc:
+            raise ServiceUnavailable(
+                f"cannot reach Kafka at {self.options.bootstrap_servers}: {exc.args[0].str()}"
+            ) from None
 
     def earliest(self, partitions: Iterable[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
         return self._list_offsets(partitions, OffsetSpec.earliest())

@@ -66,6 +66,15 @@ class SourceOptions:
             "isolation.level": "read_uncommitted" if self.read_uncommitted else "read_committed",
         }
 
+    @property
+    def subscription(self) -> str:
+        """As the user wrote it, for messages."""
+        return (
+            f"subscribePattern {self.pattern}"
+            if self.pattern is not None
+            else f"subscribe {','.join(self.topics)}"
+        )
+
     def matches(self, topic: str) -> bool:
         if self.pattern is not None:
             return re.fullmatch(self.pattern, topic) is not None

@@ -25,6 +25,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from outbox.config import database_url, schema_name
+from outbox.errors import ConfigError, OutboxError
 from sinks import ledger
 from sinks.kafka_source import offsets as plan
 from sinks.kafka_source.cluster import Cluster
@@ -135,7 +136,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         tps = self.cluster.partitions()
         gone = sorted({t for t, _ in begin} - {t for t, _ in tps})
         if gone:
-            raise RuntimeError(f"topic(s) {', '.join(gone)} were deleted while the query was reading them")
+            raise unsubscribed(gone, self.cluster.topics(), self.options)
         new = [tp for tp in tps if tp not in begin]
         if new:  # partitions added while running start at their earliest offset
             begin.update(self.cluster.earliest(new))
@@ -157,6 +158,18 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict) -> None:
         """Nothing to do: the checkpoint (or the sink's ledger) holds the offsets."""
+
+
+def unsubscribed(topics: list[str], existing: set[str], options: SourceOptions) -> OutboxError:
+    """The error for checkpointed topics the query no longer reads: deleted, or another subscription's."""
+    present = [t for t in topics if t in existing]
+    if present:
+        return ConfigError(
+            f"the checkpoint holds offsets of topic(s) {', '.join(present)}, which this query does not"
+            f" subscribe to ({options.subscription}): the checkpoint belongs to another subscription;"
+            " give this query a new checkpointLocation"
+        )
+    return ConfigError(f"topic(s) {', '.join(topics)} were deleted while the query was reading them")
 
 
 def register(spark: SparkSession) -> None:
