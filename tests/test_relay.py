@@ -295,6 +295,31 @@ def test_broker_restart_mid_run(private_services: dict, sig: int) -> None:  # ty
     assert terminate(job) == 0
 
 
+def test_broker_killed_with_a_transaction_open_that_then_times_out(private_services: dict) -> None:  # type: ignore[type-arg]
+    """The relay's open transaction dies with the broker and is aborted at its timeout: the late commit
+    must fail, and the relay must start over from the position in Kafka, not take the batch as sent."""
+    tmp, services = private_services["tmp"], private_services["services"]
+    url = DatabaseUrl.parse(services["postgres"].env["DATABASE_URL"])
+    broker = private_services["broker"]
+    migrate.upgrade(url, "public")
+    topic = create_topic(broker.bootstrap, unique("events"), partitions=3)
+    env = {"DATABASE_URL": url.raw, "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap}
+    writers = Writers(url, topic).start(transactions=10)
+    writers.join()
+    job, resume = relay_job(
+        tmp, env, "late", "--batch-size", "20", "-X", "transaction.timeout.ms=4000", pause_at="before-commit"
+    )
+    job.wait_for_output("paused at before-commit", 60)
+    broker.restart(signal.SIGKILL)
+    time.sleep(6)  # past the transaction's timeout: the restarted broker aborts it
+    resume.touch()
+    assert_exactly_once(
+        wait_published(broker.bootstrap, topic, 3, writers.committed.count, 120), writers.committed
+    )
+    assert "session ended, retrying" in job.output()
+    assert terminate(job) == 0
+
+
 def test_the_same_name_on_two_schemas_publishes_each_outbox_exactly_once(
     tmp_path: Path, database: DatabaseUrl, bootstrap: str, events_topic: str
 ) -> None:
