@@ -262,7 +262,7 @@ def test_a_read_starting_at_or_after_an_abort_marker_keeps_later_commits(
 
     librdkafka filters aborted records by the broker's aborted-transaction list;
     a list that named transactions ended before the fetch offset would drop
-    these (the emulated broker used before did, silently).
+    these silently.
     """
     name = create_topic(bootstrap, unique("abort"), partitions=1)
     producer = transactional_producer(bootstrap)
