@@ -58,7 +58,7 @@ def test_a_lost_checkpoint_with_the_builtin_source_from_earliest_skips_what_was_
 
     expected = {i: (n, Decimal("5.00") if n < 5 else Decimal("1.00"), None) for n, i in enumerate(ids)}
     assert table(pg) == expected
-    # One outbox event per change: 20 rows (the edits fell in the same first batch), then
-    # 10 inserts; the replay added none (it would add 10: each old 1.00, then each 5.00).
-    assert pg.execute("SELECT count(*) FROM outbox_events").fetchone() == (30,)
+    # One outbox event per change: 20 inserts, 5 edits, 10 inserts; the replay added none
+    # (without the ledger it would add 10: each old 1.00 again, then each 5.00).
+    assert pg.execute("SELECT count(*) FROM outbox_events").fetchone() == (35,)
     assert ledger(pg) == log_ends(bootstrap, topic)

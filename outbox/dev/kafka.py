@@ -79,8 +79,14 @@ def read_properties(path: Path) -> dict[str, str]:
 
 
 def cluster_id() -> str:
-    """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding (as Kafka's Uuid)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding (as Kafka's Uuid).
+
+    Like Kafka's own Uuid.randomUuid, never one that starts with "-": a command
+    line would read it as an option.
+    """
+    while (text := base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")).startswith("-"):
+        pass
+    return text
 
 
 def start(data_dir: Path, port: int, *, die_with_parent: bool) -> Service:
