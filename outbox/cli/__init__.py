@@ -11,7 +11,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from outbox.cli import check, db, dev, relay
+from outbox.cli import check, db, dev, relay, verify
 from outbox.errors import OutboxError
 from outbox.stopping import release_stop_signals
 
@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     db.register(commands)
     check.register(commands)
     relay.register(commands)
+    verify.register(commands)
     return parser
 
 

@@ -1,0 +1,100 @@
+"""`outbox verify TOPIC`: are the committed records of a topic each there once, in order, and nothing else?
+
+Reads the topic read_committed from its start (or --from-offsets) to its end,
+and reports every duplicate event id, every per-key order violation, and,
+given a source, every event missing or leaked. One line per finding, then a
+summary; exit 1 when anything was found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import psycopg
+
+from outbox.config import bootstrap_servers, database_url
+from outbox.errors import ConfigError, ServiceUnavailable
+from outbox.verify.findings import check
+from outbox.verify.topic import committed, record
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = commands.add_parser(
+        "verify",
+        help="check a topic: duplicates, order per key, missing and leaked events",
+        description=__doc__,
+    )
+    p.add_argument("topic")
+    p.add_argument("--bootstrap-servers", help="Kafka host:port list (env KAFKA_BOOTSTRAP_SERVERS)")
+    ident = p.add_mutually_exclusive_group()
+    ident.add_argument(
+        "--id-header", default="event_id", help="header holding the event id (default event_id)"
+    )
+    ident.add_argument("--id-field", help="JSON field of the value holding the event id, instead of a header")
+    p.add_argument(
+        "--order-field", help="JSON field with a per-key sequence or version that must not go down"
+    )
+    p.add_argument(
+        "--from-offsets", help='JSON {"partition": offset, ...}: where to start (default: the beginning)'
+    )
+    source = p.add_mutually_exclusive_group()
+    source.add_argument(
+        "--source-topic", help="topic whose committed events must each appear (same id option)"
+    )
+    source.add_argument("--source-sql", help="query whose first column lists the event ids that must appear")
+    p.add_argument("--url", help="PostgreSQL URL for --source-sql (env DATABASE_URL)")
+    p.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds to read a topic to its end (default 60)"
+    )
+    p.add_argument("--json", action="store_true", help="end with one JSON object")
+    p.set_defaults(handler=cmd_verify)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    servers = bootstrap_servers(args.bootstrap_servers)
+    ids = {"id_header": None if args.id_field else args.id_header, "id_field": args.id_field}
+    start = _offsets(args.from_offsets)
+    records = [
+        record(m, **ids, order_field=args.order_field)
+        for m in committed(servers, args.topic, start, args.timeout)
+    ]
+    expected = None
+    if args.source_topic:
+        source = committed(servers, args.source_topic, None, args.timeout)
+        expected = {r.event_id for r in (record(m, **ids, order_field=None) for m in source) if r.event_id}
+    elif args.source_sql:
+        expected = _ids_from_sql(args.url, args.source_sql)
+    report = check(records, expected)
+    for finding in report.findings:
+        print(finding.line())
+    counts = report.counts()
+    summary = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())) or "no findings"
+    print(f"{args.topic}: {report.records} committed records checked: {summary}")
+    if args.json:
+        print(
+            json.dumps({"topic": args.topic, "records": report.records, "ok": report.ok, "findings": counts})
+        )
+    return 0 if report.ok else 1
+
+
+def _offsets(text: str | None) -> dict[int, int] | None:
+    if not text:
+        return None
+    try:
+        return {int(p): int(o) for p, o in json.loads(text).items()}
+    except (ValueError, AttributeError, TypeError):
+        raise ConfigError(f'--from-offsets must be JSON like {{"0": 42, "1": 7}}, got {text!r}') from None
+
+
+def _ids_from_sql(url_flag: str | None, query: str) -> set[str]:
+    url = database_url(url_flag)
+    try:
+        with psycopg.connect(url.libpq, connect_timeout=10) as conn:
+            return {str(row[0]) for row in conn.execute(query.encode()) if row[0] is not None}
+    except psycopg.OperationalError as exc:
+        raise ServiceUnavailable(
+            f"cannot reach PostgreSQL at {url.safe}: {url.scrub(str(exc).strip())}"
+        ) from None
+    except psycopg.Error as exc:
+        raise ConfigError(f"--source-sql failed: {str(exc).strip().splitlines()[0]}") from None

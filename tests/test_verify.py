@@ -1,0 +1,134 @@
+"""`outbox verify`: each check fails on a topic seeded with the fault it looks for; a clean one passes."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+
+import hypothesis.strategies as st
+from confluent_kafka import Producer
+from hypothesis import given
+
+from outbox.probe import quiet_kafka_config
+from outbox.verify.findings import Record, check
+from tests.cli import outbox
+from tests.helpers import create_topic, transactional_producer, unique
+
+# -- the checks, on records already read -------------------------------------------------------------
+
+
+@st.composite
+def clean_topics(draw: st.DrawFn) -> list[Record]:
+    """Unique ids, each key in one partition, sequences rising per key in offset order."""
+    keys = draw(st.lists(st.sampled_from("abcdef"), min_size=1, max_size=30))
+    offsets = [0, 0]
+    seqs: dict[str, int] = {}
+    out = []
+    for i, key in enumerate(keys):
+        partition = "abcdef".index(key) % 2
+        seqs[key] = seqs.get(key, 0) + draw(st.integers(0, 3))
+        out.append(Record(partition, offsets[partition], key, f"e{i}", Decimal(seqs[key])))
+        offsets[partition] += 1
+    return out
+
+
+@given(clean_topics())
+def test_a_clean_topic_has_no_findings(records: list[Record]) -> None:
+    assert check(records, {r.event_id for r in records if r.event_id}).findings == []
+
+
+@given(clean_topics(), st.data())
+def test_each_injected_fault_is_found(records: list[Record], data: st.DataObject) -> None:
+    victim = data.draw(st.sampled_from(records))
+    last = max((r.offset for r in records if r.partition == victim.partition), default=0)
+    duplicate = Record(victim.partition, last + 1, victim.key, victim.event_id, None)
+    assert [f.kind for f in check([*records, duplicate]).findings] == ["duplicate"]
+    expected = {r.event_id for r in records if r.event_id}
+    assert [f.kind for f in check([r for r in records if r is not victim], expected).findings] == ["missing"]
+    assert [f.kind for f in check(records, expected - {victim.event_id}).findings] == ["leaked"]
+    older = Record(victim.partition, last + 1, victim.key, "late", (victim.sequence or Decimal(0)) - 1)
+    assert [f.kind for f in check([*records, older]).findings] == ["out-of-order"]
+
+
+# -- the command, on real topics -------------------------------------------------------------------------
+
+
+def publish(bootstrap: str, topic: str, events: list[tuple[str, str, int]], *, commit: bool = True) -> None:
+    """(event id, key, seq) in one transaction, the id in the event_id header, seq in the JSON value."""
+    producer = transactional_producer(bootstrap)
+    producer.begin_transaction()
+    for event_id, key, seq in events:
+        value = json.dumps({"id": event_id, "seq": seq}).encode()
+        producer.produce(topic, key=key.encode(), value=value, headers=[("event_id", event_id.encode())])
+    producer.flush(30)
+    if commit:
+        producer.commit_transaction(30)
+    else:
+        producer.abort_transaction(30)
+
+
+def verify(bootstrap: str, topic: str, *flags: str) -> tuple[int, str]:
+    result = outbox(
+        "verify", topic, "--bootstrap-servers", bootstrap, "--order-field", "seq", *flags, "--json"
+    )
+    assert result.err == "", result.err
+    return result.code, result.out
+
+
+def test_a_clean_topic_passes(bootstrap: str) -> None:
+    source, out = create_topic(bootstrap, unique("src"), 2), create_topic(bootstrap, unique("out"), 2)
+    events = [(f"e{i}", f"k{i % 3}", i) for i in range(12)]
+    publish(bootstrap, source, events)
+    publish(bootstrap, out, events)
+    code, text = verify(bootstrap, out, "--source-topic", source)
+    assert code == 0, text
+    assert json.loads(text.splitlines()[-1]) == {"topic": out, "records": 12, "ok": True, "findings": {}}
+
+
+def test_a_duplicate_is_found(bootstrap: str) -> None:
+    out = create_topic(bootstrap, unique("out"), 1)
+    publish(bootstrap, out, [("e1", "k", 1), ("e2", "k", 2)])
+    publish(bootstrap, out, [("e2", "k", 2)])  # redelivered in a later transaction
+    code, text = verify(bootstrap, out)
+    assert code == 1 and "duplicate: event e2 appears 2 times" in text, text
+
+
+def test_a_gap_is_found(bootstrap: str) -> None:
+    source, out = create_topic(bootstrap, unique("src"), 1), create_topic(bootstrap, unique("out"), 1)
+    publish(bootstrap, source, [("e1", "k", 1), ("e2", "k", 2), ("e3", "k", 3)])
+    publish(bootstrap, out, [("e1", "k", 1), ("e3", "k", 3)])
+    code, text = verify(bootstrap, out, "--source-topic", source)
+    assert code == 1 and "missing: event e2 was never published" in text, text
+
+
+def test_an_out_of_order_pair_is_found(bootstrap: str) -> None:
+    out = create_topic(bootstrap, unique("out"), 1)
+    publish(bootstrap, out, [("e1", "k", 1), ("e2", "k", 3), ("e3", "k", 2)])
+    code, text = verify(bootstrap, out)
+    assert code == 1 and "out-of-order: key 'k': 2 after 3" in text, text
+
+
+def test_an_aborted_record_read_uncommitted_is_found(bootstrap: str) -> None:
+    """A pipeline that read its source uncommitted published an aborted event: it leaked."""
+    source, out = create_topic(bootstrap, unique("src"), 1), create_topic(bootstrap, unique("out"), 1)
+    publish(bootstrap, source, [("e1", "k", 1)])
+    publish(bootstrap, source, [("x1", "k", 2)], commit=False)
+    producer = Producer(quiet_kafka_config({"bootstrap.servers": bootstrap}))
+    for event_id, seq in (("e1", 1), ("x1", 2)):
+        value = json.dumps({"id": event_id, "seq": seq}).encode()
+        producer.produce(out, key=b"k", value=value, headers=[("event_id", event_id.encode())])
+    producer.flush(30)
+    code, text = verify(bootstrap, out, "--source-topic", source)
+    assert code == 1 and "leaked: event x1 is not in the source" in text, text
+    # Ids can come from a value field too, and the check can start at given offsets.
+    code, text = verify(bootstrap, out, "--id-field", "id", "--from-offsets", '{"0": 1}')
+    assert code == 0 and '"records": 1' in text, text
+
+
+def test_the_source_can_be_a_query(bootstrap: str, database, pg) -> None:  # type: ignore[no-untyped-def]
+    pg.execute("CREATE TABLE applied (event_id text); INSERT INTO applied VALUES ('e1'), ('e2')")
+    out = create_topic(bootstrap, unique("out"), 1)
+    publish(bootstrap, out, [("e1", "k", 1)])
+    sql = "SELECT event_id FROM applied"
+    code, text = verify(bootstrap, out, "--source-sql", sql, "--url", database.raw)
+    assert code == 1 and "missing: event e2 was never published" in text, text
