@@ -12,9 +12,10 @@ import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from confluent_kafka import Consumer, Message, Producer, TopicPartition
+from confluent_kafka import Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from outbox.committed import read_committed as read_topic
 from outbox.dev import kafka
 from outbox.dev.process import free_port, spawn, stop
 from outbox.dev.service import Service
@@ -79,41 +80,10 @@ def produce_transaction(
 
 
 def committed_messages(bootstrap: str, topic: str, partitions: int, timeout: float = 60.0) -> list[Message]:
-    """Every record a fresh read_committed consumer sees from offset 0 up to the LSO."""
-    consumer = Consumer(
-        quiet_kafka_config(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": unique("verify"),
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-            }
-        )
-    )
-    try:
-        ends = {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
-            for p in range(partitions)
-        }
-        pending = {p for p, end in ends.items() if end > 0}
-        consumer.assign([TopicPartition(topic, p, 0) for p in pending])
-        out: list[Message] = []
-        deadline = time.monotonic() + timeout
-        while pending and time.monotonic() < deadline:
-            m = consumer.poll(0.5)
-            if m is None:
-                continue
-            if m.error() is None:
-                out.append(m)
-                if m.offset() + 1 >= ends[m.partition()]:
-                    pending.discard(m.partition())
-            elif m.offset() >= ends[m.partition()]:
-                pending.discard(m.partition())
-        assert not pending, f"could not read partitions {pending} of {topic} to their end"
-        return out
-    finally:
-        consumer.close()
+    """Every record a fresh read_committed consumer sees from offset 0 up to the end now."""
+    messages = read_topic({"bootstrap.servers": bootstrap}, topic, timeout=timeout)
+    assert {m.partition() for m in messages} <= set(range(partitions))
+    return messages
 
 
 def read_committed(bootstrap: str, topic: str, partitions: int, timeout: float = 10.0) -> list[tuple]:

@@ -11,21 +11,17 @@ transaction: whatever is read then is the truth.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable, Mapping, Sequence
 
 from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
-    IsolationLevel,
     KafkaError,
     KafkaException,
     Message,
     Producer,
-    TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+from confluent_kafka.admin import AdminClient, NewTopic
 
+from outbox.committed import read_committed
 from outbox.errors import ConfigError, OutboxError, ServiceUnavailable
 from outbox.probe import quiet_kafka_config
 from outbox.relay.outbox_table import Row
@@ -140,7 +136,7 @@ class Publisher:
                 self._producer.init_transactions(self.timeout)
             admin = AdminClient(client_config(_shared(self.settings), self.bootstrap))
             self._ensure_positions_topic(admin)
-            return latest_position(self._read_positions(admin), self.relay)
+            return latest_position(self._read_positions(), self.relay)
         except KafkaException as exc:
             self._producer.poll(0)  # error callbacks run from poll: the cause arrives now
             raise kafka_failure(exc, self.bootstrap, self._cause) from None
@@ -166,59 +162,20 @@ class Publisher:
                     ) from None
         log.info("created positions topic", extra={"topic": self.positions_topic})
 
-    def _read_positions(self, admin: AdminClient) -> list[tuple[bytes | None, bytes | None]]:
-        """Every committed record of the positions topic, in order.
-
-        Reads up to the high watermark seen now, not just to the Last Stable
-        Offset: a position of ours committed after another producer's still-open
-        transaction lies beyond the LSO, and stopping there would read a stale one.
-        """
-        topic = admin.list_topics(timeout=self.timeout).topics[self.positions_topic]
-        ends = admin.list_offsets(
-            {TopicPartition(self.positions_topic, p): OffsetSpec.latest() for p in topic.partitions},
-            isolation_level=IsolationLevel.READ_UNCOMMITTED,
-            request_timeout=self.timeout,
+    def _read_positions(self) -> list[tuple[bytes | None, bytes | None]]:
+        """Every committed record of the positions topic, in order, up to its high watermark now
+        (a position of ours may lie beyond another relay's still-open transaction)."""
+        config = {
+            **_shared(self.settings),
+            "bootstrap.servers": self.bootstrap,
+            "group.id": f"outbox-relay-positions.{self.relay.name}",
+        }
+        stuck = (
+            f"the positions topic {self.positions_topic!r} has a transaction open for over"
+            f" {self.timeout * 4:.0f}s (another relay's, not yet timed out); retrying"
         )
-        high = {tp.partition: future.result().offset for tp, future in ends.items()}
-        consumer = Consumer(
-            client_config(
-                {
-                    **_shared(self.settings),
-                    "group.id": f"outbox-relay-positions.{self.relay.name}",
-                    "isolation.level": "read_committed",
-                    "enable.auto.commit": False,
-                    "enable.partition.eof": True,
-                },
-                self.bootstrap,
-            )
-        )
-        try:
-            pending = {p for p, end in high.items() if end > 0}
-            consumer.assign([TopicPartition(self.positions_topic, p, OFFSET_BEGINNING) for p in pending])
-            records: list[tuple[bytes | None, bytes | None]] = []
-            deadline = time.monotonic() + self.timeout * 4
-            while pending:
-                if time.monotonic() > deadline:
-                    raise ServiceUnavailable(
-                        f"the positions topic {self.positions_topic!r} has a transaction open for over"
-                        f" {self.timeout * 4:.0f}s (another relay's, not yet timed out); retrying"
-                    )
-                message = consumer.poll(0.5)
-                if message is None:
-                    continue
-                error = message.error()
-                if error is None:
-                    records.append((message.key(), message.value()))
-                    if message.offset() + 1 >= high[message.partition()]:
-                        pending.discard(message.partition())
-                elif error.code() == KafkaError._PARTITION_EOF:
-                    if message.offset() >= high[message.partition()]:
-                        pending.discard(message.partition())
-                else:
-                    raise KafkaException(error)
-            return records
-        finally:
-            consumer.close()
+        messages = read_committed(config, self.positions_topic, timeout=self.timeout * 4, stuck=stuck)
+        return [(m.key(), m.value()) for m in messages]
 
     # -- publish -------------------------------------------------------------
 

@@ -1,16 +1,13 @@
-"""Read a topic's committed records once, from the start (or given offsets) to its end as of now."""
+"""The records `outbox verify` checks: a topic's committed records, and their ids and sequences."""
 
 from __future__ import annotations
 
 import json
-import time
-import uuid
 from collections.abc import Mapping
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Message
 
-from outbox.errors import ConfigError, ServiceUnavailable
-from outbox.probe import quiet_kafka_config
+from outbox.committed import read_committed
 from outbox.verify.findings import Record, sequence
 
 
@@ -18,55 +15,7 @@ def committed(
     bootstrap: str, topic: str, start: Mapping[int, int] | None = None, timeout: float = 60.0
 ) -> list[Message]:
     """Every committed record (read_committed) from `start` (default: the beginning) up to the end now."""
-    consumer = Consumer(
-        quiet_kafka_config(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": f"outbox-verify-{uuid.uuid4().hex}",
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-            }
-        )
-    )
-    try:
-        try:
-            metadata = consumer.list_topics(timeout=min(timeout, 30))
-        except KafkaException as exc:
-            raise ServiceUnavailable(f"cannot reach Kafka at {bootstrap}: {exc.args[0].str()}") from None
-        if topic not in metadata.topics or metadata.topics[topic].error is not None:
-            raise ConfigError(f"topic {topic!r} does not exist on {bootstrap}")
-        ends = {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
-            for p in metadata.topics[topic].partitions
-        }
-        first = {p: (start or {}).get(p, OFFSET_BEGINNING) for p in ends}
-        pending = {p for p, end in ends.items() if end > max(first[p], 0)}
-        consumer.assign([TopicPartition(topic, p, first[p]) for p in pending])
-        out: list[Message] = []
-        deadline = time.monotonic() + timeout
-        while pending:
-            if time.monotonic() > deadline:
-                raise ServiceUnavailable(
-                    f"could not read partitions {sorted(pending)} of {topic} to their end in {timeout:.0f}s"
-                    " (a transaction still open?)"
-                )
-            message = consumer.poll(0.5)
-            if message is None:
-                continue
-            error = message.error()
-            if error is None:
-                out.append(message)
-                if message.offset() + 1 >= ends[message.partition()]:
-                    pending.discard(message.partition())
-            elif error.code() == KafkaError._PARTITION_EOF:
-                if message.offset() >= ends[message.partition()]:
-                    pending.discard(message.partition())
-            else:
-                raise ServiceUnavailable(f"reading {topic}: {error.str()}")
-        return out
-    finally:
-        consumer.close()
+    return read_committed({"bootstrap.servers": bootstrap}, topic, start=start, timeout=timeout)
 
 
 def record(

@@ -1,0 +1,83 @@
+"""Read a topic's committed records once: from the start (or given offsets) to its end as of now.
+
+The end is the high watermark seen when the read starts, not the Last Stable
+Offset: a record committed after another producer's still-open transaction
+lies beyond the LSO, and stopping there would miss it. The read waits for
+such a transaction to end, up to `timeout`. One reader for the relay's
+positions, `outbox verify` and the tests' verifier.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from outbox.errors import ConfigError, ServiceUnavailable
+from outbox.probe import quiet_kafka_config
+
+
+def read_committed(
+    config: Mapping[str, object],
+    topic: str,
+    *,
+    start: Mapping[int, int] | None = None,
+    timeout: float = 60.0,
+    stuck: str | None = None,
+) -> list[Message]:
+    """Every committed record of `topic`, per partition in offset order.
+
+    config: client settings, `bootstrap.servers` included (security settings go
+    along); stuck: the message when the end is not reached within `timeout`.
+    """
+    consumer = Consumer(
+        quiet_kafka_config(
+            {
+                "group.id": f"outbox-read-{uuid.uuid4().hex}",
+                **config,
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+            }
+        )
+    )
+    servers = config.get("bootstrap.servers")
+    try:
+        try:
+            metadata = consumer.list_topics(topic, timeout=min(timeout, 30))
+        except KafkaException as exc:
+            raise ServiceUnavailable(f"cannot reach Kafka at {servers}: {exc.args[0].str()}") from None
+        found = metadata.topics.get(topic)
+        if found is None or found.error is not None:
+            raise ConfigError(f"topic {topic!r} does not exist on {servers}")
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+            for p in found.partitions
+        }
+        first = {p: (start or {}).get(p, OFFSET_BEGINNING) for p in ends}
+        pending = {p for p, end in ends.items() if end > max(first[p], 0)}
+        consumer.assign([TopicPartition(topic, p, first[p]) for p in pending])
+        out: list[Message] = []
+        deadline = time.monotonic() + timeout
+        while pending:
+            if time.monotonic() > deadline:
+                late = f"partitions {sorted(pending)} of {topic} not read to their end in {timeout:.0f}s"
+                raise ServiceUnavailable(stuck or f"{late} (a transaction still open?)")
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            error = message.error()
+            if error is None:
+                out.append(message)
+                if message.offset() + 1 >= ends[message.partition()]:
+                    pending.discard(message.partition())
+            elif error.code() == KafkaError._PARTITION_EOF:
+                if message.offset() >= ends[message.partition()]:
+                    pending.discard(message.partition())
+            else:
+                raise ServiceUnavailable(f"reading {topic} on {servers}: {error.str()}")
+        return out
+    finally:
+        consumer.close()
