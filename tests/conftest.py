@@ -17,9 +17,10 @@ from psycopg import sql
 
 from outbox import migrate
 from outbox.config import DatabaseUrl
+from outbox.dev.kafka import Broker
 from outbox.dev.stack import running
 from tests import containers
-from tests.helpers import Broker, create_topic, unique
+from tests.helpers import create_topic, unique
 from tests.sink_support import ORDERS
 
 

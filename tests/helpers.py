@@ -16,9 +16,7 @@ from confluent_kafka import Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from outbox.committed import read_committed as read_topic
-from outbox.dev import kafka
-from outbox.dev.process import free_port, spawn, stop
-from outbox.dev.service import Service
+from outbox.dev.process import spawn
 from outbox.probe import quiet_kafka_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -136,23 +134,3 @@ class Job:
             time.sleep(0.1)
         self.kill9()
         raise AssertionError(f"no {text!r} in job output after {timeout}s:\n{self.output()}")
-
-
-class Broker:
-    """An Apache Kafka broker of one test's own, so the test can restart it or kill it -9."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.service: Service = kafka.start(root, free_port(), die_with_parent=True)
-
-    @property
-    def bootstrap(self) -> str:
-        return self.service.env["KAFKA_BOOTSTRAP_SERVERS"]
-
-    def restart(self, sig: int = signal.SIGTERM) -> None:
-        """Stop it (SIGTERM: a controlled shutdown; SIGKILL: a crash) and start it on the same log."""
-        stop(self.service.pid, sig, timeout=60)
-        self.service = kafka.start(self.root, self.service.port, die_with_parent=True)
-
-    def stop(self) -> None:
-        stop(self.service.pid, signal.SIGKILL)

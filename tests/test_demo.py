@@ -1,8 +1,10 @@
-"""`make demo`'s program end to end, against this run's services given by env var."""
+"""The demos end to end: the smoke run, and the whole loop under chaos (`make demo`)."""
 
+import json
 from pathlib import Path
 
 from outbox.config import DatabaseUrl
+from outbox.dev.process import cmdline_contains
 from tests.helpers import Job
 
 
@@ -20,3 +22,53 @@ def test_smoke_demo_applies_every_committed_event_once(
     assert "300 rows; missing 0, unexpected 0, wrong amount 0" in out
     assert "OK: every committed event applied once" in out
     assert not work.exists(), "the demo must delete its scratch directory"
+
+
+def test_the_loop_under_chaos_delivers_every_committed_event_once_in_order(
+    server_url: DatabaseUrl, tmp_path: Path
+) -> None:
+    """`make demo` in small: kill -9 the Spark job and the relay twice each, the broker once."""
+    work, chart = tmp_path / "loop", tmp_path / "loop.png"
+    kills = {"spark": 2, "relay": 2, "broker": 1}
+    job = Job(
+        [
+            "-m",
+            "demos.loop",
+            "--events",
+            "3000",
+            "--duration",
+            "30",
+            "--accounts",
+            "40",
+            "--spark-kills",
+            "2",
+            "--relay-kills",
+            "2",
+            "--broker-restarts",
+            "1",
+            "--dir",
+            str(work),
+            "--chart",
+            str(chart),
+            "--json",
+        ],
+        tmp_path / "loop.log",
+        # A broker of the demo's own, so that it can restart it.
+        {"DATABASE_URL": server_url.raw, "KAFKA_BOOTSTRAP_SERVERS": ""},
+    )
+    code = job.wait(900)
+    out = job.output()
+    verdict = json.loads(out.strip().splitlines()[-1])
+    assert code == 0, out
+    assert verdict["ok"] and verdict["killed"] == kills, out
+    assert verdict["committed_in"] == verdict["applied"] == verdict["published"] == 3000, out
+    assert verdict["redelivered_in"] > 0, "the input must have redeliveries for the test to mean anything"
+    for fault in ("duplicates", "missing", "out_of_order", "leaked", "wrong"):
+        assert verdict[fault] == 0, (fault, out)
+    assert chart.stat().st_size > 10_000, "the chart must be drawn"
+    assert not work.exists(), "the demo must delete its scratch directory"
+    assert not [pid for pid in _pids() if cmdline_contains(pid, str(work))], "a process outlived the demo"
+
+
+def _pids() -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]

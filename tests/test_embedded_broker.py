@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer
 
+from outbox.dev.kafka import Broker
 from outbox.probe import quiet_kafka_config
 from tests.helpers import (
-    Broker,
     Job,
     create_topic,
     produce_transaction,

@@ -14,7 +14,8 @@ import pytest
 
 from outbox import migrate
 from outbox.config import DatabaseUrl
-from tests.helpers import Broker, Job, create_topic, produce_transaction, transactional_producer, unique
+from outbox.dev.kafka import Broker
+from tests.helpers import Job, create_topic, produce_transaction, transactional_producer, unique
 from tests.sink_support import ORDERS, event, ledger, log_ends, table
 
 JOB = "tests/jobs/sink_job.py"

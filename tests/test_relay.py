@@ -14,8 +14,9 @@ import pytest
 
 from outbox import migrate
 from outbox.config import DatabaseUrl
+from outbox.dev.kafka import Broker
 from outbox.writer import Event, add_event, add_events
-from tests.helpers import Broker, create_topic, read_committed, unique
+from tests.helpers import create_topic, read_committed, unique
 from tests.relay_support import (
     Committed,
     Writers,

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
-from outbox.dev.process import free_port, spawn, wait_until
+from outbox.dev.process import free_port, spawn, stop, wait_until
 from outbox.dev.service import Service
 from outbox.errors import ConfigError, ServiceUnavailable
 from outbox.jvm import maven
@@ -137,3 +137,23 @@ def _answers(port: int) -> bool:
     except ServiceUnavailable:
         return False
     return True
+
+
+class Broker:
+    """A broker of one run's own (a test's, the demo's), so it can be restarted or killed -9."""
+
+    def __init__(self, root: Path, port: int | None = None) -> None:
+        self.root = root
+        self.service: Service = start(root, port or free_port(), die_with_parent=True)
+
+    @property
+    def bootstrap(self) -> str:
+        return self.service.env["KAFKA_BOOTSTRAP_SERVERS"]
+
+    def restart(self, sig: int = signal.SIGTERM) -> None:
+        """Stop it (SIGTERM: a controlled shutdown; SIGKILL: a crash) and start it on the same log."""
+        stop(self.service.pid, sig, timeout=60)
+        self.service = start(self.root, self.service.port, die_with_parent=True)
+
+    def stop(self) -> None:
+        stop(self.service.pid, signal.SIGKILL)

@@ -42,7 +42,9 @@ def spawn(
     """Start argv in its own session, output appended to log.
 
     die_with_parent: the signal the child gets when this process dies (None
-    for a detached service that must outlive it).
+    for a detached service that must outlive it). Linux sends it when the
+    *thread* that spawned the child ends: spawn such children from a thread
+    that lives as long as they should (the main thread).
     """
     with open(log, "ab") as out:
         return subprocess.Popen(

@@ -1,0 +1,128 @@
+"""The demo's decisions and checks, alone: the input plan, the kill schedule and the verdict."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import defaultdict
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from demos.loop import plan
+from demos.loop.verdict import Out, committed_events, judge, percentile
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    events=st.integers(1, 400),
+    accounts=st.integers(1, 30),
+    size=st.integers(1, 40),
+    abort_rate=st.floats(0, 0.5),
+    redeliver_rate=st.floats(0, 1),
+    seed=st.integers(0, 2**32),
+)
+def test_the_plan_commits_each_event_once_with_every_account_in_sequence(
+    events: int, accounts: int, size: int, abort_rate: float, redeliver_rate: float, seed: int
+) -> None:
+    txns = plan.transactions(
+        events,
+        accounts=accounts,
+        size=size,
+        rng=random.Random(seed),
+        abort_rate=abort_rate,
+        redeliver_rate=redeliver_rate,
+    )
+    committed = [e for t in txns if t.commit for e in t.events]
+    first = {}
+    for e in committed:
+        assert first.setdefault(e.event_id, e) == e, "a redelivery must be the same event"
+    assert len(first) == events
+    assert sum(t.redelivered for t in txns) == len(committed) - events
+    # Per account, the first copies come in sequence 1, 2, 3, ... (what sum(seq) counts on).
+    seqs: dict[int, list[int]] = defaultdict(list)
+    seen: set[str] = set()
+    for e in committed:
+        if e.event_id not in seen:
+            seen.add(e.event_id)
+            seqs[e.account].append(e.seq)
+    for account, got in seqs.items():
+        assert got == list(range(1, len(got) + 1)), account
+    aborted = {e.event_id for t in txns if not t.commit for e in t.events}
+    assert not aborted & set(first), "an aborted event must never be committed"
+
+
+def test_the_plan_has_aborts_and_redeliveries_at_its_defaults() -> None:
+    txns = plan.transactions(5000, accounts=50, size=50, rng=random.Random(7))
+    assert any(not t.commit for t in txns)
+    assert any(t.redelivered for t in txns)
+
+
+@given(
+    window=st.floats(1, 1000),
+    spark=st.integers(0, 10),
+    relay=st.integers(0, 10),
+    broker=st.integers(0, 2),
+    seed=st.integers(0, 2**32),
+)
+def test_kills_come_in_the_window_as_many_as_asked_in_time_order(
+    window: float, spark: int, relay: int, broker: int, seed: int
+) -> None:
+    kills = plan.kills(window, spark=spark, relay=relay, broker=broker, rng=random.Random(seed))
+    assert [k.at for k in kills] == sorted(k.at for k in kills)
+    assert all(0 <= k.at <= window for k in kills)
+    counts = {c: sum(k.component == c for k in kills) for c in ("spark", "relay", "broker")}
+    assert counts == {"spark": spark, "relay": relay, "broker": broker}
+    for component, n in (("spark", spark), ("relay", relay)):
+        times = [k.at for k in kills if k.component == component]
+        # one kill in each of n equal slots: spread over the window, not bunched
+        assert all(i * window / n <= t <= (i + 1) * window / n for i, t in enumerate(times))
+
+
+def _event(event_id: str, account: int, seq: int, n: int) -> dict:
+    return {"event_id": event_id, "account": account, "seq": seq, "n": n}
+
+
+def _out(offset: int, e: dict, square: int | None = None, partition: int = 0) -> Out:
+    doc = {**e, "square": e["n"] ** 2 if square is None else square}
+    return Out(partition, offset, str(e["account"]), json.dumps(doc).encode())
+
+
+A1, A2, B1 = _event("a1", 1, 1, 3), _event("a2", 1, 2, -4), _event("b1", 2, 1, 5)
+
+
+def test_committed_events_counts_redeliveries_once() -> None:
+    values = [json.dumps(e).encode() for e in (A1, A2, A1, B1, A2)]
+    events, copies = committed_events(values)
+    assert set(events) == {"a1", "a2", "b1"} and copies == 2
+
+
+def test_a_clean_output_passes() -> None:
+    v = judge({e["event_id"]: e for e in (A1, A2, B1)}, 0, [_out(0, A1), _out(1, A2), _out(2, B1)])
+    assert v.ok and (v.duplicates, v.missing, v.out_of_order, v.leaked, v.wrong) == (0, 0, 0, 0, 0)
+
+
+def test_each_fault_is_caught() -> None:
+    inputs = {e["event_id"]: e for e in (A1, A2, B1)}
+    cases = {
+        "duplicates": [_out(0, A1), _out(1, A2), _out(2, B1), _out(3, A2)],
+        "missing": [_out(0, A1), _out(1, B1)],
+        "out_of_order": [_out(0, A2), _out(1, A1), _out(2, B1)],
+        "leaked": [_out(0, A1), _out(1, A2), _out(2, B1), _out(3, _event("x", 3, 1, 1))],
+        "wrong": [_out(0, A1), _out(1, A2, square=15), _out(2, B1)],
+    }
+    for field, outputs in cases.items():
+        v = judge(inputs, 0, outputs)
+        assert getattr(v, field) == 1 and not v.ok, (field, v)
+        others = {"duplicates", "missing", "out_of_order", "leaked", "wrong"} - {field}
+        assert all(getattr(v, o) == 0 for o in others), (field, v)
+
+
+def test_nothing_in_nothing_out_is_not_a_pass() -> None:
+    assert not judge({}, 0, []).ok
+
+
+def test_percentile_is_by_nearest_rank() -> None:
+    values = list(range(1, 101))
+    assert (percentile(values, 50), percentile(values, 99), percentile(values, 100)) == (50, 99, 100)
+    assert percentile([7], 99) == 7 and percentile([], 50) is None
