@@ -41,7 +41,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--accounts", type=int, default=200, help="keys (accounts) the events are spread over")
     p.add_argument("--partitions", type=int, default=4, help="partitions of the input and output topics")
     p.add_argument(
-        "--duration", type=float, default=90.0, help="seconds to produce the input over (default 90)"
+        "--duration",
+        type=float,
+        default=150.0,
+        help="seconds to produce the input over, and to spread the kills over (default 150)",
     )
     p.add_argument("--spark-kills", type=int, default=5, help="kill -9s of the Spark job (default 5)")
     p.add_argument("--relay-kills", type=int, default=5, help="kill -9s of the relay (default 5)")

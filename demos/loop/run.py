@@ -104,7 +104,8 @@ class Child:
         """Seconds this incarnation has been at work: since it printed `sign` (None: since it started)."""
         if self.working is None and (sign is None or self.said(sign)):
             self.working = self.started if sign is None else time.monotonic()
-            self.warmups.append(self.working - self.started)
+            if sign is not None:
+                self.warmups.append(self.working - self.started)
         return 0.0 if self.working is None else time.monotonic() - self.working
 
     def said(self, text: str) -> bool:
@@ -316,7 +317,7 @@ class Loop:
         fires when the *thread* that started them ends.
         """
         pending = list(kills)
-        give_up = self.s.window + 2 * self.s.drain_timeout
+        give_up = self.s.window + self.s.drain_timeout
         drain_deadline: float | None = None
         while True:
             time.sleep(0.25)
@@ -331,7 +332,7 @@ class Loop:
                     )
                     child.start()
             for k in [k for k in pending if k.at <= self.now()]:
-                if self._strike(k, children):
+                if self._strike(k, children, idle=sampler.applied >= self.s.events):
                     pending.remove(k)
             if self.now() > give_up:
                 self.display.say(f"gave up after {give_up:.0f}s; kills still pending: {len(pending)}")
@@ -345,8 +346,11 @@ class Loop:
                 self.display.say(f"the pipeline did not drain within {self.s.drain_timeout:.0f}s")
                 return
 
-    def _strike(self, kill: plan.Kill, children: dict[str, Child]) -> bool:
-        """Kill one component now if it has been at work long enough since it (re)started; False to wait."""
+    def _strike(self, kill: plan.Kill, children: dict[str, Child], idle: bool) -> bool:
+        """Kill one component now if it has been at work long enough since it (re)started; False to wait.
+
+        idle: everything is applied, so a Spark job that runs is as busy as it will get.
+        """
         component = kill.component
         if component == "broker":
             if self.broker is None:
@@ -357,7 +361,8 @@ class Loop:
             self.killed["broker"] += 1
             return True
         child = children[component]
-        if child.at_work(WORK_SIGNS[component]) < kill.working:
+        sign = None if idle and child.said("started") else WORK_SIGNS[component]
+        if child.at_work(sign) < kill.working:
             return False
         self.timeline.kills.append((self.now(), component))
         child.kill()

@@ -59,7 +59,9 @@ class Display:
         for stage, task in self.tasks.items():
             self.bars.update(task, completed=counts[stage], note=notes.get(stage, ""))
         done = " · ".join(f"{c} killed {kills.get(c, 0)}/{n}" for c, n in self.planned.items())
-        self.chaos.plain = f"{'chaos':>10}  {done or 'none (--no-chaos)'}" + (f" · exited on their own {exits}" if exits else "")
+        self.chaos.plain = f"{'chaos':>10}  {done or 'none (--no-chaos)'}" + (
+            f" · exited on their own {exits}" if exits else ""
+        )
 
     def say(self, line: str) -> None:
         self.console.log(line)
