@@ -1,43 +1,59 @@
-"""Throughput and latency of the outbox relay, beside its limit and an at-least-once relay, in one run.
+"""The outbox relay beside its limit, an at-least-once relay, and Debezium, in one run.
 
-Writes N outbox rows of ~SIZE bytes once, then publishes the same rows, in the same batch size, three ways:
+Writes N outbox rows of ~SIZE bytes once, then publishes the same rows, in the same batch size, four ways:
   raw:           a confluent-kafka transactional producer, rows already in memory,
                  one transaction per batch (the limit: no Postgres, no position record);
   exactly-once:  the relay (snapshot-delta reads, Kafka transaction with the position);
-  at-least-once: the same relay without Kafka transactions (records, flush, position, flush).
+  at-least-once: the same relay without Kafka transactions (records, flush, position, flush);
+  Debezium:      the PostgreSQL connector with the outbox EventRouter on a Kafka Connect
+                 standalone worker (bench/debezium.py), reading the same rows, copied into
+                 a second outbox table while it is stopped, from its replication slot.
 Each relay gets its own name and cleanup is off, so each publishes all N rows; what a run
-published is dropped after it, so every run meets the same broker. Steady
-state excludes the first batch. The three run in turn, ROUNDS times, and the ratios are
-medians of each round's own ratios: on a shared 2-core machine a lone run of a second or
-two swings by 2x, and side by side in time is the only fair comparison.
-Then commit-to-visible latency: writers commit one event per transaction at a steady
-RATE/s for SECONDS while the exactly-once relay runs; a read_committed consumer stamps
-each arrival; p50/p99 of arrival minus commit return.
+published is dropped after it, so every run meets the same broker. Steady state excludes
+the first batch (Debezium: the first BATCH arrivals). They run in turn, ROUNDS times, and
+the ratios are medians of each round's own ratios: on a shared 2-core machine a lone run
+swings by 2x, and side by side in time is the only fair comparison. CPU per event is the
+machine's busy CPU seconds during a run over its events (broker and PostgreSQL included).
+Then commit-to-visible latency at each of RATES: writers commit at a steady rate while one
+publisher runs; a read_committed consumer stamps each arrival; p50/p99 of arrival minus
+commit return. Last, the fault comparison: writers at 2,000/s for 12 s, the publisher killed
+-9 halfway and started again at once; duplicates and missing on the topic, counted.
 
-    python bench/relay.py [--events 200000] [--size 200] [--batch-size 5000] [--rounds 5]
-                          [--rate 1000] [--json]
+    python bench/relay.py [--events 200000] [--size 200] [--batch-size 5000] [--rounds 3]
+                          [--rates 1000,10000] [--seconds 10] [--no-debezium] [--json]
 
-Uses DATABASE_URL / KAFKA_BOOTSTRAP_SERVERS if set, else starts embedded services.
+Uses DATABASE_URL / KAFKA_BOOTSTRAP_SERVERS if set, else starts embedded services (PostgreSQL
+with wal_level=logical, which Debezium needs; a server of your own must have it too).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
 
 import psycopg
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from cpu import measured  # bench/cpu.py
+from debezium import Debezium  # bench/debezium.py
+from psycopg import sql
 
 from outbox import migrate
 from outbox.config import DatabaseUrl
+from outbox.dev.process import spawn
 from outbox.dev.stack import running
 from outbox.probe import quiet_kafka_config
 from outbox.relay import Relay, RelaySettings
@@ -45,6 +61,7 @@ from outbox.relay.kafka import PRODUCER_DEFAULTS
 from outbox.writer import Event, add_events
 
 PARTITIONS = 3
+DBZ_SCHEMA = "dbz"  # Debezium's copy of the outbox table: its slot reads only what is written there
 
 
 def create_topic(bootstrap: str, name: str | None = None) -> str:
@@ -144,18 +161,12 @@ def relay_run(
     return {"steady_per_s": (count - first) / elapsed}
 
 
-def latency(url: DatabaseUrl, bootstrap: str, rate: int, seconds: float) -> dict[str, float]:
-    """Commit one event per transaction at `rate`/s; measure commit return -> read_committed arrival."""
-    topic = create_topic(bootstrap)
-    relay = Relay(RelaySettings(url=url, bootstrap=bootstrap, name=f"bench-lat-{uuid.uuid4().hex[:6]}"))
-    relaying = threading.Thread(target=relay.run, daemon=True)
-    relaying.start()
-    committed: dict[bytes, float] = {}
-    arrived: dict[bytes, float] = {}
-    stop = threading.Event()
+class Arrivals(threading.Thread):
+    """A read_committed consumer of one topic that stamps each event id's first arrival."""
 
-    def consume() -> None:
-        consumer = Consumer(
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        super().__init__(daemon=True)
+        self.consumer = Consumer(
             quiet_kafka_config(
                 {
                     "bootstrap.servers": bootstrap,
@@ -166,52 +177,210 @@ def latency(url: DatabaseUrl, bootstrap: str, rate: int, seconds: float) -> dict
                 }
             )
         )
-        consumer.subscribe([topic])
-        while not stop.is_set():
-            for m in consumer.consume(1000, 0.05):
+        self.consumer.subscribe([topic])
+        self.first: dict[bytes, float] = {}
+        self.records = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            for m in self.consumer.consume(1000, 0.05):
                 if m.error() is None:
-                    arrived[dict(m.headers() or [])["event_id"]] = time.time()
-        consumer.close()
+                    self.records += 1
+                    self.first.setdefault(dict(m.headers() or [])["event_id"], time.time())
+        self.consumer.close()
+
+    def wait_for(self, count: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while len(self.first) < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return len(self.first) >= count
+
+    def steady_rate(self, skip: int) -> float:
+        """Events per second after the first `skip` arrived (the relay's steady state skips a batch too)."""
+        times = sorted(self.first.values())
+        if len(times) <= skip + 1:
+            return 0.0
+        return (len(times) - 1 - skip) / (times[-1] - times[skip])
+
+    def close(self) -> None:
+        self.stop.set()
+        self.join(10)
+
+
+def copy_rows(url: DatabaseUrl, schema: str) -> int:
+    """The rows of public.outbox_events, event ids and all, into `schema`'s outbox: same rows for Debezium."""
+    with psycopg.connect(url.libpq) as conn:
+        target = sql.Identifier(schema, "outbox_events")
+        columns = sql.SQL("event_id, topic, key, value, header_keys, header_values")
+        conn.execute(
+            sql.SQL("INSERT INTO {} ({}) SELECT {} FROM public.outbox_events ORDER BY id").format(
+                target, columns, columns
+            )
+        )
+        return int(conn.execute(sql.SQL("SELECT count(*) FROM {}").format(target)).fetchone()[0])  # type: ignore[index]
+
+
+def debezium_run(
+    url: DatabaseUrl, bootstrap: str, dbz: Debezium, topic: str, count: int, skip: int
+) -> dict[str, float]:
+    """Debezium through the same backlog: rows written while it is stopped, then timed as it catches up."""
+    with psycopg.connect(url.libpq, autocommit=True) as conn:
+        conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(DBZ_SCHEMA, "outbox_events")))
+    copy_rows(url, DBZ_SCHEMA)
+    arrivals = Arrivals(bootstrap, topic)
+    arrivals.start()
+    dbz.start()
+    if not arrivals.wait_for(count, 600):
+        raise SystemExit(f"Debezium published {len(arrivals.first)} of {count} events in 10 minutes")
+    dbz.kill(signal.SIGTERM)  # a clean stop: offsets flushed, the slot confirmed
+    arrivals.close()
+    return {"steady_per_s": arrivals.steady_rate(skip), "duplicates": arrivals.records - len(arrivals.first)}
+
+
+@contextlib.contextmanager
+def our_relay(url: DatabaseUrl, bootstrap: str) -> Iterator[None]:
+    relay = Relay(RelaySettings(url=url, bootstrap=bootstrap, name=f"bench-lat-{uuid.uuid4().hex[:6]}"))
+    relaying = threading.Thread(target=relay.run, daemon=True)
+    relaying.start()
+    try:
+        yield
+    finally:
+        relay.stop.set()
+        relaying.join(10)
+
+
+@contextlib.contextmanager
+def debezium_running(dbz: Debezium) -> Iterator[None]:
+    dbz.start()
+    try:
+        yield
+    finally:
+        dbz.kill(signal.SIGTERM)
+
+
+def latency(
+    url: DatabaseUrl, bootstrap: str, rate: int, seconds: float, publisher: ContextManager[None], schema: str
+) -> dict[str, float]:
+    """Commit events at a steady `rate`/s; measure commit return -> read_committed arrival.
+
+    One event per transaction up to 1,000/s; above, 2 writers each commit
+    rate/1,000 events per transaction, 500 times a second.
+    """
+    topic = create_topic(bootstrap)
+    per_txn = max(1, rate // 1000)
+    committed: dict[bytes, float] = {}
+    arrivals = Arrivals(bootstrap, topic)
 
     def write(share: int) -> None:
-        interval = share / rate
+        interval = share * per_txn / rate
         with psycopg.connect(url.libpq) as conn:
             next_at = time.monotonic()
             end = next_at + seconds
             while next_at < end:
-                event = Event(topic, {"at": time.time()}, key=f"k{next_at % 97:.0f}")
-                add_events(conn, [event])
+                events = [
+                    Event(topic, {"at": time.time()}, key=f"k{(next_at * 1000 + i) % 97:.0f}")
+                    for i in range(per_txn)
+                ]
+                add_events(conn, events, schema=schema)
                 conn.commit()
-                committed[str(event.event_id).encode()] = time.time()
+                now = time.time()
+                for event in events:
+                    committed[str(event.event_id).encode()] = now
                 next_at += interval
                 time.sleep(max(0.0, next_at - time.monotonic()))
 
-    reader = threading.Thread(target=consume, daemon=True)
-    reader.start()
-    time.sleep(2)  # consumer assigned, relay active
-    writers = [threading.Thread(target=write, args=(2,)) for _ in range(2)]
-    for w in writers:
-        w.start()
-    for w in writers:
-        w.join()
-    deadline = time.monotonic() + 30
-    while len(arrived) < len(committed) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    stop.set()
-    relay.stop.set()
-    reader.join(10)
-    relaying.join(10)
-    waits = sorted(arrived[e] - t for e, t in committed.items() if e in arrived)
+    with publisher:
+        arrivals.start()
+        time.sleep(2)  # consumer assigned, publisher active
+        writers = [threading.Thread(target=write, args=(2,)) for _ in range(2)]
+        for w in writers:
+            w.start()
+        for w in writers:
+            w.join()
+        arrivals.wait_for(len(committed), 30)
+        arrivals.close()
+    waits = sorted(arrivals.first[e] - t for e, t in committed.items() if e in arrivals.first)
     missing = len(committed) - len(waits)
-    pick = lambda q: waits[min(len(waits) - 1, int(q * len(waits)))] * 1000  # noqa: E731
+    pick = lambda q: waits[min(len(waits) - 1, int(q * len(waits)))] * 1000 if waits else float("nan")  # noqa: E731
     return {
         "events": len(committed),
         "rate_per_s": len(committed) / seconds,
         "p50_ms": pick(0.50),
         "p99_ms": pick(0.99),
-        "max_ms": waits[-1] * 1000,
+        "max_ms": waits[-1] * 1000 if waits else float("nan"),
         "missing": missing,
     }
+
+
+def fault(
+    url: DatabaseUrl,
+    bootstrap: str,
+    schema: str,
+    start: Callable[[], None],
+    kill: Callable[[], None],
+    rate: int = 2000,
+    seconds: float = 12.0,
+) -> dict[str, int]:
+    """Writers at `rate`/s for `seconds`; the publisher is killed -9 halfway and started again at once.
+
+    Then every committed event is looked for on the topic: duplicates and missing, counted.
+    """
+    topic = create_topic(bootstrap)
+    committed: set[bytes] = set()
+    start()
+    arrivals = Arrivals(bootstrap, topic)
+    arrivals.start()
+
+    def write() -> None:
+        per_txn, interval = 10, 10 / rate
+        with psycopg.connect(url.libpq) as conn:
+            next_at = time.monotonic()
+            end = next_at + seconds
+            while next_at < end:
+                events = [Event(topic, {"n": len(committed)}, key=f"k{i % 97}") for i in range(per_txn)]
+                add_events(conn, events, schema=schema)
+                conn.commit()
+                committed.update(str(e.event_id).encode() for e in events)
+                next_at += interval
+                time.sleep(max(0.0, next_at - time.monotonic()))
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    time.sleep(seconds / 2)
+    kill()
+    start()
+    writer.join()
+    arrivals.wait_for(len(committed), 120)
+    time.sleep(2)  # late duplicates
+    arrivals.close()
+    kill()
+    return {
+        "committed": len(committed),
+        "duplicates": arrivals.records - len(arrivals.first),
+        "missing": len(committed - arrivals.first.keys()),
+    }
+
+
+def relay_process(
+    url: DatabaseUrl, bootstrap: str, work: Path
+) -> tuple[Callable[[], None], Callable[[], None]]:
+    """`outbox relay` as a child process: (start, kill -9), for the fault comparison."""
+    name = f"bench-fault-{uuid.uuid4().hex[:6]}"
+    env = {**os.environ, "DATABASE_URL": url.raw, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
+    argv = [sys.executable, "-m", "outbox", "relay", "--name", name, "--metrics-address", "off"]
+    proc: list[subprocess.Popen[bytes]] = []
+
+    def start() -> None:
+        proc.append(spawn(argv, work / "relay.log", die_with_parent=signal.SIGKILL, env=env))
+
+    def kill() -> None:
+        if proc:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc[-1].pid, signal.SIGKILL)
+            proc.pop().wait(30)
+
+    return start, kill
 
 
 def main() -> int:
@@ -219,11 +388,15 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--size", type=int, default=200, help="bytes per event value")
     parser.add_argument("--batch-size", type=int, default=5000)
-    parser.add_argument("--rounds", type=int, default=5, help="raw, exactly-once, at-least-once, in turn")
-    parser.add_argument("--rate", type=int, default=1000, help="events/s for the latency run")
-    parser.add_argument("--seconds", type=float, default=10, help="length of the latency run")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="raw, exactly-once, at-least-once, Debezium, in turn"
+    )
+    parser.add_argument("--rates", default="1000,10000", help="events/s of the latency runs")
+    parser.add_argument("--seconds", type=float, default=10, help="length of each latency run")
+    parser.add_argument("--no-debezium", action="store_true", help="measure the relay alone")
     parser.add_argument("--json", action="store_true", help="end with one JSON object")
     args = parser.parse_args()
+    rates = [int(r) for r in args.rates.split(",")]
 
     with (
         tempfile.TemporaryDirectory(prefix="bench-relay-", dir=os.environ.get("TMPDIR")) as tmp,
@@ -235,62 +408,155 @@ def main() -> int:
         }
         url, bootstrap = DatabaseUrl.parse(env["DATABASE_URL"]), env["KAFKA_BOOTSTRAP_SERVERS"]
         migrate.upgrade(url, "public")
+        migrate.upgrade(url, DBZ_SCHEMA)
         topic = create_topic(bootstrap)
         fill(url, topic, args.events, args.size)
+        dbz = None if args.no_debezium else Debezium(Path(tmp) / "debezium", url, bootstrap, DBZ_SCHEMA)
+        try:
+            result = measure(args, rates, url, bootstrap, topic, dbz, Path(tmp))
+        finally:
+            if dbz is not None:
+                dbz.drop_slot()  # a slot left behind would hold WAL on the server for ever
+    report(result, args.json)
+    return 0 if all(lat["missing"] == 0 for lat in result["latency"]) else 1
 
-        def relayed(exactly_once: bool) -> float:
-            rate = relay_run(url, bootstrap, args.batch_size, args.events, exactly_once)["steady_per_s"]
-            delete_topic(bootstrap, topic)
-            create_topic(bootstrap, topic)
-            return rate
 
-        rounds = []
-        for n in range(1, args.rounds + 1):
-            raw = raw_producer(url, bootstrap, args.batch_size)["steady_per_s"]
-            eos, alo = relayed(exactly_once=True), relayed(exactly_once=False)
-            rounds.append({"raw": raw, "eos": eos, "alo": alo})
-            print(
-                f"round {n}: raw {raw:,.0f}/s, exactly-once {eos:,.0f}/s ({eos / raw:.2f}),"
-                f" at-least-once {alo:,.0f}/s"
+def measure(
+    args: argparse.Namespace,
+    rates: list[int],
+    url: DatabaseUrl,
+    bootstrap: str,
+    topic: str,
+    dbz: Debezium | None,
+    tmp: Path,
+) -> dict:
+    if dbz is not None:
+        dbz.start()  # creates the slot and the publication: what is written from now on, it reads
+        dbz.kill(signal.SIGTERM)
+
+    def again() -> None:
+        delete_topic(bootstrap, topic)
+        create_topic(bootstrap, topic)
+
+    def relayed(exactly_once: bool) -> tuple[float, float | None]:
+        run, usage = measured(lambda: relay_run(url, bootstrap, args.batch_size, args.events, exactly_once))
+        again()
+        return run["steady_per_s"], usage.cpu_us_per(args.events)
+
+    rounds = []
+    for n in range(1, args.rounds + 1):
+        raw = raw_producer(url, bootstrap, args.batch_size)["steady_per_s"]
+        (eos, eos_cpu), (alo, _) = relayed(exactly_once=True), relayed(exactly_once=False)
+        row = {"raw": raw, "eos": eos, "alo": alo, "eos_cpu_us": eos_cpu}
+        line = f"round {n}: raw {raw:,.0f}/s, exactly-once {eos:,.0f}/s ({eos / raw:.2f})"
+        line += f", at-least-once {alo:,.0f}/s"
+        if dbz is not None:
+            run, usage = measured(
+                lambda: debezium_run(url, bootstrap, dbz, topic, args.events, args.batch_size)
             )
-        with psycopg.connect(url.libpq, autocommit=True) as conn:
-            conn.execute("TRUNCATE outbox_events")
-        lat = latency(url, bootstrap, args.rate, args.seconds)
+            again()
+            row |= {"dbz": run["steady_per_s"], "dbz_cpu_us": usage.cpu_us_per(args.events)}
+            line += f", Debezium {row['dbz']:,.0f}/s (relay / Debezium {eos / row['dbz']:.2f})"
+        rounds.append(row)
+        print(line, flush=True)
+    with psycopg.connect(url.libpq, autocommit=True) as conn:
+        conn.execute("TRUNCATE outbox_events")
 
-    result = {
-        "events": args.events,
-        "event_bytes": args.size,
-        "batch_size": args.batch_size,
-        "rounds": args.rounds,
-        "raw_producer_per_s": round(statistics.median([r["raw"] for r in rounds])),
-        "relay_exactly_once_per_s": round(statistics.median([r["eos"] for r in rounds])),
-        "relay_at_least_once_per_s": round(statistics.median([r["alo"] for r in rounds])),
-        "ratio_relay_vs_raw": round(statistics.median([r["eos"] / r["raw"] for r in rounds]), 3),
-        "ratio_relay_vs_raw_per_round": [round(r["eos"] / r["raw"], 3) for r in rounds],
-        "target_vs_raw": 0.7,
-        "exactly_once_cost": round(statistics.median([1 - r["eos"] / r["alo"] for r in rounds]), 3),
-        "target_cost_at_most": 0.10,
-        "latency_rate_per_s": round(lat["rate_per_s"]),
-        "latency_p50_ms": round(lat["p50_ms"], 1),
-        "latency_p99_ms": round(lat["p99_ms"], 1),
-        "latency_max_ms": round(lat["max_ms"], 1),
-        "target_p99_ms": 250,
-        "latency_missing": lat["missing"],
+    latencies = []
+    for rate in rates:
+        ours = latency(url, bootstrap, rate, args.seconds, our_relay(url, bootstrap), "public")
+        entry = {"rate": rate, "relay": ours, "missing": ours["missing"]}
+        print(
+            f"latency at {rate}/s: relay p50 {ours['p50_ms']:.0f} ms, p99 {ours['p99_ms']:.0f} ms", flush=True
+        )
+        if dbz is not None:
+            theirs = latency(url, bootstrap, rate, args.seconds, debezium_running(dbz), DBZ_SCHEMA)
+            entry["debezium"] = theirs
+            print(
+                f"latency at {rate}/s: Debezium p50 {theirs['p50_ms']:.0f} ms, p99 {theirs['p99_ms']:.0f} ms",
+                flush=True,
+            )
+        latencies.append(entry)
+
+    faults = {"relay": fault(url, bootstrap, "public", *relay_process(url, bootstrap, tmp))}
+    print(f"kill -9 mid-stream, relay: {faults['relay']}", flush=True)
+    if dbz is not None:
+        faults["debezium"] = fault(url, bootstrap, DBZ_SCHEMA, dbz.start, lambda: dbz.kill(signal.SIGKILL))
+        print(f"kill -9 mid-stream, Debezium: {faults['debezium']}", flush=True)
+    return {"args": vars(args), "rounds": rounds, "latency": latencies, "faults": faults}
+
+
+def report(result: dict, as_json: bool) -> None:
+    rounds, median = result["rounds"], statistics.median
+    out = {
+        "events": result["args"]["events"],
+        "event_bytes": result["args"]["size"],
+        "batch_size": result["args"]["batch_size"],
+        "rounds": len(rounds),
+        "raw_producer_per_s": round(median(r["raw"] for r in rounds)),
+        "relay_exactly_once_per_s": round(median(r["eos"] for r in rounds)),
+        "relay_at_least_once_per_s": round(median(r["alo"] for r in rounds)),
+        "ratio_relay_vs_raw": round(median(r["eos"] / r["raw"] for r in rounds), 3),
+        "target_vs_raw": 0.8,
+        "exactly_once_cost": round(median(1 - r["eos"] / r["alo"] for r in rounds), 3),
+        "relay_cpu_us_per_event": _round(median(r["eos_cpu_us"] or 0 for r in rounds)),
+        "latency": [
+            {"rate_per_s": e["rate"], **{k: _lat(v) for k, v in e.items() if k in ("relay", "debezium")}}
+            for e in result["latency"]
+        ],
+        "faults": result["faults"],
     }
-    print(f"medians of {args.rounds} rounds:")
-    print(f"raw transactional producer    : {result['raw_producer_per_s']:>10,} events/s (the limit)")
-    print(f"relay, exactly-once           : {result['relay_exactly_once_per_s']:>10,} events/s")
-    print(f"relay, at-least-once          : {result['relay_at_least_once_per_s']:>10,} events/s")
-    print(f"ratio exactly-once / raw      : {result['ratio_relay_vs_raw']:>10} (target >= 0.7)")
-    print(f"cost of exactly-once          : {result['exactly_once_cost']:>10.1%} (target <= 10%)")
+    if "dbz" in rounds[0]:
+        out |= {
+            "debezium_per_s": round(median(r["dbz"] for r in rounds)),
+            "ratio_relay_vs_debezium": round(median(r["eos"] / r["dbz"] for r in rounds), 3),
+            "target_vs_debezium": 2.0,
+            "debezium_cpu_us_per_event": _round(median(r["dbz_cpu_us"] or 0 for r in rounds)),
+        }
+    print(f"medians of {len(rounds)} rounds, {out['events']:,} events of {out['event_bytes']} B:")
+    print(f"raw transactional producer : {out['raw_producer_per_s']:>9,} events/s (the limit)")
     print(
-        f"commit-to-visible at {result['latency_rate_per_s']}/s : p50 {result['latency_p50_ms']} ms,"
-        f" p99 {result['latency_p99_ms']} ms (target <= 250), max {result['latency_max_ms']} ms,"
-        f" {lat['missing']} not seen"
+        f"relay, exactly-once        : {out['relay_exactly_once_per_s']:>9,} events/s,"
+        f" {out['relay_cpu_us_per_event']} us CPU/event (machine-wide)"
     )
-    if args.json:
-        print(json.dumps(result))
-    return 0 if lat["missing"] == 0 else 1
+    print(f"relay, at-least-once       : {out['relay_at_least_once_per_s']:>9,} events/s")
+    if "debezium_per_s" in out:
+        print(
+            f"Debezium (Connect, pgoutput): {out['debezium_per_s']:>8,} events/s,"
+            f" {out['debezium_cpu_us_per_event']} us CPU/event (machine-wide)"
+        )
+        print(f"relay / Debezium           : {out['ratio_relay_vs_debezium']:>9} (target >= 2.0)")
+    print(f"relay / raw                : {out['ratio_relay_vs_raw']:>9} (target >= 0.8)")
+    print(f"cost of exactly-once       : {out['exactly_once_cost']:>9.1%}")
+    for e in out["latency"]:
+        cells = [
+            f"{who} p50 {v['p50_ms']} ms p99 {v['p99_ms']} ms"
+            f" ({v['rate_per_s']}/s reached, {v['missing']} not seen)"
+            for who, v in e.items()
+            if who != "rate_per_s"
+        ]
+        print(f"commit-to-visible at {e['rate_per_s']}/s: " + "; ".join(cells))
+    for who, f in out["faults"].items():
+        print(
+            f"kill -9 mid-stream, {who}: {f['committed']:,} committed,"
+            f" {f['duplicates']} duplicates, {f['missing']} missing"
+        )
+    if as_json:
+        print(json.dumps(out))
+
+
+def _lat(v: dict) -> dict:
+    return {
+        "p50_ms": round(v["p50_ms"], 1),
+        "p99_ms": round(v["p99_ms"], 1),
+        "max_ms": round(v["max_ms"], 1),
+        "rate_per_s": round(v["rate_per_s"]),
+        "missing": v["missing"],
+    }
+
+
+def _round(x: float) -> float:
+    return round(x, 1)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ SETTINGS = {
     "max_prepared_transactions": "50",
     "unix_socket_directories": "",
     "listen_addresses": "127.0.0.1",
+    # Logical decoding, so that a WAL reader (Debezium in bench/relay.py) can be run beside the relay.
+    "wal_level": "logical",
 }
 
 
