@@ -239,28 +239,48 @@ def debezium_run(
 
 
 @contextlib.contextmanager
-def our_relay(url: DatabaseUrl, bootstrap: str) -> Iterator[None]:
-    relay = Relay(RelaySettings(url=url, bootstrap=bootstrap, name=f"bench-lat-{uuid.uuid4().hex[:6]}"))
+def our_relay(url: DatabaseUrl, bootstrap: str) -> Iterator[dict[str, float]]:
+    """The relay in a thread; yields a dict that gets, at the end, where its batches spent their time."""
+    settings = RelaySettings(url=url, bootstrap=bootstrap, name=f"bench-lat-{uuid.uuid4().hex[:6]}")
+    relay = Relay(settings)
     relaying = threading.Thread(target=relay.run, daemon=True)
     relaying.start()
+    stats: dict[str, float] = {}
     try:
-        yield
+        yield stats
     finally:
         relay.stop.set()
         relaying.join(10)
+        labels = {"relay": settings.name, "shard": "0/1"}
+
+        def sample(name: str) -> float:
+            return relay.metrics.registry.get_sample_value(name, labels) or 0.0
+
+        for step, metric in (
+            ("fetch", "outbox_relay_fetch_seconds"),
+            ("transaction", "outbox_relay_transaction_seconds"),
+        ):
+            count = sample(f"{metric}_count")
+            stats[f"{step}_ms_mean"] = round(sample(f"{metric}_sum") / count * 1000, 1) if count else 0.0
+        stats["batches"] = sample("outbox_relay_transaction_seconds_count")
 
 
 @contextlib.contextmanager
-def debezium_running(dbz: Debezium) -> Iterator[None]:
+def debezium_running(dbz: Debezium) -> Iterator[dict[str, float]]:
     dbz.start()
     try:
-        yield
+        yield {}
     finally:
         dbz.kill(signal.SIGTERM)
 
 
 def latency(
-    url: DatabaseUrl, bootstrap: str, rate: int, seconds: float, publisher: ContextManager[None], schema: str
+    url: DatabaseUrl,
+    bootstrap: str,
+    rate: int,
+    seconds: float,
+    publisher: ContextManager[dict[str, float]],
+    schema: str,
 ) -> dict[str, float]:
     """Commit events at a steady `rate`/s; measure commit return -> read_committed arrival.
 
@@ -290,7 +310,7 @@ def latency(
                 next_at += interval
                 time.sleep(max(0.0, next_at - time.monotonic()))
 
-    with publisher:
+    with publisher as stats:
         arrivals.start()
         time.sleep(2)  # consumer assigned, publisher active
         writers = [threading.Thread(target=write, args=(2,)) for _ in range(2)]
@@ -310,6 +330,7 @@ def latency(
         "p99_ms": pick(0.99),
         "max_ms": waits[-1] * 1000 if waits else float("nan"),
         "missing": missing,
+        **stats,
     }
 
 
@@ -547,6 +568,7 @@ def report(result: dict, as_json: bool) -> None:
 
 def _lat(v: dict) -> dict:
     return {
+        **{k: v[k] for k in ("fetch_ms_mean", "transaction_ms_mean", "batches") if k in v},
         "p50_ms": round(v["p50_ms"], 1),
         "p99_ms": round(v["p99_ms"], 1),
         "max_ms": round(v["max_ms"], 1),
