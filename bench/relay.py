@@ -61,6 +61,8 @@ from outbox.relay.kafka import PRODUCER_DEFAULTS
 from outbox.writer import Event, add_events
 
 PARTITIONS = 3
+# Where the relay's batches spent their time in a latency run (from its own histograms).
+STEPS = ("fetches", "fetch_ms_mean", "transactions", "transaction_ms_mean", "cleanups", "cleanup_ms_mean")
 DBZ_SCHEMA = "dbz"  # Debezium's copy of the outbox table: its slot reads only what is written there
 
 
@@ -183,11 +185,13 @@ class Arrivals(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
+        # poll, not consume(n, timeout): consume waits for n records or the timeout, and
+        # would stamp an arrival up to the timeout late.
         while not self.stop.is_set():
-            for m in self.consumer.consume(1000, 0.05):
-                if m.error() is None:
-                    self.records += 1
-                    self.first.setdefault(dict(m.headers() or [])["event_id"], time.time())
+            m = self.consumer.poll(0.05)
+            if m is not None and m.error() is None:
+                self.records += 1
+                self.first.setdefault(dict(m.headers() or [])["event_id"], time.time())
         self.consumer.close()
 
     def wait_for(self, count: int, timeout: float) -> bool:
@@ -256,13 +260,11 @@ def our_relay(url: DatabaseUrl, bootstrap: str) -> Iterator[dict[str, float]]:
         def sample(name: str) -> float:
             return relay.metrics.registry.get_sample_value(name, labels) or 0.0
 
-        for step, metric in (
-            ("fetch", "outbox_relay_fetch_seconds"),
-            ("transaction", "outbox_relay_transaction_seconds"),
-        ):
-            count = sample(f"{metric}_count")
-            stats[f"{step}_ms_mean"] = round(sample(f"{metric}_sum") / count * 1000, 1) if count else 0.0
-        stats["batches"] = sample("outbox_relay_transaction_seconds_count")
+        for step, plural in (("fetch", "fetches"), ("transaction", "transactions"), ("cleanup", "cleanups")):
+            count = sample(f"outbox_relay_{step}_seconds_count")
+            total = sample(f"outbox_relay_{step}_seconds_sum")
+            stats[f"{step}_ms_mean"] = round(total / count * 1000, 1) if count else 0.0
+            stats[plural] = count
 
 
 @contextlib.contextmanager
@@ -488,7 +490,11 @@ def measure(
         ours = latency(url, bootstrap, rate, args.seconds, our_relay(url, bootstrap), "public")
         entry = {"rate": rate, "relay": ours, "missing": ours["missing"]}
         print(
-            f"latency at {rate}/s: relay p50 {ours['p50_ms']:.0f} ms, p99 {ours['p99_ms']:.0f} ms", flush=True
+            f"latency at {rate}/s: relay p50 {ours['p50_ms']:.0f} ms, p99 {ours['p99_ms']:.0f} ms;"
+            f" {ours['transactions']:.0f} batches of read {ours['fetch_ms_mean']} ms,"
+            f" produce + commit {ours['transaction_ms_mean']} ms; {ours['cleanups']:.0f} cleanups"
+            f" of {ours['cleanup_ms_mean']} ms (means)",
+            flush=True,
         )
         if dbz is not None:
             theirs = latency(url, bootstrap, rate, args.seconds, debezium_running(dbz), DBZ_SCHEMA)
@@ -568,7 +574,7 @@ def report(result: dict, as_json: bool) -> None:
 
 def _lat(v: dict) -> dict:
     return {
-        **{k: v[k] for k in ("fetch_ms_mean", "transaction_ms_mean", "batches") if k in v},
+        **{k: v[k] for k in STEPS if k in v},
         "p50_ms": round(v["p50_ms"], 1),
         "p99_ms": round(v["p99_ms"], 1),
         "max_ms": round(v["max_ms"], 1),

@@ -57,6 +57,9 @@ class RelayMetrics:
         self.fetch_seconds = histogram(
             "outbox_relay_fetch_seconds", "Time to read a batch of rows from the outbox table"
         )
+        self.cleanup_seconds = histogram(
+            "outbox_relay_cleanup_seconds", "Time to delete published rows (publishing waits meanwhile)"
+        )
         self._health = (True, "starting")
         self._lock = threading.Lock()
 

@@ -183,7 +183,8 @@ class Relay:
                 m.health(True, "active")
                 if s.cleanup and (time.monotonic() - last_cleanup > 1.0):
                     _settle(ahead)  # the connection must be idle; the part read stays ahead
-                    deleted = table.cleanup(position.base, s.cleanup_batch, s.retention)
+                    with m.cleanup_seconds.time():
+                        deleted = table.cleanup(position.base, s.cleanup_batch, s.retention)
                     m.cleaned.inc(deleted)
                     last_cleanup = 0.0 if deleted == s.cleanup_batch else time.monotonic()
                 if step.count < s.batch_size:
