@@ -27,18 +27,8 @@ from outbox.config import DatabaseUrl
 from outbox.dev.kafka import render
 from outbox.dev.process import free_port, spawn, stop
 from outbox.errors import ConfigError
-from outbox.jvm import maven
+from outbox.jvm import log4j2, maven
 from outbox.jvm.java import find_java
-
-_LOG4J = """\
-rootLogger.level = info
-rootLogger.appenderRef.file.ref = file
-appender.file.type = File
-appender.file.name = file
-appender.file.fileName = {log}
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = [%d] %p %m (%c)%n
-"""
 
 
 def worker(bootstrap: str, work: Path, port: int) -> dict[str, str]:
@@ -103,7 +93,7 @@ class Debezium:
         work.mkdir(parents=True, exist_ok=True)
         (work / "worker.properties").write_text(render(worker(bootstrap, work, free_port())))
         (work / "connector.properties").write_text(render(connector(url, schema, self.slot)))
-        (work / "log4j2.properties").write_text(_LOG4J.format(log=work / "connect.log"))
+        (work / "log4j2.properties").write_text(log4j2.file_config(work / "connect.log"))
         self.argv = [
             str(java.path),
             "-Xmx1g",

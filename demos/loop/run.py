@@ -7,6 +7,7 @@ scratch directory that is deleted at the end.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import signal
@@ -136,15 +137,13 @@ class Tail(threading.Thread):
         self.stopping = threading.Event()
 
     def run(self) -> None:
-        import json
-
         try:
             while not self.stopping.is_set():
-                for m in self.consumer.consume(1000, 0.2):
-                    if m.error() is None and m.value():
-                        self.records += 1
-                        event_id = json.loads(m.value()).get("event_id")
-                        self.seen.setdefault(event_id, time.time())
+                m = self.consumer.poll(0.2)  # one at a time: each stamped as it arrives
+                if m is not None and m.error() is None and m.value():
+                    self.records += 1
+                    event_id = json.loads(m.value()).get("event_id")
+                    self.seen.setdefault(event_id, time.time())
         finally:
             self.consumer.close()
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from outbox.dev.process import free_port, spawn, stop, wait_until
 from outbox.dev.service import Service
 from outbox.errors import ConfigError, ServiceUnavailable
-from outbox.jvm import maven
+from outbox.jvm import log4j2, maven
 from outbox.jvm.java import find_java
 from outbox.probe import check_kafka
 
@@ -45,17 +45,6 @@ SETTINGS = {
     "num.network.threads": "2",
     "num.io.threads": "4",
 }
-_LOG4J = """\
-rootLogger.level = info
-rootLogger.appenderRef.file.ref = file
-appender.file.type = File
-appender.file.name = file
-appender.file.fileName = {log}
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = [%d] %p %m (%c)%n
-logger.request.name = kafka.request.logger
-logger.request.level = warn
-"""
 
 
 def server_properties(data_dir: Path, port: int, controller_port: int) -> dict[str, str]:
@@ -104,7 +93,7 @@ def start(data_dir: Path, port: int, *, die_with_parent: bool) -> Service:
     known = read_properties(config) if config.exists() else {}
     if not known.get("listeners", "").startswith(f"PLAINTEXT://127.0.0.1:{port},"):
         config.write_text(render(server_properties(data_dir, port, free_port())))
-        log4j.write_text(_LOG4J.format(log=data_dir / "server.log"))
+        log4j.write_text(log4j2.file_config(data_dir / "server.log", {"kafka.request.logger": "warn"}))
     jvm = [
         str(java.path),
         f"-Xmx{HEAP}",

@@ -2,5 +2,6 @@
 
 - `java.py`   find Java 17+, or say how to install it
 - `maven.py`  resolve a pinned POM's jars once into a shared cache
-- `poms/`     the pinned jar sets: Kafka's broker, Spark's Kafka source, the JDBC driver
+- `log4j2.py` where a Java program we run writes its log
+- `poms/`     the pinned jar sets: Kafka's broker, Spark's Kafka source, the JDBC driver, Debezium
 """
