@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import signal
 import statistics
@@ -62,7 +63,18 @@ from outbox.writer import Event, add_events
 
 PARTITIONS = 3
 # Where the relay's batches spent their time in a latency run (from its own histograms).
-STEPS = ("fetches", "fetch_ms_mean", "transactions", "transaction_ms_mean", "cleanups", "cleanup_ms_mean")
+STEPS = (
+    "fetches",
+    "fetch_ms_mean",
+    "transactions",
+    "transaction_ms_mean",
+    "cleanups",
+    "cleanup_ms_mean",
+    "commit_to_produce_p50_ms",
+    "commit_to_produce_p99_ms",
+    "produce_to_read_p50_ms",
+    "produce_to_read_p99_ms",
+)
 DBZ_SCHEMA = "dbz"  # Debezium's copy of the outbox table: its slot reads only what is written there
 
 
@@ -181,6 +193,7 @@ class Arrivals(threading.Thread):
         )
         self.consumer.subscribe([topic])
         self.first: dict[bytes, float] = {}
+        self.produced: dict[bytes, float] = {}  # event id -> the record's timestamp (when it was produced)
         self.records = 0
         self.stop = threading.Event()
 
@@ -191,7 +204,9 @@ class Arrivals(threading.Thread):
             m = self.consumer.poll(0.05)
             if m is not None and m.error() is None:
                 self.records += 1
-                self.first.setdefault(dict(m.headers() or [])["event_id"], time.time())
+                event_id = dict(m.headers() or [])["event_id"]
+                self.first.setdefault(event_id, time.time())
+                self.produced.setdefault(event_id, m.timestamp()[1] / 1000)
         self.consumer.close()
 
     def wait_for(self, count: int, timeout: float) -> bool:
@@ -322,18 +337,33 @@ def latency(
             w.join()
         arrivals.wait_for(len(committed), 30)
         arrivals.close()
-    waits = sorted(arrivals.first[e] - t for e, t in committed.items() if e in arrivals.first)
-    missing = len(committed) - len(waits)
-    pick = lambda q: waits[min(len(waits) - 1, int(q * len(waits)))] * 1000 if waits else float("nan")  # noqa: E731
+    seen = [e for e in committed if e in arrivals.first]
+    waits = sorted(arrivals.first[e] - committed[e] for e in seen)
+    # Where an event's wait went: commit -> produced (the publisher: woken, read, handed to
+    # the producer) and produced -> read (linger, the Kafka transaction, the consumer's fetch).
+    # The record timestamp is the producer's clock, this machine's; Connect sets its own.
+    to_produce = sorted(arrivals.produced[e] - committed[e] for e in seen)
+    to_read = sorted(arrivals.first[e] - arrivals.produced[e] for e in seen)
     return {
         "events": len(committed),
         "rate_per_s": len(committed) / seconds,
-        "p50_ms": pick(0.50),
-        "p99_ms": pick(0.99),
-        "max_ms": waits[-1] * 1000 if waits else float("nan"),
-        "missing": missing,
+        "p50_ms": _ms(waits, 0.50),
+        "p99_ms": _ms(waits, 0.99),
+        "max_ms": _ms(waits, 1.0),
+        "commit_to_produce_p50_ms": _ms(to_produce, 0.50),
+        "commit_to_produce_p99_ms": _ms(to_produce, 0.99),
+        "produce_to_read_p50_ms": _ms(to_read, 0.50),
+        "produce_to_read_p99_ms": _ms(to_read, 0.99),
+        "missing": len(committed) - len(waits),
         **stats,
     }
+
+
+def _ms(ordered: list[float], q: float) -> float:
+    """The q-quantile of sorted seconds, in ms, by nearest rank; NaN of nothing."""
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))] * 1000
 
 
 def fault(
@@ -493,11 +523,15 @@ def measure(
             f"latency at {rate}/s: relay p50 {ours['p50_ms']:.0f} ms, p99 {ours['p99_ms']:.0f} ms;"
             f" {ours['transactions']:.0f} batches of read {ours['fetch_ms_mean']} ms,"
             f" produce + commit {ours['transaction_ms_mean']} ms; {ours['cleanups']:.0f} cleanups"
-            f" of {ours['cleanup_ms_mean']} ms (means)",
+            f" of {ours['cleanup_ms_mean']} ms (means); commit -> produced p50/p99"
+            f" {ours['commit_to_produce_p50_ms']:.0f}/{ours['commit_to_produce_p99_ms']:.0f} ms,"
+            f" produced -> read {ours['produce_to_read_p50_ms']:.0f}/{ours['produce_to_read_p99_ms']:.0f} ms",
             flush=True,
         )
         if dbz is not None:
             theirs = latency(url, bootstrap, rate, args.seconds, debezium_running(dbz), DBZ_SCHEMA)
+            for split in [k for k in theirs if k.startswith(("commit_to_", "produce_to_"))]:
+                del theirs[split]  # Connect stamps records with its own choice of time
             entry["debezium"] = theirs
             print(
                 f"latency at {rate}/s: Debezium p50 {theirs['p50_ms']:.0f} ms, p99 {theirs['p99_ms']:.0f} ms",

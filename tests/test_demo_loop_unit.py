@@ -6,6 +6,7 @@ import json
 import random
 from collections import defaultdict
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -126,3 +127,15 @@ def test_percentile_is_by_nearest_rank() -> None:
     values = list(range(1, 101))
     assert (percentile(values, 50), percentile(values, 99), percentile(values, 100)) == (50, 99, 100)
     assert percentile([7], 99) == 7 and percentile([], 50) is None
+
+
+def test_bad_flags_get_one_clear_line(capsys) -> None:  # type: ignore[no-untyped-def]
+    from demos.loop.__main__ import parser
+
+    for argv, says in (
+        (["--events", "0"], "--events: 0 is below 1"),
+        (["--duration", "x"], "'x' is not a float"),
+    ):
+        with pytest.raises(SystemExit):
+            parser().parse_args(argv)
+        assert says in capsys.readouterr().err

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -33,28 +34,55 @@ from outbox.jvm.java import find_java
 from outbox.probe import check_kafka
 
 
+def _at_least(low: float, kind: type = int) -> Callable[[str], float]:
+    """An argparse type: a number of `kind`, at least `low`, with one clear line when it is not."""
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{text} is below {low}")
+        return value
+
+    return parse
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m demos.loop", description=__doc__.splitlines()[0])
     p.add_argument(
-        "--events", type=int, default=30_000, help="distinct committed input events (default 30000)"
+        "--events", type=_at_least(1), default=30_000, help="distinct committed input events (default 30000)"
     )
-    p.add_argument("--accounts", type=int, default=200, help="keys (accounts) the events are spread over")
-    p.add_argument("--partitions", type=int, default=4, help="partitions of the input and output topics")
+    p.add_argument(
+        "--accounts", type=_at_least(1), default=200, help="keys (accounts) the events are spread over"
+    )
+    p.add_argument(
+        "--partitions", type=_at_least(1), default=4, help="partitions of the input and output topics"
+    )
     p.add_argument(
         "--duration",
-        type=float,
+        type=_at_least(1.0, float),
         default=150.0,
         help="seconds to produce the input over, and to spread the kills over (default 150)",
     )
-    p.add_argument("--spark-kills", type=int, default=5, help="kill -9s of the Spark job (default 5)")
-    p.add_argument("--relay-kills", type=int, default=5, help="kill -9s of the relay (default 5)")
     p.add_argument(
-        "--broker-restarts", type=int, default=1, help="kill -9 and restart of the broker (default 1)"
+        "--spark-kills", type=_at_least(0), default=5, help="kill -9s of the Spark job (default 5)"
+    )
+    p.add_argument("--relay-kills", type=_at_least(0), default=5, help="kill -9s of the relay (default 5)")
+    p.add_argument(
+        "--broker-restarts",
+        type=_at_least(0),
+        default=1,
+        help="kill -9 and restart of the broker (default 1)",
     )
     p.add_argument("--no-chaos", action="store_true", help="kill nothing: a quiet run")
     p.add_argument("--seed", type=int, default=None, help="random seed for the input and the kill times")
     p.add_argument(
-        "--drain-timeout", type=float, default=180.0, help="seconds to wait for the output to catch up"
+        "--drain-timeout",
+        type=_at_least(1.0, float),
+        default=180.0,
+        help="seconds to wait for the output to catch up",
     )
     p.add_argument("--chart", type=Path, default=Path(".tmp/demo-loop.png"), help="where to save the chart")
     p.add_argument(
