@@ -293,6 +293,10 @@ class Loop:
             seen - filler.committed_at[e] for e, seen in tail.seen.items() if e in filler.committed_at
         ]
         verdict = judge(inputs, copies, outputs)
+        problems = (
+            verdict.duplicates + verdict.missing + verdict.out_of_order + verdict.leaked + verdict.wrong
+        )
+        self.display.verified(len(outputs), problems)
         return Outcome(
             verdict, sampler.applied, latencies, self.killed, self.exits, self.timeline, spark.warmups
         )

@@ -14,7 +14,7 @@ from rich.text import Text
 
 from demos.loop.verdict import Verdict, percentile
 
-STAGES = ("produced", "applied", "published")
+STAGES = ("produced", "applied", "published", "verified")
 COLOURS = {"spark": "tab:red", "relay": "tab:purple", "broker": "black"}
 
 
@@ -57,11 +57,17 @@ class Display:
         self, counts: Mapping[str, int], notes: Mapping[str, str], kills: Mapping[str, int], exits: int
     ) -> None:
         for stage, task in self.tasks.items():
-            self.bars.update(task, completed=counts[stage], note=notes.get(stage, ""))
+            if stage in counts:
+                self.bars.update(task, completed=counts[stage], note=notes.get(stage, ""))
         done = " · ".join(f"{c} killed {kills.get(c, 0)}/{n}" for c, n in self.planned.items())
         self.chaos.plain = f"{'chaos':>10}  {done or 'none (--no-chaos)'}" + (
             f" · exited on their own {exits}" if exits else ""
         )
+
+    def verified(self, records: int, problems: int) -> None:
+        """The final read-back: how many output records were checked, and what was found."""
+        note = "no problem found" if not problems else f"{problems} problems"
+        self.bars.update(self.tasks["verified"], completed=records, note=note)
 
     def say(self, line: str) -> None:
         self.console.log(line)
