@@ -110,3 +110,15 @@ def test_split_reaches_min_partitions_sized_by_backlog() -> None:
         assert all(a.end == b.start for a, b in itertools.pairwise(mine))
     assert plan.split(rngs, None) == rngs and plan.split(rngs, 2) == rngs
     assert plan.split([plan.Range("a", 0, 0, 3)], 10) == [plan.Range("a", 0, i, i + 1) for i in range(3)]
+
+
+def test_a_new_partition_without_a_leader_yet_is_asked_again_other_errors_are_not() -> None:
+    """Right after partitions are added, listing their offsets answers 'Not leader' for a moment."""
+    from confluent_kafka import KafkaError
+
+    from sinks.kafka_source.cluster import transient
+
+    for code in (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE):
+        assert transient(KafkaError(code))
+    for code in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.INVALID_REQUEST):
+        assert not transient(KafkaError(code))

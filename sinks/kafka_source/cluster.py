@@ -7,9 +7,10 @@ that is still open.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 
-from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from outbox.errors import ConfigError, ServiceUnavailable
@@ -85,10 +86,28 @@ class Cluster:
             if self.options.read_uncommitted
             else IsolationLevel.READ_COMMITTED
         )
-        futures = self.admin.list_offsets(wanted, isolation_level=isolation, request_timeout=self.timeout)
-        try:
-            return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
-        except KafkaException as exc:
-            raise ServiceUnavailable(
-                f"cannot list offsets on {self.options.bootstrap_servers}: {exc.args[0].str()}"
-            ) from None
+        deadline = time.monotonic() + self.timeout
+        while True:
+            futures = self.admin.list_offsets(wanted, isolation_level=isolation, request_timeout=self.timeout)
+            try:
+                return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
+            except KafkaException as exc:
+                error = exc.args[0]
+                if not transient(error) or time.monotonic() > deadline:
+                    raise ServiceUnavailable(
+                        f"cannot list offsets on {self.options.bootstrap_servers}: {error.str()}"
+                    ) from None
+            time.sleep(0.2)
+
+
+# A partition just added, or whose leader just moved, answers with these for a moment.
+_TRANSIENT = {
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+}
+
+
+def transient(error: KafkaError) -> bool:
+    """Whether an error listing offsets passes by itself (then ask again, up to the timeout)."""
+    return error.retriable() or error.code() in _TRANSIENT
