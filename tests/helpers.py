@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from confluent_kafka import Message, Producer
@@ -20,6 +20,14 @@ from outbox.dev.process import spawn
 from outbox.probe import quiet_kafka_config
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None:
+    """Poll `condition` until it holds; fail the test naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(0.2)
 
 
 def unique(prefix: str) -> str:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import uuid
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,7 @@ from psycopg import sql
 from pyspark.sql.types import StructType
 
 from sinks.postgres import PostgresSink, parse_json
-from tests.helpers import read_committed
+from tests.helpers import produce_transaction, read_committed, transactional_producer
 
 SCHEMA = "event_id string, n long, amount decimal(12,2), version int"
 ORDERS = (
@@ -34,11 +36,13 @@ def run(  # type: ignore[no-untyped-def]
     sink: PostgresSink,
     schema: str | StructType = SCHEMA,
     source: str = "kafka_rc",
+    tasks: bool = True,
     **options: str,
 ) -> PostgresSink:
     """One availableNow run of the sink from the topic's start; `sink.last` tells what its last batch did.
 
     source: "kafka_rc", or "kafka" for Spark's own Kafka source (read_committed).
+    tasks: whether the run must apply in the tasks (else staged, on the driver).
     """
     reader = (
         spark.readStream.format(source)
@@ -49,7 +53,9 @@ def run(  # type: ignore[no-untyped-def]
     if source == "kafka":
         reader = reader.option("kafka.isolation.level", "read_committed")
     frame = parse_json(reader.options(**options).load(), schema, key_column="event_id")
-    sink.start(frame, str(checkpoint), trigger={"availableNow": True}).awaitTermination()
+    query = sink.start(frame, str(checkpoint), trigger={"availableNow": True})
+    assert sink.route is not None and sink.route.tasks == tasks, sink.route
+    query.awaitTermination()
     return sink
 
 
@@ -70,3 +76,33 @@ def log_ends(bootstrap: str, topic: str) -> dict[int, int]:
     for partition, offset, _, _ in read_committed(bootstrap, topic, 2):
         ends[partition] = max(ends.get(partition, 0), offset + 1)
     return ends
+
+
+def produce_orders(bootstrap: str, topic: str, count: int) -> dict[str, tuple]:
+    """`count` events in transactions of 250, with redeliveries, edits and an aborted transaction."""
+    ids = [str(uuid.uuid4()) for _ in range(count)]
+    producer = transactional_producer(bootstrap)
+    expected: dict[str, tuple] = {}
+    for start in range(0, count, 250):
+        chunk = [event(i, n) for n, i in enumerate(ids[start : start + 250], start)]
+        produce_transaction(producer, topic, chunk + chunk[:25])  # redelivered duplicates
+        expected.update(
+            {i: (n, Decimal("1.00"), None) for n, i in enumerate(ids[start : start + 250], start)}
+        )
+    edits = ids[: count // 10]
+    produce_transaction(producer, topic, [event(i, expected[i][0], "9.99") for i in edits])
+    expected.update({i: (expected[i][0], Decimal("9.99"), None) for i in edits})
+    produce_transaction(producer, topic, [event(ids[0], -1, "0.00")], commit=False)
+    return expected
+
+
+def check_exactly_once(
+    pg: psycopg.Connection, bootstrap: str, topic: str, expected: dict[str, tuple], dead: int = 0
+) -> None:
+    """Table, ledger, outbox and `dead` dead letters as if every committed record was applied once."""
+    assert table(pg) == expected
+    assert ledger(pg) == log_ends(bootstrap, topic)
+    # One outbox event per change: each insert, each edit; no redelivery, replay or restart adds one.
+    changes = len(expected) + sum(1 for v in expected.values() if v[1] == Decimal("9.99"))
+    assert pg.execute("SELECT count(*) FROM outbox_events").fetchone() == (changes,)
+    assert pg.execute("SELECT count(*) FROM sink_dead_letters").fetchone() == (dead,)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from tests.helpers import (
     read_committed,
     transactional_producer,
     unique,
+    wait_for,
 )
 
 
@@ -140,12 +140,13 @@ def test_partitions_added_while_running_are_read(
     produce_transaction(producer, name, records(10, "before"), partition=0)
     query, sink = stream_to_memory(spark, bootstrap, name, checkpoint, available_now=False)
     try:
-        wait_for(lambda: spark.sql(f"select count(*) c from {sink}").first().c == 10, "first 10 rows")
+        wait_for(lambda: spark.sql(f"select count(*) c from {sink}").first().c == 10, 120, "first 10 rows")
         add_partitions(bootstrap, name, 3)
         producer2 = transactional_producer(bootstrap)
         produce_transaction(producer2, name, records(7, "p2"), partition=2)
         wait_for(
             lambda: spark.sql(f"select count(*) c from {sink} where partition = 2").first().c == 7,
+            120,
             "rows of the new partition",
         )
     finally:
@@ -244,7 +245,7 @@ def test_a_deleted_topic_stops_the_query_with_a_clear_error(
     produce_transaction(transactional_producer(bootstrap), name, records(5, "r"))
     query, sink = stream_to_memory(spark, bootstrap, name, checkpoint, available_now=False)
     try:
-        wait_for(lambda: spark.sql(f"select count(*) c from {sink}").first().c == 5, "first rows")
+        wait_for(lambda: spark.sql(f"select count(*) c from {sink}").first().c == 5, 120, "first rows")
         admin = AdminClient({"bootstrap.servers": bootstrap})
         for future in admin.delete_topics([name]).values():
             future.result(30)
@@ -271,15 +272,6 @@ def test_a_read_starting_at_or_after_an_abort_marker_keeps_later_commits(
     produce_transaction(producer, name, records(2, "late"))  # 8-9, marker 10
     rows = batch_read(spark, bootstrap, name, startingOffsets=json.dumps({name: {"0": start}}))
     assert sorted((r.offset, r.value) for r in rows) == [(8, b"late-0"), (9, b"late-1")]
-
-
-def wait_for(condition, what: str, timeout: float = 120) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.3)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 HUNG_PRODUCER = """
@@ -314,7 +306,7 @@ def test_a_producer_killed_mid_transaction_is_aborted_and_readers_move_past(
     produce_transaction(producer, name, records(3, "after"))  # behind the open transaction
     query, sink = stream_to_memory(spark, bootstrap, name, checkpoint, available_now=False)
     try:
-        wait_for(lambda: spark.sql(f"select count(*) c from {sink}").first().c >= 6, "the later commits")
+        wait_for(lambda: spark.sql(f"select count(*) c from {sink}").first().c >= 6, 120, "the later commits")
         values = sorted(r.value for r in spark.sql(f"select value from {sink}").collect())
     finally:
         query.stop()

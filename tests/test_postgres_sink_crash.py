@@ -5,8 +5,6 @@ from __future__ import annotations
 import random
 import signal
 import time
-import uuid
-from decimal import Decimal
 from pathlib import Path
 
 import psycopg
@@ -15,8 +13,8 @@ import pytest
 from outbox import migrate
 from outbox.config import DatabaseUrl
 from outbox.dev.kafka import Broker
-from tests.helpers import Job, create_topic, produce_transaction, transactional_producer, unique
-from tests.sink_support import ORDERS, event, ledger, log_ends, table
+from tests.helpers import Job, create_topic, unique
+from tests.sink_support import ORDERS, check_exactly_once, ledger, log_ends, produce_orders, table
 
 JOB = "tests/jobs/sink_job.py"
 
@@ -26,24 +24,6 @@ def db(database: DatabaseUrl, pg: psycopg.Connection) -> DatabaseUrl:
     migrate.upgrade(database, "public")
     pg.execute(ORDERS)
     return database
-
-
-def produce_orders(bootstrap: str, topic: str, count: int) -> dict[str, tuple]:
-    """`count` events in transactions of 250, with redeliveries, edits and an aborted transaction."""
-    ids = [str(uuid.uuid4()) for _ in range(count)]
-    producer = transactional_producer(bootstrap)
-    expected: dict[str, tuple] = {}
-    for start in range(0, count, 250):
-        chunk = [event(i, n) for n, i in enumerate(ids[start : start + 250], start)]
-        produce_transaction(producer, topic, chunk + chunk[:25])  # redelivered duplicates
-        expected.update(
-            {i: (n, Decimal("1.00"), None) for n, i in enumerate(ids[start : start + 250], start)}
-        )
-    edits = ids[: count // 10]
-    produce_transaction(producer, topic, [event(i, expected[i][0], "9.99") for i in edits])
-    expected.update({i: (expected[i][0], Decimal("9.99"), None) for i in edits})
-    produce_transaction(producer, topic, [event(ids[0], -1, "0.00")], commit=False)
-    return expected
 
 
 def job(bootstrap: str, topic: str, db: DatabaseUrl, tmp: Path, run: str, pause_at: int, *extra: str) -> Job:
@@ -59,17 +39,6 @@ def job(bootstrap: str, topic: str, db: DatabaseUrl, tmp: Path, run: str, pause_
         str(pause_at),
     ]
     return Job([*argv, *extra], tmp / f"{run}.log", {})
-
-
-def check_exactly_once(
-    pg: psycopg.Connection, bootstrap: str, topic: str, expected: dict[str, tuple]
-) -> None:
-    assert table(pg) == expected
-    assert ledger(pg) == log_ends(bootstrap, topic)
-    # One outbox event per change: each insert, each edit; no redelivery, replay or restart adds one.
-    changes = len(expected) + sum(1 for v in expected.values() if v[1] == Decimal("9.99"))
-    assert pg.execute("SELECT count(*) FROM outbox_events").fetchone() == (changes,)
-    assert pg.execute("SELECT count(*) FROM sink_dead_letters").fetchone() == (0,)
 
 
 def test_kill9_after_executors_staged_then_restart(bootstrap, topic, db, pg, tmp_path) -> None:  # type: ignore[no-untyped-def]

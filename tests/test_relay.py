@@ -16,7 +16,7 @@ from outbox import migrate
 from outbox.config import DatabaseUrl
 from outbox.dev.kafka import Broker
 from outbox.writer import Event, add_event, add_events
-from tests.helpers import create_topic, read_committed, unique
+from tests.helpers import create_topic, read_committed, unique, wait_for
 from tests.relay_support import (
     Committed,
     Writers,
@@ -49,13 +49,6 @@ def events_topic(bootstrap: str) -> str:
 def outbox_rows(url: DatabaseUrl) -> int:
     with psycopg.connect(url.libpq) as conn:
         return int(conn.execute("SELECT count(*) FROM outbox_events").fetchone()[0])  # type: ignore[index]
-
-
-def wait_for(condition, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def terminate(job) -> int:  # type: ignore[no-untyped-def]

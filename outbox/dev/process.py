@@ -82,6 +82,24 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live process below pid: children, their children, ..."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                # The parent pid is the 2nd field after the parenthesised command name.
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
 def cmdline_contains(pid: int, needle: str) -> bool:
     """Whether pid's command line mentions needle: guards against recycled pids."""
     try:

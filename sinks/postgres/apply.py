@@ -22,7 +22,8 @@ from sinks.postgres.statements import Statements
 
 
 class SinkError(OutboxError):
-    """A batch the sink refused to apply; nothing of it was committed."""
+    """A batch the sink refused to apply. Nothing of it was committed, except, when applied in
+    the tasks, other tasks' topic-partitions, which the batch's replay then skips."""
 
 
 @dataclass(frozen=True)
@@ -33,15 +34,20 @@ class BatchResult:
     upserted: int
     deleted: int
     dead: int  # dead-lettered
+    retries: int = 0  # task transactions started over (lost connection, deadlock)
+    stage_seconds: float = 0.0  # in the tasks: the slowest task's COPY; on the driver: the stage job
+    apply_seconds: float = 0.0  # in the tasks: the slowest task's apply and commit
 
     @property
     def replayed(self) -> int:
         return self.staged - self.fresh
 
     def __str__(self) -> str:
+        again = f", {self.retries} task transactions started over" if self.retries else ""
         return (
             f"batch {self.batch_id}: {self.staged} rows, {self.upserted} upserted, {self.deleted} deleted,"
-            f" {self.dead} dead letters, {self.replayed} already applied"
+            f" {self.dead} dead letters, {self.replayed} already applied{again}"
+            f" (stage {self.stage_seconds:.2f}s, apply {self.apply_seconds:.2f}s)"
         )
 
 
@@ -49,25 +55,8 @@ def apply_batch(
     conn: psycopg.Connection, st: Statements, batch_id: int, attempts: list[int], staged: int
 ) -> BatchResult:
     params: dict[str, Any] = {"sink": st.spec.name, "attempts": attempts}
-    fail = st.spec.on_error == "fail"
     with conn.transaction():
-        # Enough memory to number a batch's events in one in-memory sort, not in temp files.
-        conn.execute("SET LOCAL work_mem = '256MB'")
-        if fail and (bad := conn.execute(st.first_error(), params).fetchone()):
-            raise SinkError(f"sink {st.spec.name}: cannot write {bad[0]}[{bad[1]}]@{bad[2]}: {bad[3]}")
-        counts = None
-        if conn.execute(st.rounds(), params).fetchone()[0] <= 1:  # type: ignore[index]
-            try:
-                with conn.transaction():
-                    counts = conn.execute(st.apply(), params).fetchone()
-            except ROW_ERRORS as exc:
-                if fail:
-                    raise SinkError(f"sink {st.spec.name}: the table refused a row: {reason(exc)}") from None
-        if counts is None:
-            upserted, deleted, refused = _apply_in_rounds(conn, st, params, fail)
-            present, fresh, dead = conn.execute(st.finish(), params).fetchone()  # type: ignore[misc]
-            counts = (present, fresh, upserted, deleted, dead + refused)
-        present, fresh, upserted, deleted, dead = counts
+        present, fresh, upserted, deleted, dead = apply_rows(conn, st, params)
         if present != staged:  # raising here rolls the whole batch back
             raise SinkError(
                 f"sink {st.spec.name}: the stage table holds {present} of {staged} staged rows (was"
@@ -75,6 +64,28 @@ def apply_batch(
             )
         conn.execute(st.drop_stage())
     return BatchResult(batch_id, staged, fresh, upserted, deleted, dead)
+
+
+Counts = tuple[int, int, int, int, int]  # present, fresh, upserted, deleted, dead
+
+
+def apply_rows(conn: psycopg.Connection, st: Statements, params: dict[str, Any]) -> Counts:
+    """Apply the staged rows of `params["attempts"]` inside the open transaction, ledger included."""
+    fail = st.spec.on_error == "fail"
+    # Enough memory to number a batch's events in one in-memory sort, not in temp files.
+    conn.execute("SET LOCAL work_mem = '256MB'")
+    if fail and (bad := conn.execute(st.first_error(), params).fetchone()):
+        raise SinkError(f"sink {st.spec.name}: cannot write {bad[0]}[{bad[1]}]@{bad[2]}: {bad[3]}")
+    if conn.execute(st.rounds(), params).fetchone()[0] <= 1:  # type: ignore[index]
+        try:
+            with conn.transaction():
+                return conn.execute(st.apply(), params).fetchone()  # type: ignore[return-value]
+        except ROW_ERRORS as exc:
+            if fail:
+                raise SinkError(f"sink {st.spec.name}: the table refused a row: {reason(exc)}") from None
+    upserted, deleted, refused = _apply_in_rounds(conn, st, params, fail)
+    present, fresh, dead = conn.execute(st.finish(), params).fetchone()  # type: ignore[misc]
+    return present, fresh, upserted, deleted, dead + refused
 
 
 def _apply_in_rounds(

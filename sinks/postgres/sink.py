@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import psycopg
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
@@ -17,10 +19,12 @@ from outbox.config import DatabaseUrl, database_url, schema_name
 from outbox.errors import ConfigError, ServiceUnavailable
 from sinks.postgres.apply import BatchResult, SinkError, apply_batch
 from sinks.postgres.catalog import describe
+from sinks.postgres.placement import ApplyIn, Route, choose, read_plan
 from sinks.postgres.plan import Conversion, Plan, plan
 from sinks.postgres.spec import Mode, OnError, Outbox, SinkSpec
 from sinks.postgres.stage import RESULT_SCHEMA, StageJob, stager
 from sinks.postgres.statements import Statements
+from sinks.postgres.task import COUNTS, TASK_RESULT, TIMES, TaskJob, applier
 
 log = logging.getLogger("sinks.postgres")
 
@@ -35,6 +39,13 @@ class PostgresSink:
 
     `delete` decides which rows delete their key instead of upserting it:
     "tombstone" (a null Kafka value), a SQL boolean expression, a Column, or None.
+
+    `apply_in` says where batches are applied. "auto": in the Spark tasks, each
+    task its own topic-partitions in one transaction, when the frame's plan
+    proves every topic-partition's rows reach one task (a Kafka source without
+    minPartitions, narrow steps only); otherwise staged and applied on the
+    driver. "tasks" refuses, at start, a frame it cannot prove. "driver" always
+    stages.
     """
 
     def __init__(
@@ -51,6 +62,7 @@ class PostgresSink:
         outbox: Outbox | None = None,
         name: str | None = None,
         ledger_schema: str | None = None,
+        apply_in: ApplyIn = "auto",
     ) -> None:
         self.spec = SinkSpec(
             url=database_url(url),
@@ -63,6 +75,7 @@ class PostgresSink:
             outbox=outbox,
             ledger_schema=ledger_schema or schema_name(),
             name=name or "",
+            apply_in=apply_in,
         )
         self.delete = delete
         self._writer: BatchWriter | None = None
@@ -71,6 +84,11 @@ class PostgresSink:
     def last(self) -> BatchResult | None:
         """What the last batch of the query started by `start` did."""
         return self._writer.last if self._writer else None
+
+    @property
+    def route(self) -> Route | None:
+        """Where the query started by `start` applies its batches, and why."""
+        return self._writer.route if self._writer else None
 
     @property
     def name(self) -> str:
@@ -106,26 +124,65 @@ class Staged:
     attempts: list[int]  # task attempts whose rows count (retried tasks' leftovers do not)
     rows: int
     conn: psycopg.Connection  # holds the sink's advisory lock until the batch is applied
+    seconds: float  # the staging job took
 
 
 class BatchWriter:
-    """Stages a micro-batch from the executors, then applies it from the driver."""
+    """Applies each micro-batch: in the tasks where the frame allows it, else staged then on the driver."""
 
     def __init__(self, spec: SinkSpec, frame: DataFrame, delete: Delete) -> None:
         self.spec = spec
+        self.route = choose(*read_plan(frame), spec.apply_in)
         with _connect(spec.url) as conn:
             _check_ledger(conn, spec)
             self.plan = plan(frame.schema, describe(conn, spec.schema, spec.table), spec)
             self.statements = Statements(spec, self.plan)
-            self._copy = (
-                self.statements.copy_rows().as_bytes(conn),
-                self.statements.copy_dead().as_bytes(conn),
-            )
+            self._jobs = {
+                in_task: self._stage_job(conn, Statements(spec, self.plan, in_task=in_task))
+                for in_task in (False, True)
+            }
+        self._task_job = TaskJob(self._jobs[True], Statements(spec, self.plan, in_task=True))
         self.delete = _delete_rule(delete, self.plan)
         self.last: BatchResult | None = None
+        log.info("sink %s %s", spec.name, self.route)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        self.apply(self.stage(batch, batch_id))
+        if self.route.tasks:
+            self.apply_in_tasks(batch, batch_id)
+        else:
+            self.apply(self.stage(batch, batch_id))
+
+    # -- in the tasks ----------------------------------------------------------------------------------
+
+    def apply_in_tasks(self, batch: DataFrame, batch_id: int) -> BatchResult:
+        """Each task applies its topic-partitions' rows in a transaction of its own, ledger included."""
+        with self.exclusive():
+            done = self.tasks(batch).collect()
+        return self.summarize(batch_id, done)
+
+    def tasks(self, batch: DataFrame) -> DataFrame:
+        """The batch's tasks, one result row each once its transaction committed; lazy until collected."""
+        return staged_frame(batch, self.plan, self.delete).mapInArrow(applier(self._task_job), TASK_RESULT)
+
+    def summarize(self, batch_id: int, done: list[Row]) -> BatchResult:
+        """The batch's result from its tasks' rows; a task's refusal fails the batch with its line."""
+        refused = [r.refused for r in done if r.refused]
+        if refused:
+            raise SinkError(refused[0])
+        counts = (sum(getattr(r, c) for r in done) for c in COUNTS)
+        slowest = (max((getattr(r, t) for r in done), default=0.0) for t in TIMES)
+        self.last = BatchResult(batch_id, *counts, *slowest)
+        log.info("sink %s: %s", self.spec.name, self.last)
+        return self.last
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the sink's advisory lock: one query writes a sink at a time."""
+        with _connect(self.spec.url, autocommit=True) as conn:
+            self._lock(conn)
+            yield
+
+    # -- staged, then on the driver ----------------------------------------------------------------------
 
     def stage(self, batch: DataFrame, batch_id: int) -> Staged:
         """Copy the batch into the stage table from the executors; nothing is applied yet.
@@ -133,6 +190,7 @@ class BatchWriter:
         Takes the sink's advisory lock until `apply` ends: two queries writing one
         sink would share its stage table, so the second one fails at once instead.
         """
+        start = time.perf_counter()
         conn = _connect(self.spec.url, autocommit=True)
         try:
             self._lock(conn)
@@ -141,33 +199,37 @@ class BatchWriter:
             raise
         try:
             conn.execute(self.statements.create_stage())
-            job = StageJob(
-                libpq=self.spec.url.libpq,
-                copy_rows=self._copy[0],
-                copy_dead=self._copy[1],
-                keys=tuple(self.plan.columns.index(k) for k in self.spec.key),
-                names=self.plan.columns,
-                token=secrets.randbits(31),
-            )
+            job = replace(self._jobs[False], token=secrets.randbits(31))
             frame = staged_frame(batch, self.plan, self.delete)
             tasks = frame.mapInArrow(stager(job), RESULT_SCHEMA).collect()
         except BaseException:
             _drop_stage(conn, self.statements)
             raise
-        return Staged(batch_id, [t.attempt for t in tasks], sum(t.staged for t in tasks), conn)
+        attempts, rows = [t.attempt for t in tasks], sum(t.staged for t in tasks)
+        return Staged(batch_id, attempts, rows, conn, time.perf_counter() - start)
 
     def apply(self, staged: Staged) -> BatchResult:
         """Apply a staged batch in one transaction with the ledger; a replay changes nothing."""
+        start = time.perf_counter()
         try:
-            self.last = apply_batch(
-                staged.conn, self.statements, staged.batch_id, staged.attempts, staged.rows
-            )
+            result = apply_batch(staged.conn, self.statements, staged.batch_id, staged.attempts, staged.rows)
         except BaseException:
             _drop_stage(staged.conn, self.statements)  # a failed batch leaves nothing behind
             raise
         staged.conn.close()  # releases the lock
+        self.last = replace(result, stage_seconds=staged.seconds, apply_seconds=time.perf_counter() - start)
         log.info("sink %s: %s", self.spec.name, self.last)
         return self.last
+
+    def _stage_job(self, conn: psycopg.Connection, st: Statements) -> StageJob:
+        return StageJob(
+            libpq=self.spec.url.libpq,
+            copy_rows=st.copy_rows().as_bytes(conn),
+            copy_dead=st.copy_dead().as_bytes(conn),
+            keys=tuple(self.plan.columns.index(k) for k in self.spec.key),
+            names=self.plan.columns,
+            token=0,
+        )
 
     def _lock(self, conn: psycopg.Connection) -> None:
         locked = conn.execute(f"SELECT pg_try_advisory_lock({_LOCK_KEY})", [self.spec.name]).fetchone()

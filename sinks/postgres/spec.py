@@ -8,6 +8,7 @@ from typing import Literal
 
 from outbox.config import DatabaseUrl
 from outbox.errors import ConfigError
+from sinks.postgres.placement import ApplyIn
 
 Mode = Literal["upsert", "insert"]
 OnError = Literal["dead_letter", "fail"]
@@ -41,6 +42,7 @@ class SinkSpec:
     outbox: Outbox | None = None
     ledger_schema: str = "public"
     name: str = ""
+    apply_in: ApplyIn = "auto"
 
     def __post_init__(self) -> None:
         if not self.table:
@@ -53,6 +55,8 @@ class SinkSpec:
             raise ConfigError(f"mode must be 'upsert' or 'insert', not {self.mode!r}")
         if self.on_error not in ("dead_letter", "fail"):
             raise ConfigError(f"on_error must be 'dead_letter' or 'fail', not {self.on_error!r}")
+        if self.apply_in not in ("auto", "tasks", "driver"):
+            raise ConfigError(f"apply_in must be 'auto', 'tasks' or 'driver', not {self.apply_in!r}")
         if self.version is not None and self.version in self.key:
             raise ConfigError(f"the version column {self.version!r} cannot also be a key column")
         if self.version is not None and self.mode == "insert":

@@ -42,20 +42,13 @@ class StageJob:
 
 def stager(job: StageJob) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     def stage(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
-
-        context = TaskContext.get()
-        attempt = (job.token << 32) | ((context.taskAttemptId() if context else 0) & 0xFFFFFFFF)
+        attempt = attempt_id(job.token)
         staged = dead = 0
         with psycopg.connect(job.libpq) as conn:
             conn.execute("SELECT set_config(%s, %s, true)", [ATTEMPT_SETTING, str(attempt)])
             for batch in batches:
-                rows, bad = split_unwritable(batch, job)
-                errors = [*bad.items(), *copy_bisect(conn, job, rows, _kept(batch, bad))]
-                if errors:
-                    write_dead(conn, job, batch, errors)
                 staged += batch.num_rows
-                dead += len(errors)
+                dead += copy_batch(conn, job, batch)
             conn.commit()
         yield pa.RecordBatch.from_pydict(
             {"attempt": [attempt], "staged": [staged], "dead": [dead]},
@@ -63,6 +56,23 @@ def stager(job: StageJob) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.Re
         )
 
     return stage
+
+
+def attempt_id(token: int) -> int:
+    """This task attempt's id, unique across SparkContexts by the batch run's token."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return (token << 32) | ((context.taskAttemptId() if context else 0) & 0xFFFFFFFF)
+
+
+def copy_batch(conn: psycopg.Connection, job: StageJob, batch: pa.RecordBatch) -> int:
+    """COPY one Arrow batch into the stage, its unwritable rows as dead letters; returns how many."""
+    rows, bad = split_unwritable(batch, job)
+    errors = [*bad.items(), *copy_bisect(conn, job, rows, _kept(batch, bad))]
+    if errors:
+        write_dead(conn, job, batch, errors)
+    return len(errors)
 
 
 def split_unwritable(batch: pa.RecordBatch, job: StageJob) -> tuple[pa.RecordBatch, dict[int, str]]:

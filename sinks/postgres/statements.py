@@ -42,12 +42,14 @@ class Names:
     outbox: sql.Identifier
 
     @classmethod
-    def of(cls, spec: SinkSpec) -> Names:
+    def of(cls, spec: SinkSpec, *, in_task: bool = False) -> Names:
+        """in_task: the stage is the task's own temp table, not the batch's table shared by tasks."""
         digest = hashlib.sha1(spec.name.encode()).hexdigest()[:16]
         ledger = spec.ledger_schema
+        stage = sql.Identifier(*(("pg_temp", "sink_task") if in_task else (ledger, f"sink_stage_{digest}")))
         return cls(
             target=sql.Identifier(spec.schema, spec.table),
-            stage=sql.Identifier(ledger, f"sink_stage_{digest}"),
+            stage=stage,
             progress=sql.Identifier(ledger, "sink_progress"),
             dead=sql.Identifier(ledger, "sink_dead_letters"),
             outbox=sql.Identifier(ledger, "outbox_events"),
@@ -71,9 +73,10 @@ _STAGED_COUNTS = [
 class Statements:
     """Every statement of one sink, from its spec and plan."""
 
-    def __init__(self, spec: SinkSpec, plan: Plan) -> None:
+    def __init__(self, spec: SinkSpec, plan: Plan, *, in_task: bool = False) -> None:
         self.spec = spec
-        self.names = Names.of(spec)
+        self.in_task = in_task
+        self.names = Names.of(spec, in_task=in_task)
         self.columns = plan.columns
         self.no_equality = plan.no_equality
         self.targets = [sql.Identifier(c) for c in plan.columns]
@@ -92,14 +95,19 @@ class Statements:
         data = _list(
             [sql.SQL("t.{} AS {}").format(t, s) for t, s in zip(self.targets, self.staged, strict=True)]
         )
+        create = sql.SQL(
+            "CREATE TEMP TABLE {stage} ON COMMIT DROP" if self.in_task else "CREATE UNLOGGED TABLE {stage}"
+        ).format(stage=n.stage)
         return sql.SQL(
             "DROP TABLE IF EXISTS {stage};"
-            " CREATE UNLOGGED TABLE {stage} AS SELECT {data}, NULL::text AS _topic,"
+            " {create} AS SELECT {data}, NULL::text AS _topic,"
             " NULL::integer AS _partition, NULL::bigint AS _offset, NULL::boolean AS _delete,"
             " NULL::bigint AS _attempt, NULL::text AS _error,"
             " NULL::bytea AS _raw_key, NULL::bytea AS _raw_value FROM {target} AS t WITH NO DATA;"
             " ALTER TABLE {stage} ALTER COLUMN _attempt SET DEFAULT current_setting({setting})::bigint"
-        ).format(stage=n.stage, data=data, target=n.target, setting=sql.Literal(ATTEMPT_SETTING))
+        ).format(
+            stage=n.stage, create=create, data=data, target=n.target, setting=sql.Literal(ATTEMPT_SETTING)
+        )
 
     def drop_stage(self) -> Query:
         return sql.SQL("DROP TABLE IF EXISTS {}").format(self.names.stage)
@@ -122,6 +130,26 @@ class Statements:
         )
 
     # -- applying ----------------------------------------------------------------------------------------
+
+    def claim(self) -> sql.Composable:
+        """Ledger rows for the staged topic-partitions that have none yet, so `lock` finds them all."""
+        return bindable(
+            sql.SQL(
+                "INSERT INTO {progress} (sink, topic, kafka_partition, next_offset)"
+                " SELECT DISTINCT %(sink)s, _topic, _partition, 0 FROM {stage} ORDER BY 2, 3"
+                " ON CONFLICT (sink, topic, kafka_partition) DO NOTHING"
+            ).format(progress=self.names.progress, stage=self.names.stage)
+        )
+
+    def lock(self) -> sql.Composable:
+        """Lock the staged topic-partitions' ledger rows, in one order: another attempt of the
+        same rows waits here, then finds them applied."""
+        return bindable(
+            sql.SQL(
+                "SELECT 1 FROM {progress} WHERE sink = %(sink)s AND (topic, kafka_partition) IN"
+                " (SELECT _topic, _partition FROM {stage}) ORDER BY topic, kafka_partition FOR UPDATE"
+            ).format(progress=self.names.progress, stage=self.names.stage)
+        )
 
     def rounds(self) -> sql.Composable:
         """How many events the busiest key has in this batch: 1 (or 0) means one statement applies it."""

@@ -1,0 +1,105 @@
+"""The executor side of applying in the tasks: one task's share of a batch, in one transaction.
+
+The task copies its rows into a temp table, locks the ledger rows of the
+topic-partitions it holds, applies what the ledger has not seen, and commits
+rows, outbox events, dead letters and ledger together. A retried, speculative
+or orphaned attempt of the same rows waits at that lock, then finds them
+applied and skips them. A lost connection, a PostgreSQL restart or a deadlock
+with a task writing the same keys starts the transaction over: the ledger
+makes a repeat harmless, even after a commit whose answer was lost.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+
+from sinks.postgres.apply import Counts, SinkError, apply_rows
+from sinks.postgres.stage import StageJob, attempt_id, copy_batch
+from sinks.postgres.statements import ATTEMPT_SETTING, Statements
+
+COUNTS = ("staged", "fresh", "upserted", "deleted", "dead", "retries")
+TIMES = ("copy_seconds", "apply_seconds")
+TASK_RESULT = ", ".join([*(f"{c} long" for c in COUNTS), *(f"{t} double" for t in TIMES), "refused string"])
+_SCHEMA = pa.schema(
+    [*((c, pa.int64()) for c in COUNTS), *((t, pa.float64()) for t in TIMES), ("refused", pa.string())]
+)
+
+
+@dataclass(frozen=True)
+class TaskJob:
+    """What a task needs, pickled to the executors."""
+
+    stage: StageJob  # its COPY statements write the task's temp table
+    statements: Statements  # built with in_task=True
+    retry_for: float = 120.0  # seconds to keep starting over on lost connections and deadlocks
+
+
+@dataclass(frozen=True)
+class Outcome:
+    counts: Counts
+    refused: str | None = None  # why the sink refused the rows (on_error='fail'); nothing was committed
+    retries: int = 0
+    seconds: tuple[float, float] = (0.0, 0.0)  # copying, then applying and committing
+
+
+NOTHING = Outcome((0, 0, 0, 0, 0))
+
+
+def applier(job: TaskJob) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    def apply(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        rows = [b for b in batches if b.num_rows]  # kept: a transaction that starts over copies them again
+        outcome = NOTHING
+        if rows:
+            outcome = with_retries(lambda: apply_task(job, rows, attempt_id(job.stage.token)), job.retry_for)
+        values = [*outcome.counts, outcome.retries, *outcome.seconds, outcome.refused]
+        columns = {f: [v] for f, v in zip(_SCHEMA.names, values, strict=True)}
+        yield pa.RecordBatch.from_pydict(columns, _SCHEMA)
+
+    return apply
+
+
+def apply_task(job: TaskJob, rows: list[pa.RecordBatch], attempt: int) -> Outcome:
+    st = job.statements
+    params: dict[str, Any] = {"sink": st.spec.name, "attempts": [attempt]}
+    start = time.perf_counter()
+    # Named in pg_stat_activity, with the process, for whoever looks at who holds a lock.
+    name = f"outbox-sink task, pid {os.getpid()}"
+    with psycopg.connect(job.stage.libpq, autocommit=True, connect_timeout=10, application_name=name) as conn:
+        try:
+            with conn.transaction():
+                conn.execute("SELECT set_config(%s, %s, true)", [ATTEMPT_SETTING, str(attempt)])
+                conn.execute(st.create_stage())
+                for batch in rows:
+                    copy_batch(conn, job.stage, batch)
+                copied = time.perf_counter()
+                conn.execute(st.claim(), params)
+                conn.execute(st.lock(), params)
+                counts = apply_rows(conn, st, params)
+        except SinkError as exc:  # rolled back: the driver fails the batch with this line
+            return replace(NOTHING, refused=str(exc))
+    return Outcome(counts, seconds=(copied - start, time.perf_counter() - copied))
+
+
+def with_retries(attempt: Callable[[], Outcome], budget: float) -> Outcome:
+    """Run `attempt` again on errors that are about the moment, not the rows, for up to `budget` seconds.
+
+    psycopg's OperationalError covers them: connection lost or refused, the
+    server shutting down, deadlocks and serialization failures.
+    """
+    deadline = time.monotonic() + budget
+    pause, retries = 0.1, 0
+    while True:
+        try:
+            return replace(attempt(), retries=retries)
+        except psycopg.OperationalError:
+            if time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause, retries = min(pause * 2, 5.0), retries + 1

@@ -1,0 +1,68 @@
+"""A streaming job for fault tests of the sink applying in the tasks: kafka_rc -> PostgresSink.
+
+Usage: sink_tasks_job.py BOOTSTRAP TOPIC DATABASE_URL CHECKPOINT WORKDIR MAX_OFFSETS MODE [available-now]
+MODE plain: each batch applied in the tasks as the sink does it.
+MODE fail-after-commit: every task fails once after its transaction committed (the task's
+first attempt), and Spark runs it again (master local[2,2]: two attempts per task).
+Prints "applied N: fresh F of S rows, R retries" after each batch.
+SPARK_MASTER: a standalone cluster's URL to run on instead of local[2,2].
+"""
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+
+from sinks.kafka_source import register
+from sinks.local_spark import local_session
+from sinks.postgres import Outbox, PostgresSink, parse_json
+from sinks.postgres.task import TASK_RESULT
+
+bootstrap, topic, url, checkpoint, work, max_offsets, mode = sys.argv[1:8]
+available_now = sys.argv[8:] == ["available-now"]
+master = os.environ.get("SPARK_MASTER", "local[2,2]")
+cluster = {"spark.executor.memory": "768m", "spark.cores.max": "2"} if master.startswith("spark:") else {}
+spark = local_session(Path(work), app_name="sink-tasks-job", master=master, conf=cluster)
+register(spark)
+events = parse_json(
+    spark.readStream.format("kafka_rc")
+    .option("kafka.bootstrap.servers", bootstrap)
+    .option("subscribe", topic)
+    .option("startingOffsets", "earliest")
+    .option("maxOffsetsPerTrigger", max_offsets)
+    .load(),
+    "event_id string, n long, amount decimal(12,2)",
+    key_column="event_id",
+)
+sink = PostgresSink("orders", url=url, outbox=Outbox(topic="out", key="written.event_id::text"))
+writer = sink.writer(events)
+assert writer.route.tasks, writer.route
+
+
+def fail_first_attempt(results: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    from pyspark import TaskContext
+
+    done = list(results)  # the task's transaction has committed
+    context = TaskContext.get()
+    if context is not None and context.attemptNumber() == 0:
+        raise RuntimeError("injected: the task fails after its commit")
+    yield from done
+
+
+def batch(frame, batch_id):  # type: ignore[no-untyped-def]
+    if mode == "fail-after-commit":
+        with writer.exclusive():
+            done = writer.tasks(frame).mapInArrow(fail_first_attempt, TASK_RESULT).collect()
+        result = writer.summarize(batch_id, done)
+    else:
+        result = writer.apply_in_tasks(frame, batch_id)
+    line = f"applied {batch_id}: fresh {result.fresh} of {result.staged} rows, {result.retries} retries"
+    print(line, flush=True)
+
+
+stream = events.writeStream.foreachBatch(batch).option("checkpointLocation", checkpoint)
+query = (stream.trigger(availableNow=True) if available_now else stream).start()
+query.awaitTermination()
+print("done", flush=True)
