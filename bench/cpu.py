@@ -27,10 +27,65 @@ def busy_seconds() -> float | None:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+# Who burns the CPU, by command line: the first needle found names the process's share.
+# (Spark's command line names the JDBC driver's jar, hence Spark before PostgreSQL.)
+COMPONENTS = (
+    ("python workers", ("pyspark.daemon", "pyspark.worker")),
+    ("spark JVM", ("org.apache.spark",)),
+    ("kafka broker", ("kafka.Kafka",)),
+    ("postgres", ("postgres",)),
+)
+DRIVER = "this python"  # the benchmark's own process: Spark's driver side, psycopg alone
+Snapshot = dict[int, tuple[str, float]]
+
+
+def process_seconds() -> Snapshot:
+    """Per live process: its component and the CPU seconds it and its reaped children have used.
+
+    A PostgreSQL backend or a Python worker that exits is reaped by the
+    postmaster or the worker daemon, whose children's times then include it;
+    one caught exiting (no command line left) counts for its parent's component.
+    """
+    tick = os.sysconf("SC_CLK_TCK")
+    seen: dict[int, tuple[int, str, float]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry.name}/cmdline", "rb") as cmd:
+                cmdline = cmd.read().decode(errors="replace")
+        except OSError:
+            continue
+        ticks = sum(int(v) for v in fields[11:15])  # utime, stime, cutime, cstime
+        seen[int(entry.name)] = (int(fields[1]), cmdline, ticks / tick)
+
+    def component(pid: int) -> str:
+        parent, cmdline, _ = seen.get(pid, (0, "", 0.0))
+        if pid == os.getpid():
+            return DRIVER
+        if not cmdline and parent in seen:
+            return component(parent)
+        return next((c for c, needles in COMPONENTS if any(n in cmdline for n in needles)), "other")
+
+    return {pid: (component(pid), seconds) for pid, (_, _, seconds) in seen.items()}
+
+
+def by_component(before: Snapshot, after: Snapshot) -> dict[str, float]:
+    """CPU seconds per component between two `process_seconds` snapshots."""
+    spent: dict[str, float] = {}
+    for pid, (name, seconds) in after.items():
+        start = before.get(pid, (name, 0.0))[1]
+        spent[name] = spent.get(name, 0.0) + max(0.0, seconds - start)
+    return spent
+
+
 @dataclass(frozen=True)
 class Usage:
     wall_s: float
     cpu_s: float | None
+    components: dict[str, float]  # CPU seconds per component (COMPONENTS, DRIVER, "other")
 
     def cores_busy(self) -> float | None:
         return None if self.cpu_s is None else self.cpu_s / self.wall_s
@@ -38,9 +93,13 @@ class Usage:
     def cpu_us_per(self, records: int) -> float | None:
         return None if self.cpu_s is None else self.cpu_s / records * 1e6
 
+    def components_us_per(self, records: int) -> dict[str, float]:
+        return {name: round(seconds / records * 1e6, 1) for name, seconds in self.components.items()}
+
 
 def measured(step: Callable[[], T]) -> tuple[T, Usage]:
-    cpu0, wall0 = busy_seconds(), time.perf_counter()
+    processes, cpu0, wall0 = process_seconds(), busy_seconds(), time.perf_counter()
     result = step()
     cpu1, wall = busy_seconds(), time.perf_counter() - wall0
-    return result, Usage(wall, None if cpu0 is None or cpu1 is None else cpu1 - cpu0)
+    components = by_component(processes, process_seconds())
+    return result, Usage(wall, None if cpu0 is None or cpu1 is None else cpu1 - cpu0, components)

@@ -21,6 +21,7 @@ its cost is measured alone too. Beside them:
   sink_rc: the sink fed by kafka_rc instead, the framework's own source;
   sink_driver: the sink from Kafka with apply_in="driver", the staged path.
 All runs use the same micro-batch size. Steady state excludes the first batch.
+Each writer first runs once from Kafka unmeasured: the JVMs' first reads are slower.
 CPU per row is machine-wide (bench/cpu.py): broker, PostgreSQL and Spark together.
 
     python bench/sink.py [--events 1000000] [--size 200] [--batches 5] [--json]
@@ -47,7 +48,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
-from cpu import measured  # bench/cpu.py
+from cpu import COMPONENTS, DRIVER, measured  # bench/cpu.py
 from kafka_load import produce  # bench/kafka_load.py
 
 from outbox import migrate
@@ -75,7 +76,11 @@ def events(count: int, size: int) -> pa.Table:
 
 def psycopg_alone(url: DatabaseUrl, rows: pa.Table, per_batch: int) -> dict[str, float]:
     result, usage = measured(lambda: _psycopg_alone(url, rows, per_batch))
-    return {**result, "cpu_us_per_row": usage.cpu_us_per(rows.num_rows) or float("nan")}
+    return {
+        **result,
+        "cpu_us_per_row": usage.cpu_us_per(rows.num_rows) or float("nan"),
+        "cpu_us_per_row_by": usage.components_us_per(rows.num_rows),
+    }
 
 
 def _psycopg_alone(url: DatabaseUrl, rows: pa.Table, per_batch: int) -> dict[str, float]:
@@ -210,29 +215,39 @@ def spark_runs(
             return hand_written_upsert(url.libpq, table)
 
         with psycopg.connect(url.libpq, autocommit=True) as conn:
-            for name in WRITERS:
+            for name in (*WRITERS, "warm_sink", "warm_jdbc", "warm_hand"):
                 conn.execute(TABLE.format(f"bench_{name}"))
         writers = {"sink": sink, "jdbc": jdbc, "hand": hand}
+
+        def measure(name: str, frame, each: Callable) -> dict:  # type: ignore[no-untyped-def]
+            settle(url)
+            return run(frame, each, work / f"chk-{name}")
+
+        # The broker's and Spark's JVMs are slower on their first reads of a topic (JIT): one unreported
+        # pass of each writer from Kafka first, so that no measured run pays for coming first.
+        for writer, make in writers.items():
+            events = kafka()
+            measure(f"warm_{writer}", events, make(f"bench_warm_{writer}", events))
         runs: dict[str, dict] = {
-            "source": run(kafka(), noop, work / "chk-source"),
-            "source_memory": run(memory(), noop, work / "chk-source-memory"),
-            "source_memory_ranged": run(ranged(), noop, work / "chk-source-memory-ranged"),
+            "source": measure("source", kafka(), noop),
+            "source_memory": measure("source_memory", memory(), noop),
+            "source_memory_ranged": measure("source_memory_ranged", ranged(), noop),
         }
         for feed, frame in (("", kafka), ("_memory", memory)):
             for writer, make in writers.items():
                 name = writer + feed
                 events = ranged() if name == "sink_memory" else frame()
-                runs[name] = run(events, make(f"bench_{name}", events), work / f"chk-{name}")
+                runs[name] = measure(name, events, make(f"bench_{name}", events))
         events = kafka("kafka_rc")
-        runs["sink_rc"] = run(events, sink("bench_sink_rc", events), work / "chk-sink_rc")
+        runs["sink_rc"] = measure("sink_rc", events, sink("bench_sink_rc", events))
         events = kafka()
-        runs["sink_driver"] = run(
-            events, sink("bench_sink_driver", events, "driver"), work / "chk-sink_driver"
-        )
+        runs["sink_driver"] = measure("sink_driver", events, sink("bench_sink_driver", events, "driver"))
         for name in WRITERS:
             runs[name]["written"] = count(url, f"bench_{name}")
         for table, (writer, batches) in sinks.items():
             name = table.removeprefix("bench_")
+            if name not in runs:
+                continue  # the warm-up
             runs[name]["route"] = str(writer.route)  # type: ignore[attr-defined]
             runs[name]["batches_detail"] = [
                 {"rows": b.staged, "stage_s": round(b.stage_seconds, 3), "apply_s": round(b.apply_seconds, 3)}
@@ -241,6 +256,14 @@ def spark_runs(
     finally:
         stop_session(spark)
     return runs
+
+
+def settle(url: DatabaseUrl) -> None:
+    """Let PostgreSQL finish the last run's leftovers (vacuum, dirty pages) before the next run starts,
+    so that no writer's CPU figure pays for the one before it."""
+    with psycopg.connect(url.libpq, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE")
+        conn.execute("CHECKPOINT")
 
 
 def hand_written_upsert(libpq: str, table: str) -> Callable:
@@ -283,6 +306,7 @@ def run(frame, each_batch: Callable, checkpoint: Path) -> dict:  # type: ignore[
     result = figures(rows, [b["durationMs"]["triggerExecution"] / 1000 for b in batches])
     result["whole_run_per_s"] = sum(rows) / usage.wall_s
     result["cpu_us_per_row"] = usage.cpu_us_per(sum(rows)) or float("nan")
+    result["cpu_us_per_row_by"] = usage.components_us_per(sum(rows))
     return result
 
 
@@ -382,6 +406,21 @@ def main() -> int:
     ]
     for label, key, note in ratios:
         print(f"{'ratio ' + label:<42}: {result[key]:>10} {f'({note})' if note else ''}")
+    cores = os.cpu_count() or 1
+    print(f"the machine's bound for each run: {cores} cores / its CPU per row; busy: the cores' share used")
+    result["machine_cores"] = cores
+    for label, name, _ in lines:
+        whole = base if name == "psycopg" else runs[name]
+        cpu = whole["cpu_us_per_row"]
+        bound, busy = cores * 1e6 / cpu, whole["whole_run_per_s"] * cpu / (cores * 1e6)
+        print(f"  {label:<40}: bound {bound:>10,.0f} rows/s, busy {busy:>4.0%}")
+    who = [c for c, _ in COMPONENTS] + [DRIVER, "other"]
+    print("CPU us/row by process, whole run:", " | ".join(who))
+    result["cpu_us_per_row_by"] = {"psycopg": base["cpu_us_per_row_by"]}
+    for label, name, _ in lines:
+        by = base["cpu_us_per_row_by"] if name == "psycopg" else runs[name]["cpu_us_per_row_by"]
+        result["cpu_us_per_row_by"][name] = by  # type: ignore[index]
+        print(f"  {label:<40}: " + " | ".join(f"{by.get(c, 0.0):>5.1f}" for c in who))
     print("per batch, slowest task's copy / apply seconds (on the driver: stage job / apply):")
     for name in SINKS:
         detail = " ".join(f"{b['stage_s']:.2f}/{b['apply_s']:.2f}" for b in runs[name]["batches_detail"])

@@ -192,8 +192,7 @@ def test_a_task_that_fails_after_its_commit_is_retried_and_applies_nothing_twice
 ) -> None:
     on = request.getfixturevalue("cluster") if where == "cluster" else None
     expected = produce_orders(bootstrap, topic, 1500)
-    poison = [(f"p{i}".encode(), b"{not json") for i in range(10)]  # each a dead letter, once
-    produce_transaction(transactional_producer(bootstrap), topic, poison)
+    dead = produce_poison(bootstrap, topic)
 
     retried = job(bootstrap, topic, db, tmp_path, "retried", "fail-after-commit", "available-now", on=on)
     assert retried.wait(300) == 0, retried.output()
@@ -202,7 +201,7 @@ def test_a_task_that_fails_after_its_commit_is_retried_and_applies_nothing_twice
     assert len(batches) >= 3, retried.output()
     # Spark keeps each task's second attempt: it found every row applied by the first.
     assert all(fresh == 0 and staged > 0 for _, fresh, staged, _ in batches), batches
-    check_exactly_once(pg, bootstrap, topic, expected, dead=len(poison))
+    check_exactly_once(pg, bootstrap, topic, expected, dead=dead)
 
 
 @pytest.fixture
@@ -210,6 +209,13 @@ def blocker(db: DatabaseUrl) -> Iterator[psycopg.Connection]:
     """A session that can hold partition 1's ledger row, so that partition's task waits mid-batch."""
     with psycopg.connect(db.libpq) as conn:
         yield conn
+
+
+def produce_poison(bootstrap: str, topic: str) -> int:
+    """Records that become dead letters: applied twice, they would be there twice."""
+    poison = [(f"p{i}".encode(), b"{not json") for i in range(10)]
+    produce_transaction(transactional_producer(bootstrap), topic, poison)
+    return len(poison)
 
 
 def hold_partition_1(blocker: psycopg.Connection, topic: str) -> None:
@@ -237,6 +243,7 @@ def test_driver_killed_after_some_tasks_committed_then_restarted(  # type: ignor
     bootstrap, topic, db, pg, tmp_path, blocker
 ) -> None:
     expected = produce_orders(bootstrap, topic, 1500)
+    dead = produce_poison(bootstrap, topic)
     hold_partition_1(blocker, topic)
     first = job(bootstrap, topic, db, tmp_path, "first", "plain")
     try:
@@ -253,7 +260,7 @@ def test_driver_killed_after_some_tasks_committed_then_restarted(  # type: ignor
     finally:
         first.kill9()
     assert applied(second.output())[0][0] == 0, "the killed batch was replayed"
-    check_exactly_once(pg, bootstrap, topic, expected)
+    check_exactly_once(pg, bootstrap, topic, expected, dead=dead)
 
 
 class OwnPostgres:
@@ -293,6 +300,7 @@ def own_postgres(tmp_path: Path) -> Iterator[OwnPostgres]:
 def test_postgres_restarted_mid_batch(own_postgres: OwnPostgres, bootstrap, topic, tmp_path) -> None:  # type: ignore[no-untyped-def]
     url = own_postgres.url
     expected = produce_orders(bootstrap, topic, 1500)
+    dead = produce_poison(bootstrap, topic)
     ends = log_ends(bootstrap, topic)
     streaming = job(bootstrap, topic, url, tmp_path, "streaming", "plain")
     try:
@@ -306,7 +314,7 @@ def test_postgres_restarted_mid_batch(own_postgres: OwnPostgres, bootstrap, topi
             blocker.close()
         with psycopg.connect(url.libpq, autocommit=True) as pg:
             wait_for(lambda: ledger(pg) == ends, 240, "every partition applied after the restart")
-            check_exactly_once(pg, bootstrap, topic, expected)
+            check_exactly_once(pg, bootstrap, topic, expected, dead=dead)
     finally:
         streaming.kill9()
     first_batch = applied(streaming.output())[0]
@@ -319,6 +327,7 @@ def test_on_a_cluster_an_executor_killed_mid_batch(  # type: ignore[no-untyped-d
     """kill -9 of the executor whose task is mid-transaction: Spark runs the task elsewhere, and
     the killed executor's Python worker, orphaned, may still commit: the ledger lets one of them apply."""
     expected = produce_orders(bootstrap, topic, 1500)
+    dead = produce_poison(bootstrap, topic)
     hold_partition_1(blocker, topic)
     streaming = job(bootstrap, topic, db, tmp_path, "cluster", "plain", "available-now", on=cluster)
     try:
@@ -332,4 +341,4 @@ def test_on_a_cluster_an_executor_killed_mid_batch(  # type: ignore[no-untyped-d
     finally:
         streaming.kill9()
     assert executor not in cluster.executors()
-    check_exactly_once(pg, bootstrap, topic, expected)
+    check_exactly_once(pg, bootstrap, topic, expected, dead=dead)

@@ -137,11 +137,9 @@ class BatchWriter:
             _check_ledger(conn, spec)
             self.plan = plan(frame.schema, describe(conn, spec.schema, spec.table), spec)
             self.statements = Statements(spec, self.plan)
-            self._jobs = {
-                in_task: self._stage_job(conn, Statements(spec, self.plan, in_task=in_task))
-                for in_task in (False, True)
-            }
-        self._task_job = TaskJob(self._jobs[True], Statements(spec, self.plan, in_task=True))
+            in_task = Statements(spec, self.plan, in_task=True)
+            self._stage_job = self._job(conn, self.statements)
+            self._task_job = TaskJob(self._job(conn, in_task), in_task)
         self.delete = _delete_rule(delete, self.plan)
         self.last: BatchResult | None = None
         log.info("sink %s %s", spec.name, self.route)
@@ -199,7 +197,7 @@ class BatchWriter:
             raise
         try:
             conn.execute(self.statements.create_stage())
-            job = replace(self._jobs[False], token=secrets.randbits(31))
+            job = replace(self._stage_job, token=secrets.randbits(31))
             frame = staged_frame(batch, self.plan, self.delete)
             tasks = frame.mapInArrow(stager(job), RESULT_SCHEMA).collect()
         except BaseException:
@@ -221,7 +219,8 @@ class BatchWriter:
         log.info("sink %s: %s", self.spec.name, self.last)
         return self.last
 
-    def _stage_job(self, conn: psycopg.Connection, st: Statements) -> StageJob:
+    def _job(self, conn: psycopg.Connection, st: Statements) -> StageJob:
+        """What a task needs to COPY into `st`'s stage; token set per batch run."""
         return StageJob(
             libpq=self.spec.url.libpq,
             copy_rows=st.copy_rows().as_bytes(conn),

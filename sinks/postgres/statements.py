@@ -132,23 +132,25 @@ class Statements:
     # -- applying ----------------------------------------------------------------------------------------
 
     def claim(self) -> sql.Composable:
-        """Ledger rows for the staged topic-partitions that have none yet, so `lock` finds them all."""
+        """Ledger rows for the task's topic-partitions (%(topics)s, %(partitions)s) that have none
+        yet, so that `lock` finds them all."""
         return bindable(
             sql.SQL(
-                "INSERT INTO {progress} (sink, topic, kafka_partition, next_offset)"
-                " SELECT DISTINCT %(sink)s, _topic, _partition, 0 FROM {stage} ORDER BY 2, 3"
+                "INSERT INTO {} (sink, topic, kafka_partition, next_offset) SELECT %(sink)s, t, p, 0"
+                " FROM unnest(%(topics)s::text[], %(partitions)s::int[]) AS held (t, p) ORDER BY t, p"
                 " ON CONFLICT (sink, topic, kafka_partition) DO NOTHING"
-            ).format(progress=self.names.progress, stage=self.names.stage)
+            ).format(self.names.progress)
         )
 
     def lock(self) -> sql.Composable:
-        """Lock the staged topic-partitions' ledger rows, in one order: another attempt of the
+        """Lock the task's topic-partitions' ledger rows, in one order: another attempt of the
         same rows waits here, then finds them applied."""
         return bindable(
             sql.SQL(
-                "SELECT 1 FROM {progress} WHERE sink = %(sink)s AND (topic, kafka_partition) IN"
-                " (SELECT _topic, _partition FROM {stage}) ORDER BY topic, kafka_partition FOR UPDATE"
-            ).format(progress=self.names.progress, stage=self.names.stage)
+                "SELECT 1 FROM {} WHERE sink = %(sink)s AND (topic, kafka_partition) IN"
+                " (SELECT * FROM unnest(%(topics)s::text[], %(partitions)s::int[]))"
+                " ORDER BY topic, kafka_partition FOR UPDATE"
+            ).format(self.names.progress)
         )
 
     def rounds(self) -> sql.Composable:

@@ -1,0 +1,70 @@
+"""A task's own decisions, alone: the topic-partitions it holds, whether keys repeat, when to start over."""
+
+from __future__ import annotations
+
+import psycopg
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sinks.postgres.task import NOTHING, Outcome, one_per_key, positions, with_retries
+
+row = st.tuples(st.sampled_from(["a", "b", None]), st.integers(0, 3), st.sampled_from(["t1", "t2"]))
+rows = st.lists(row)
+
+
+def table(picked: list[tuple]) -> pa.Table:
+    keys, partitions, topics = zip(*picked, strict=True) if picked else ((), (), ())
+    return pa.table(
+        {
+            "c0": pa.array(keys, pa.string()),
+            "c1": pa.array(partitions, pa.int64()),
+            "_topic": pa.array(topics, pa.string()),
+            "_partition": pa.array(partitions, pa.int32()),
+        }
+    )
+
+
+@settings(deadline=None)  # the first group_by loads Arrow's compute kernels
+@given(rows.filter(bool))
+def test_the_topic_partitions_held_are_each_pair_once(picked: list[tuple]) -> None:
+    topics, partitions = positions(table(picked))
+    assert sorted(zip(topics, partitions, strict=True)) == sorted({(t, p) for _, p, t in picked})
+
+
+@settings(deadline=None)
+@given(rows)
+def test_one_per_key_only_when_no_key_repeats(picked: list[tuple]) -> None:
+    keys = [(k, p) for k, p, _ in picked]
+    assert one_per_key(table(picked), (0, 1)) == (len(set(keys)) == len(keys))
+
+
+def test_errors_of_the_moment_start_over_and_are_counted_and_others_are_not() -> None:
+    tries = iter([psycopg.errors.DeadlockDetected(), psycopg.OperationalError("server closed"), NOTHING])
+
+    def attempt() -> Outcome:
+        step = next(tries)
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+    assert with_retries(attempt, budget=10).retries == 2
+
+    def refused() -> Outcome:
+        raise psycopg.errors.CheckViolation("no")
+
+    with pytest.raises(psycopg.errors.CheckViolation):
+        with_retries(refused, budget=10)
+
+
+def test_starting_over_stops_at_the_budget() -> None:
+    calls = []
+
+    def down() -> Outcome:
+        calls.append(1)
+        raise psycopg.OperationalError("connection refused")
+
+    with pytest.raises(psycopg.OperationalError):
+        with_retries(down, budget=0.5)
+    assert 2 <= len(calls) <= 5
