@@ -59,6 +59,19 @@ def run(  # type: ignore[no-untyped-def]
     return sink
 
 
+def orders_stream(spark, bootstrap: str, topic: str, max_offsets: str):  # type: ignore[no-untyped-def]
+    """The kill -9 jobs' input: the topic's orders through kafka_rc, `max_offsets` per batch."""
+    raw = (
+        spark.readStream.format("kafka_rc")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", max_offsets)
+        .load()
+    )
+    return parse_json(raw, "event_id string, n long, amount decimal(12,2)", key_column="event_id")
+
+
 def table(pg: psycopg.Connection, name: str = "orders") -> dict[str, tuple]:
     rows = pg.execute(
         sql.SQL("SELECT event_id::text, n, amount, version FROM {}").format(sql.Identifier(name))

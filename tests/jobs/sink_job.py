@@ -12,22 +12,14 @@ from pathlib import Path
 
 from sinks.kafka_source import register
 from sinks.local_spark import local_session
-from sinks.postgres import Outbox, PostgresSink, parse_json
+from sinks.postgres import Outbox, PostgresSink
+from tests.sink_support import orders_stream
 
 bootstrap, topic, url, table, checkpoint, work, max_offsets, pause_at = sys.argv[1:9]
 available_now = sys.argv[9:] == ["available-now"]
 spark = local_session(Path(work), app_name="sink-job", master="local[2]")
 register(spark)
-events = parse_json(
-    spark.readStream.format("kafka_rc")
-    .option("kafka.bootstrap.servers", bootstrap)
-    .option("subscribe", topic)
-    .option("startingOffsets", "earliest")
-    .option("maxOffsetsPerTrigger", max_offsets)
-    .load(),
-    "event_id string, n long, amount decimal(12,2)",
-    key_column="event_id",
-)
+events = orders_stream(spark, bootstrap, topic, max_offsets)
 sink = PostgresSink(table, url=url, outbox=Outbox(topic="out", key="written.event_id::text"))
 writer = sink.writer(events)
 

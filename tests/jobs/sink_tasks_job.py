@@ -17,8 +17,9 @@ import pyarrow as pa
 
 from sinks.kafka_source import register
 from sinks.local_spark import local_session
-from sinks.postgres import Outbox, PostgresSink, parse_json
+from sinks.postgres import Outbox, PostgresSink
 from sinks.postgres.task import TASK_RESULT
+from tests.sink_support import orders_stream
 
 bootstrap, topic, url, checkpoint, work, max_offsets, mode = sys.argv[1:8]
 available_now = sys.argv[8:] == ["available-now"]
@@ -26,16 +27,7 @@ master = os.environ.get("SPARK_MASTER", "local[2,2]")
 cluster = {"spark.executor.memory": "768m", "spark.cores.max": "2"} if master.startswith("spark:") else {}
 spark = local_session(Path(work), app_name="sink-tasks-job", master=master, conf=cluster)
 register(spark)
-events = parse_json(
-    spark.readStream.format("kafka_rc")
-    .option("kafka.bootstrap.servers", bootstrap)
-    .option("subscribe", topic)
-    .option("startingOffsets", "earliest")
-    .option("maxOffsetsPerTrigger", max_offsets)
-    .load(),
-    "event_id string, n long, amount decimal(12,2)",
-    key_column="event_id",
-)
+events = orders_stream(spark, bootstrap, topic, max_offsets)
 sink = PostgresSink("orders", url=url, outbox=Outbox(topic="out", key="written.event_id::text"))
 writer = sink.writer(events)
 assert writer.route.tasks, writer.route
