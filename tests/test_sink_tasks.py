@@ -25,7 +25,7 @@ from outbox.config import DatabaseUrl
 from outbox.dev.process import cmdline_contains, descendants, stop
 from outbox.dev.spark import StandaloneCluster
 from outbox.errors import ConfigError
-from sinks.postgres import Outbox, PostgresSink, parse_json
+from sinks.postgres import Outbox, PostgresSink, SinkError, parse_json
 from tests.helpers import (
     Job,
     create_topic,
@@ -161,6 +161,20 @@ def test_one_key_through_several_partitions_at_once_never_deadlocks_the_user_nor
     assert upsert.last is not None and upsert.last.retries >= 1, "the tasks did not deadlock: no test"
 
 
+def test_one_query_writes_a_sink_at_a_time_in_the_tasks_too(spark, db, pg) -> None:  # type: ignore[no-untyped-def]
+    ids = [str(uuid.uuid4()) for _ in range(3)]
+    kafka = "key binary, value binary, topic string, partition int, offset long"
+    rows = [(*event(i, n), "t", 0, n) for n, i in enumerate(ids)]
+    batch = parse_json(spark.createDataFrame(rows, kafka), SCHEMA, key_column="event_id").coalesce(1)
+    first, second = sink(db).writer(batch), sink(db).writer(batch)
+    assert first.route.tasks and second.route.tasks
+    with first.exclusive(), pytest.raises(SinkError, match="being written by another query"):
+        second(batch, 0)
+    assert table(pg) == {} and ledger(pg) == {}
+    second(batch, 0)  # once the first is done
+    assert set(table(pg)) == set(ids) and ledger(pg) == {0: 3}
+
+
 # -- a task retried after its commit, the driver killed mid-batch, PostgreSQL restarted mid-batch --------
 
 
@@ -242,8 +256,8 @@ def waiting_on_a_lock(pg: psycopg.Connection) -> int:
 def test_driver_killed_after_some_tasks_committed_then_restarted(  # type: ignore[no-untyped-def]
     bootstrap, topic, db, pg, tmp_path, blocker
 ) -> None:
+    dead = produce_poison(bootstrap, topic)  # first: in the batch that is cut short, then replayed
     expected = produce_orders(bootstrap, topic, 1500)
-    dead = produce_poison(bootstrap, topic)
     hold_partition_1(blocker, topic)
     first = job(bootstrap, topic, db, tmp_path, "first", "plain")
     try:
@@ -326,8 +340,8 @@ def test_on_a_cluster_an_executor_killed_mid_batch(  # type: ignore[no-untyped-d
 ) -> None:
     """kill -9 of the executor whose task is mid-transaction: Spark runs the task elsewhere, and
     the killed executor's Python worker, orphaned, may still commit: the ledger lets one of them apply."""
+    dead = produce_poison(bootstrap, topic)  # first: in the batch that is cut short, then replayed
     expected = produce_orders(bootstrap, topic, 1500)
-    dead = produce_poison(bootstrap, topic)
     hold_partition_1(blocker, topic)
     streaming = job(bootstrap, topic, db, tmp_path, "cluster", "plain", "available-now", on=cluster)
     try:
@@ -341,4 +355,27 @@ def test_on_a_cluster_an_executor_killed_mid_batch(  # type: ignore[no-untyped-d
     finally:
         streaming.kill9()
     assert executor not in cluster.executors()
+    check_exactly_once(pg, bootstrap, topic, expected, dead=dead)
+
+
+def test_on_a_cluster_an_executor_killed_after_its_task_committed(  # type: ignore[no-untyped-def]
+    bootstrap, topic, db, pg, tmp_path, cluster
+) -> None:
+    """kill -9 of the executor whose task has committed but not yet reported: Spark runs the
+    task again on another executor, which finds its rows applied."""
+    dead = produce_poison(bootstrap, topic)  # first: in the batch whose task runs twice
+    expected = produce_orders(bootstrap, topic, 1500)
+    mode = "pause-after-commit"
+    streaming = job(bootstrap, topic, db, tmp_path, "cluster", mode, "available-now", on=cluster)
+    try:
+        paused = tmp_path / "cluster" / "paused"
+        wait_for(paused.exists, 240, "partition 1's task committed and paused")
+        worker = int(paused.read_text())
+        executor = next(e for e in cluster.executors() if worker in descendants(e))
+        stop(executor, signal.SIGKILL)
+        assert streaming.wait(300) == 0, streaming.output()
+    finally:
+        streaming.kill9()
+    first = applied(streaming.output())[0]
+    assert first[0] == 0 and first[1] < first[2], "the task run again found its rows applied"
     check_exactly_once(pg, bootstrap, topic, expected, dead=dead)

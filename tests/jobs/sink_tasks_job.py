@@ -4,12 +4,15 @@ Usage: sink_tasks_job.py BOOTSTRAP TOPIC DATABASE_URL CHECKPOINT WORKDIR MAX_OFF
 MODE plain: each batch applied in the tasks as the sink does it.
 MODE fail-after-commit: every task fails once after its transaction committed (the task's
 first attempt), and Spark runs it again (master local[2,2]: two attempts per task).
+MODE pause-after-commit: batch 0's task of partition 1, once committed, writes its pid to
+WORKDIR/paused and sleeps, for the test to kill -9 its executor.
 Prints "applied N: fresh F of S rows, R retries" after each batch.
 SPARK_MASTER: a standalone cluster's URL to run on instead of local[2,2].
 """
 
 import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,10 +46,27 @@ def fail_first_attempt(results: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordB
     yield from done
 
 
+def pause_first_attempt(results: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    from pyspark import TaskContext
+
+    done = list(results)  # the task's transaction has committed
+    context = TaskContext.get()
+    if context is not None and context.attemptNumber() == 0 and context.partitionId() == 1:
+        paused = Path(work) / "paused"
+        paused.with_suffix(".part").write_text(str(os.getpid()))
+        paused.with_suffix(".part").rename(paused)
+        time.sleep(3600)
+    yield from done
+
+
+AFTER_COMMIT = {"fail-after-commit": fail_first_attempt, "pause-after-commit": pause_first_attempt}
+
+
 def batch(frame, batch_id):  # type: ignore[no-untyped-def]
-    if mode == "fail-after-commit":
+    then = AFTER_COMMIT.get(mode) if batch_id == 0 or mode == "fail-after-commit" else None
+    if then:
         with writer.exclusive():
-            done = writer.tasks(frame).mapInArrow(fail_first_attempt, TASK_RESULT).collect()
+            done = writer.tasks(frame).mapInArrow(then, TASK_RESULT).collect()
         result = writer.summarize(batch_id, done)
     else:
         result = writer.apply_in_tasks(frame, batch_id)
