@@ -47,6 +47,8 @@ class StandaloneCluster:
             "SPARK_LOCAL_DIRS": str(self.root / "local"),
             "PYSPARK_PYTHON": sys.executable,
             "SPARK_DAEMON_JAVA_OPTS": f"-XX:-UsePerfData -Djava.io.tmpdir={self.root / 'local'}",
+            # spark-class first runs a launcher JVM of its own: it must not leave /tmp/hsperfdata_* either.
+            "SPARK_LAUNCHER_OPTS": "-XX:-UsePerfData",
         }
         (self.root / "local").mkdir(exist_ok=True)
         self.port = free_port()
