@@ -23,10 +23,10 @@ from urllib.parse import unquote, urlsplit
 import psycopg
 from psycopg import sql
 
-from outbox.config import DatabaseUrl
+from core.config import DatabaseUrl
+from core.errors import ConfigError
 from outbox.dev.kafka import render
 from outbox.dev.process import free_port, spawn, stop
-from outbox.errors import ConfigError
 from outbox.jvm import log4j2, maven
 from outbox.jvm.java import find_java
 

@@ -7,23 +7,24 @@ from collections.abc import Iterable
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from outbox.probe import quiet_kafka_config
+from core.kafka import client_settings
 
 
 def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes, bytes]], partitions: int) -> None:
     """Create `topic` and write `records` round-robin over its partitions (idempotent producer)."""
-    admin = AdminClient(quiet_kafka_config({"bootstrap.servers": bootstrap}))
+    admin = AdminClient(client_settings({"bootstrap.servers": bootstrap}, "admin"))
     for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
         future.result(30)
     producer = Producer(
-        quiet_kafka_config(
+        client_settings(
             {
                 "bootstrap.servers": bootstrap,
                 "linger.ms": 50,
                 "batch.size": 1_000_000,
                 "queue.buffering.max.messages": 500_000,
                 "enable.idempotence": True,
-            }
+            },
+            "producer",
         )
     )
     for i, (key, value) in enumerate(records):

@@ -52,11 +52,11 @@ from cpu import measured  # bench/cpu.py
 from debezium import Debezium  # bench/debezium.py
 from psycopg import sql
 
+from core.config import DatabaseUrl
+from core.kafka import client_settings
 from outbox import migrate
-from outbox.config import DatabaseUrl
 from outbox.dev.process import spawn
 from outbox.dev.stack import running
-from outbox.probe import quiet_kafka_config
 from outbox.relay import Relay, RelaySettings
 from outbox.relay.kafka import PRODUCER_DEFAULTS
 from outbox.writer import Event, add_events
@@ -80,7 +80,7 @@ DBZ_SCHEMA = "dbz"  # Debezium's copy of the outbox table: its slot reads only w
 
 def create_topic(bootstrap: str, name: str | None = None) -> str:
     name = name or f"bench.relay.{uuid.uuid4().hex[:8]}"
-    admin = AdminClient(quiet_kafka_config({"bootstrap.servers": bootstrap}))
+    admin = AdminClient(client_settings({"bootstrap.servers": bootstrap}, "admin"))
     for future in admin.create_topics([NewTopic(name, PARTITIONS, 1)]).values():
         future.result(30)
     return name
@@ -88,7 +88,7 @@ def create_topic(bootstrap: str, name: str | None = None) -> str:
 
 def delete_topic(bootstrap: str, name: str) -> None:
     """Drop what a run published, so later runs meet a broker no fuller than the first did."""
-    admin = AdminClient(quiet_kafka_config({"bootstrap.servers": bootstrap}))
+    admin = AdminClient(client_settings({"bootstrap.servers": bootstrap}, "admin"))
     for future in admin.delete_topics([name]).values():
         future.result(30)
     deadline = time.monotonic() + 30
@@ -118,12 +118,13 @@ def raw_producer(url: DatabaseUrl, bootstrap: str, batch: int) -> dict[str, floa
         ).fetchall()
     topic = create_topic(bootstrap)
     producer = Producer(
-        quiet_kafka_config(
+        client_settings(
             {
                 **PRODUCER_DEFAULTS,
                 "bootstrap.servers": bootstrap,
                 "transactional.id": f"bench-raw-{uuid.uuid4()}",
-            }
+            },
+            "producer",
         )
     )
     producer.init_transactions(30)
@@ -181,14 +182,15 @@ class Arrivals(threading.Thread):
     def __init__(self, bootstrap: str, topic: str) -> None:
         super().__init__(daemon=True)
         self.consumer = Consumer(
-            quiet_kafka_config(
+            client_settings(
                 {
                     "bootstrap.servers": bootstrap,
                     "group.id": f"bench-{uuid.uuid4()}",
                     "isolation.level": "read_committed",
                     "auto.offset.reset": "earliest",
                     "fetch.wait.max.ms": 5,
-                }
+                },
+                "consumer",
             )
         )
         self.consumer.subscribe([topic])

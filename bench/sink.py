@@ -51,8 +51,8 @@ import pyarrow.parquet as pq
 from cpu import COMPONENTS, DRIVER, measured  # bench/cpu.py
 from kafka_load import produce  # bench/kafka_load.py
 
+from core.config import DatabaseUrl
 from outbox import migrate
-from outbox.config import DatabaseUrl
 from outbox.dev.stack import running
 
 SCHEMA = "event_id string, n long, amount decimal(12,2), note string"

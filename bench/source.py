@@ -32,19 +32,20 @@ from confluent_kafka import Consumer, TopicPartition
 from cpu import busy_seconds, measured  # bench/cpu.py
 from kafka_load import produce  # bench/kafka_load.py
 
+from core.kafka import client_settings
 from outbox.dev.stack import running
-from outbox.probe import quiet_kafka_config
 
 
 def raw_consumer(bootstrap: str, topic: str, events: int, partitions: int) -> float:
     consumer = Consumer(
-        quiet_kafka_config(
+        client_settings(
             {
                 "bootstrap.servers": bootstrap,
                 "group.id": f"bench-{uuid.uuid4().hex}",
                 "isolation.level": "read_committed",
                 "enable.auto.commit": False,
-            }
+            },
+            "consumer",
         )
     )
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])

@@ -25,12 +25,13 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg import sql
 
+from core.config import DatabaseUrl, parse_bootstrap
+from core.errors import OutboxError
+from core.kafka import client_settings
+from core.probe import check_kafka
 from outbox import migrate
-from outbox.config import DatabaseUrl, parse_bootstrap
 from outbox.dev.stack import running
-from outbox.errors import OutboxError
 from outbox.jvm.java import find_java
-from outbox.probe import check_kafka, quiet_kafka_config
 from sinks.postgres import BatchResult, PostgresSink, parse_json
 
 TOPIC = "demo.orders"
@@ -126,16 +127,17 @@ def produce(bootstrap: str, topic: str, events: int) -> dict[str, object]:
     """Committed events (returned: event_id -> amount), redelivered duplicates, one aborted batch."""
     from decimal import Decimal
 
-    admin = AdminClient(quiet_kafka_config({"bootstrap.servers": bootstrap}))
+    admin = AdminClient(client_settings({"bootstrap.servers": bootstrap}, "admin"))
     for future in admin.create_topics([NewTopic(topic, 3, 1)]).values():
         future.result(30)
     producer = Producer(
-        quiet_kafka_config(
+        client_settings(
             {
                 "bootstrap.servers": bootstrap,
                 "transactional.id": f"demo-{topic}",
                 "partitioner": "murmur2_random",
-            }
+            },
+            "producer",
         )
     )
     producer.init_transactions(30)

@@ -7,7 +7,7 @@ import logging
 import sys
 from datetime import UTC, datetime
 
-from outbox.probe import KAFKA_CLIENT_LOG
+from core.kafka import CLIENT_LOG
 
 # Attributes every LogRecord has; anything else came in through `extra=` and is a field.
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
@@ -43,6 +43,4 @@ def configure(fmt: str, level: int) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     # The Kafka client's own log lines only with debug logging (--verbose).
-    logging.getLogger(KAFKA_CLIENT_LOG).setLevel(
-        logging.DEBUG if level <= logging.DEBUG else logging.CRITICAL + 1
-    )
+    logging.getLogger(CLIENT_LOG).setLevel(logging.DEBUG if level <= logging.DEBUG else logging.CRITICAL + 1)

@@ -19,10 +19,11 @@ from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
 from sqlalchemy import create_engine, pool
 
-from outbox.config import DatabaseUrl
-from outbox.errors import OutboxError
+from core.config import DatabaseUrl
+from core.errors import OutboxError
+from core.postgres import reason
+from core.probe import check_postgres
 from outbox.migrations import VERSION_TABLE
-from outbox.probe import check_postgres
 
 
 def script_location() -> Path:
@@ -81,6 +82,7 @@ def _run(fn: Callable[..., None], url: DatabaseUrl, schema: str, revision: str, 
         raise OutboxError(f"migration failed: {url.scrub(str(exc))}") from None
     except Exception as exc:  # a database error inside a revision
         if type(exc).__module__.startswith(("sqlalchemy", "psycopg")):
-            first = url.scrub(str(getattr(exc, "orig", exc)).strip().splitlines()[0])
-            raise OutboxError(f"migration to {revision} failed in schema {schema!r}: {first}") from None
+            raise OutboxError(
+                f"migration to {revision} failed in schema {schema!r}: {reason(exc, url)}"
+            ) from None
         raise

@@ -23,11 +23,11 @@ import psycopg
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 
-from outbox.config import schema_name
-from outbox.errors import OutboxError
+from core import tables
+from core.config import schema_name
+from core.errors import OutboxError
 
 Headers = Mapping[str, bytes | str] | Sequence[tuple[str, bytes | str]]
-_COLUMNS = ("event_id", "topic", "key", "value", "header_keys", "header_values")
 
 
 @dataclass(frozen=True)
@@ -76,9 +76,10 @@ def add_event(
 def add_events(conn: Any, events: Iterable[Event], *, schema: str | None = None) -> list[uuid.UUID]:
     """Add many events with one COPY, in order, in the caller's open transaction."""
     rows = [e.row() for e in events]
-    target = sql.Identifier(schema or schema_name(), "outbox_events")
+    schema = schema or schema_name()
+    target = sql.Identifier(schema, tables.OUTBOX_EVENTS)
     statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
-        target, sql.SQL(", ").join(map(sql.Identifier, _COLUMNS))
+        target, sql.SQL(", ").join(map(sql.Identifier, tables.OUTBOX_COLUMNS))
     )
     raw = _psycopg(conn)
     try:
@@ -86,10 +87,8 @@ def add_events(conn: Any, events: Iterable[Event], *, schema: str | None = None)
             for row in rows:
                 copy.write_row(row)
     except psycopg.errors.UndefinedTable:
-        raise OutboxError(
-            f"no outbox table {schema or schema_name()}.outbox_events: run `outbox db upgrade`"
-            " (this transaction is now aborted)"
-        ) from None
+        error = tables.missing_tables(schema, [tables.OUTBOX_EVENTS])
+        raise type(error)(f"{error} (this transaction is now aborted)") from None
     return [r[0] for r in rows]  # type: ignore[misc]
 
 

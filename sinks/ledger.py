@@ -11,11 +11,10 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from outbox.config import DatabaseUrl
-from outbox.errors import ConfigError, ServiceUnavailable
-from outbox.sqltext import bindable
-
-TABLE = "sink_progress"
+from core import tables
+from core.config import DatabaseUrl
+from core.postgres import connect
+from core.sqltext import bindable
 
 Positions = dict[tuple[str, int], int]
 
@@ -24,18 +23,12 @@ def read_positions(url: DatabaseUrl, schema: str, sink: str) -> Positions:
     """Next offsets recorded for `sink`, per topic-partition."""
     query = bindable(
         sql.SQL("SELECT topic, kafka_partition, next_offset FROM {} WHERE sink = %s").format(
-            sql.Identifier(schema, TABLE)
+            sql.Identifier(schema, tables.SINK_PROGRESS)
         )
     )
-    try:
-        with psycopg.connect(url.libpq, connect_timeout=10) as conn:
+    with connect(url) as conn:
+        try:
             rows = conn.execute(query, [sink]).fetchall()
-    except psycopg.errors.UndefinedTable:
-        raise ConfigError(
-            f"no ledger table {schema}.{TABLE} in {url.safe}: run `outbox db upgrade --schema {schema}`"
-        ) from None
-    except psycopg.OperationalError as exc:
-        raise ServiceUnavailable(
-            f"cannot read the ledger at {url.safe}: {url.scrub(str(exc).strip())}"
-        ) from None
+        except psycopg.errors.UndefinedTable:
+            raise tables.missing_tables(schema, [tables.SINK_PROGRESS], url) from None
     return {(t, p): o for t, p, o in rows}

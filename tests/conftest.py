@@ -15,8 +15,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from core.config import DatabaseUrl
 from outbox import migrate
-from outbox.config import DatabaseUrl
 from outbox.dev.kafka import Broker
 from outbox.dev.stack import running
 from tests import containers

@@ -15,9 +15,9 @@ from pathlib import Path
 from confluent_kafka import Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from outbox.committed import read_committed as read_topic
+from core.committed import read_committed as read_topic
+from core.kafka import client_settings
 from outbox.dev.process import spawn
-from outbox.probe import quiet_kafka_config
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -35,7 +35,7 @@ def unique(prefix: str) -> str:
 
 
 def create_topic(bootstrap: str, name: str, partitions: int = 1) -> str:
-    admin = AdminClient(quiet_kafka_config({"bootstrap.servers": bootstrap}))
+    admin = AdminClient(client_settings({"bootstrap.servers": bootstrap}, "admin"))
     for future in admin.create_topics([NewTopic(name, partitions, 1)]).values():
         future.result(30)
     return name
@@ -44,20 +44,21 @@ def create_topic(bootstrap: str, name: str, partitions: int = 1) -> str:
 def add_partitions(bootstrap: str, topic: str, total: int) -> None:
     from confluent_kafka.admin import NewPartitions
 
-    admin = AdminClient(quiet_kafka_config({"bootstrap.servers": bootstrap}))
+    admin = AdminClient(client_settings({"bootstrap.servers": bootstrap}, "admin"))
     for future in admin.create_partitions([NewPartitions(topic, total)]).values():
         future.result(30)
 
 
 def transactional_producer(bootstrap: str, transactional_id: str | None = None) -> Producer:
     producer = Producer(
-        quiet_kafka_config(
+        client_settings(
             {
                 "bootstrap.servers": bootstrap,
                 "transactional.id": transactional_id or unique("tx"),
                 "partitioner": "murmur2_random",
                 "linger.ms": 5,
-            }
+            },
+            "producer",
         )
     )
     producer.init_transactions(30)

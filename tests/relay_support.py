@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psycopg
 
-from outbox.config import DatabaseUrl
+from core.config import DatabaseUrl
 from outbox.writer import Event, add_events
 from tests.helpers import REPO, Job, committed_messages, unique
 

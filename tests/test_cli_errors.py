@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from outbox.config import DatabaseUrl
+from core.config import DatabaseUrl
 from tests.cli import assert_one_line_error, outbox
 from tests.helpers import REPO
 
@@ -93,7 +93,7 @@ def test_relay_names_the_missing_tables(database, bootstrap) -> None:  # type: i
         env={"DATABASE_URL": database.raw, "KAFKA_BOOTSTRAP_SERVERS": bootstrap},
     )
     assert result.code == 2, result
-    assert "outbox: error: table public.outbox_events does not exist" in result.err
+    assert "outbox: error: tables public.outbox_events, public.relay_dead_letters, public.outbox_identity are missing" in result.err
     assert "outbox db upgrade" in result.err
 
 

@@ -4,8 +4,8 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given
 
-from outbox.config import DatabaseUrl, parse_bootstrap, redact_url, schema_name
-from outbox.errors import ConfigError
+from core.config import DatabaseUrl, parse_bootstrap, redact_url, schema_name
+from core.errors import ConfigError
 
 
 def test_url_forms_convert_between_drivers() -> None:

@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from outbox.config import DatabaseUrl
+from core.config import DatabaseUrl
 from outbox.dev.process import cmdline_contains
 from tests.helpers import Job
 

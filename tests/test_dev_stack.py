@@ -6,8 +6,8 @@ from pathlib import Path
 
 import psycopg
 
+from core.probe import check_kafka
 from outbox.dev.process import cmdline_contains
-from outbox.probe import check_kafka
 from tests.cli import outbox
 
 

@@ -9,7 +9,7 @@ import shlex
 import pytest
 import yaml
 
-from outbox import config
+from core import config
 from outbox.cli import build_parser
 from tests.helpers import REPO
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer
 
+from core.kafka import client_settings
 from outbox.dev.kafka import Broker
-from outbox.probe import quiet_kafka_config
 from tests.helpers import (
     Job,
     create_topic,
@@ -59,13 +59,14 @@ def test_a_killed_group_member_stops_blocking_its_group_after_its_session_timeou
     member.kill9()
 
     consumer = Consumer(
-        quiet_kafka_config(
+        client_settings(
             {
                 "bootstrap.servers": bootstrap,
                 "group.id": group,
                 "session.timeout.ms": 6000,
                 "auto.offset.reset": "earliest",
-            }
+            },
+            "consumer",
         )
     )
     try:

@@ -11,7 +11,7 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from outbox.config import DatabaseUrl
+from core.config import DatabaseUrl
 from tests.cli import outbox
 from tests.helpers import (
     Job,

@@ -3,7 +3,7 @@
 import psycopg
 from psycopg import sql
 
-from outbox.config import DatabaseUrl
+from core.config import DatabaseUrl
 from tests.cli import outbox
 
 TABLES = {

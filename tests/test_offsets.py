@@ -2,7 +2,7 @@ import itertools
 
 import pytest
 
-from outbox.errors import ConfigError
+from core.errors import ConfigError
 from sinks.kafka_source import offsets as plan
 from sinks.kafka_source.options import parse
 

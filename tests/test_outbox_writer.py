@@ -9,9 +9,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from core.config import DatabaseUrl
+from core.errors import OutboxError
 from outbox import migrate
-from outbox.config import DatabaseUrl
-from outbox.errors import OutboxError
 from outbox.writer import Event, add_event, add_events
 
 

@@ -10,10 +10,10 @@ from decimal import Decimal
 import pytest
 from psycopg import sql
 
+from core.errors import ConfigError
 from outbox import migrate
-from outbox.errors import ConfigError
 from sinks.postgres import Outbox, PostgresSink, parse_json
-from sinks.postgres.apply import SinkError
+from sinks.postgres.refusal import SinkError
 from tests.helpers import produce_transaction, transactional_producer
 from tests.sink_support import ORDERS, SCHEMA, event, ledger, log_ends, run, table
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from core.config import DatabaseUrl
 from outbox import migrate
-from outbox.config import DatabaseUrl
 from outbox.dev.kafka import Broker
 from tests.helpers import Job, create_topic, unique
 from tests.sink_support import ORDERS, check_exactly_once, ledger, log_ends, produce_orders, table

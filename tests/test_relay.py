@@ -12,8 +12,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from core.config import DatabaseUrl
 from outbox import migrate
-from outbox.config import DatabaseUrl
 from outbox.dev.kafka import Broker
 from outbox.writer import Event, add_event, add_events
 from tests.helpers import create_topic, read_committed, unique, wait_for

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError
 
+from core.errors import ConfigError, OutboxError
 from outbox.cli.relay import kafka_settings, redacted
-from outbox.errors import ConfigError, OutboxError
 from outbox.relay.kafka import Publisher
 from outbox.relay.poison import explain, is_poison
 from outbox.relay.position import Identity, Position, Shard, Step, advance, latest_position

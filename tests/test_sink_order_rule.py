@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from psycopg import sql
 from pyspark.sql import types as T
 
-from outbox.config import DatabaseUrl
+from core.config import DatabaseUrl
 from sinks.postgres.apply import apply_batch
 from sinks.postgres.catalog import describe
 from sinks.postgres.plan import plan

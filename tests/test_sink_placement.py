@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from outbox.errors import ConfigError
+from core.errors import ConfigError
 from sinks.postgres.placement import NARROW, Node, choose, read_plan, route
 
 KAFKA_RC = Node("StreamingRelationV2", source="kafka_rc", options={"subscribe": "t"})

@@ -20,11 +20,11 @@ import psycopg
 import pytest
 from pyspark.sql import functions as F
 
+from core.config import DatabaseUrl
+from core.errors import ConfigError
 from outbox import migrate
-from outbox.config import DatabaseUrl
 from outbox.dev.process import cmdline_contains, descendants, stop
 from outbox.dev.spark import StandaloneCluster
-from outbox.errors import ConfigError
 from sinks.postgres import Outbox, PostgresSink, SinkError, parse_json
 from tests.helpers import (
     Job,

@@ -9,7 +9,7 @@ import hypothesis.strategies as st
 from confluent_kafka import Producer
 from hypothesis import given
 
-from outbox.probe import quiet_kafka_config
+from core.kafka import client_settings
 from outbox.verify.findings import Record, check
 from tests.cli import outbox
 from tests.helpers import create_topic, transactional_producer, unique
@@ -113,7 +113,7 @@ def test_an_aborted_record_read_uncommitted_is_found(bootstrap: str) -> None:
     source, out = create_topic(bootstrap, unique("src"), 1), create_topic(bootstrap, unique("out"), 1)
     publish(bootstrap, source, [("e1", "k", 1)])
     publish(bootstrap, source, [("x1", "k", 2)], commit=False)
-    producer = Producer(quiet_kafka_config({"bootstrap.servers": bootstrap}))
+    producer = Producer(client_settings({"bootstrap.servers": bootstrap}, "producer"))
     for event_id, seq in (("e1", 1), ("x1", 2)):
         value = json.dumps({"id": event_id, "seq": seq}).encode()
         producer.produce(out, key=b"k", value=value, headers=[("event_id", event_id.encode())])

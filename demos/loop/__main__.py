@@ -23,15 +23,15 @@ from pathlib import Path
 
 from rich.console import Console
 
+from core.config import DatabaseUrl
+from core.errors import OutboxError
+from core.probe import check_kafka
 from demos.loop.run import Loop, Settings
 from demos.loop.show import Display, chart, table
-from outbox.config import DatabaseUrl
 from outbox.dev.kafka import Broker
 from outbox.dev.process import free_port
 from outbox.dev.stack import running
-from outbox.errors import OutboxError
 from outbox.jvm.java import find_java
-from outbox.probe import check_kafka
 
 
 def _at_least(low: float, kind: type = int) -> Callable[[str], float]:

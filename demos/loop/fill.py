@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 from confluent_kafka import KafkaException, Producer
 
+from core.kafka import client_settings
 from demos.loop.plan import Transaction
-from outbox.probe import quiet_kafka_config
 
 
 class Filler(threading.Thread):
@@ -49,14 +49,15 @@ class Filler(threading.Thread):
 
     def _producer(self) -> Producer:
         producer = Producer(
-            quiet_kafka_config(
+            client_settings(
                 {
                     "bootstrap.servers": self.bootstrap,
                     "transactional.id": f"demo-fill-{self.topic}",
                     "partitioner": "murmur2_random",
                     "linger.ms": 5,
                     "transaction.timeout.ms": 30000,
-                }
+                },
+                "producer",
             )
         )
         while True:  # the broker may be restarting

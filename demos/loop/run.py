@@ -22,18 +22,18 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg import sql
 
+from core.committed import read_committed
+from core.config import DatabaseUrl
+from core.errors import ConfigError
+from core.kafka import client_settings
 from demos.loop import plan
 from demos.loop.fill import Filler
 from demos.loop.show import Display, Timeline
 from demos.loop.verdict import Out, Verdict, committed_events, judge
 from outbox import migrate
-from outbox.committed import read_committed
-from outbox.config import DatabaseUrl
 from outbox.dev.kafka import Broker
 from outbox.dev.process import spawn
 from outbox.dev.process import tail as tail_of
-from outbox.errors import ConfigError
-from outbox.probe import quiet_kafka_config
 
 SCHEMA = "outbox_demo"
 TABLE = "squares"
@@ -122,13 +122,14 @@ class Tail(threading.Thread):
     def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
         super().__init__(name="tail", daemon=True)
         self.consumer = Consumer(
-            quiet_kafka_config(
+            client_settings(
                 {
                     "bootstrap.servers": bootstrap,
                     "group.id": f"demo-tail-{os.getpid()}",
                     "isolation.level": "read_committed",
                     "enable.auto.commit": False,
-                }
+                },
+                "consumer",
             )
         )
         self.consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
@@ -207,7 +208,7 @@ class Loop:
                     " event_id uuid NOT NULL, n bigint NOT NULL, square bigint NOT NULL)"
                 ).format(sql.Identifier(SCHEMA, TABLE))
             )
-        admin = AdminClient(quiet_kafka_config({"bootstrap.servers": self.bootstrap}))
+        admin = AdminClient(client_settings({"bootstrap.servers": self.bootstrap}, "admin"))
         stamp = f"{int(time.time())}"
         self.input, self.output = f"{INPUT}.{stamp}", f"{OUTPUT}.{stamp}"
         topics = [NewTopic(t, self.s.partitions, 1) for t in (self.input, self.output)]

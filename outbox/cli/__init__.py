@@ -11,8 +11,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from core.errors import OutboxError
 from outbox.cli import check, db, dev, relay, verify
-from outbox.errors import OutboxError
 from outbox.stopping import release_stop_signals
 
 EXIT_USER_ERROR = 2

@@ -8,10 +8,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from core.config import bootstrap_servers, database_url, schema_name
+from core.errors import OutboxError
+from core.probe import check_kafka, check_postgres
 from outbox import migrate
-from outbox.config import bootstrap_servers, database_url, schema_name
-from outbox.errors import OutboxError
-from outbox.probe import check_kafka, check_postgres
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from core.config import OUTBOX_SCHEMA, database_url, schema_name
 from outbox import migrate
-from outbox.config import OUTBOX_SCHEMA, database_url, schema_name
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -11,7 +11,7 @@ import os
 import shlex
 from pathlib import Path
 
-from outbox.config import OUTBOX_DEV_DIR
+from core.config import OUTBOX_DEV_DIR
 from outbox.dev.stack import Stack, Status
 
 DEFAULT_DIR = ".outbox-dev"

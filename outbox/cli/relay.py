@@ -11,8 +11,8 @@ import logging
 import os
 from pathlib import Path
 
-from outbox.config import OUTBOX_SCHEMA, bootstrap_servers, database_url, schema_name
-from outbox.errors import ConfigError
+from core.config import OUTBOX_SCHEMA, bootstrap_servers, database_url, schema_name
+from core.errors import ConfigError
 from outbox.logs import configure
 from outbox.relay.kafka import PRODUCER_DEFAULTS
 from outbox.relay.metrics import RelayMetrics, serve

@@ -13,8 +13,9 @@ import json
 
 import psycopg
 
-from outbox.config import bootstrap_servers, database_url
-from outbox.errors import ConfigError, ServiceUnavailable
+from core.config import bootstrap_servers, database_url
+from core.errors import ConfigError
+from core.postgres import connect
 from outbox.verify.findings import check
 from outbox.verify.topic import committed, record
 
@@ -90,11 +91,7 @@ def _offsets(text: str | None) -> dict[int, int] | None:
 def _ids_from_sql(url_flag: str | None, query: str) -> set[str]:
     url = database_url(url_flag)
     try:
-        with psycopg.connect(url.libpq, connect_timeout=10) as conn:
+        with connect(url) as conn:
             return {str(row[0]) for row in conn.execute(query.encode()) if row[0] is not None}
-    except psycopg.OperationalError as exc:
-        raise ServiceUnavailable(
-            f"cannot reach PostgreSQL at {url.safe}: {url.scrub(str(exc).strip())}"
-        ) from None
     except psycopg.Error as exc:
         raise ConfigError(f"--source-sql failed: {str(exc).strip().splitlines()[0]}") from None

@@ -15,12 +15,12 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
+from core.errors import ConfigError, ServiceUnavailable
+from core.probe import check_kafka
 from outbox.dev.process import free_port, spawn, stop, wait_until
 from outbox.dev.service import Service
-from outbox.errors import ConfigError, ServiceUnavailable
 from outbox.jvm import log4j2, maven
 from outbox.jvm.java import find_java
-from outbox.probe import check_kafka
 
 INSTEAD = "or set KAFKA_BOOTSTRAP_SERVERS to use your own cluster"
 WHAT = "Apache Kafka's jars"

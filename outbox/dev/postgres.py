@@ -17,9 +17,9 @@ from pathlib import Path
 
 import psycopg
 
+from core.errors import ConfigError
 from outbox.dev.process import run_as, spawn, wait_until
 from outbox.dev.service import Service
-from outbox.errors import ConfigError
 
 SERVICE_USER = "nobody"
 DATABASE = "postgres"

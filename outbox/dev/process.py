@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from outbox.errors import ConfigError
+from core.errors import ConfigError
 
 _PR_SET_PDEATHSIG = 1
 

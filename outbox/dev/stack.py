@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from outbox.config import DATABASE_URL, KAFKA_BOOTSTRAP_SERVERS
+from core.config import DATABASE_URL, KAFKA_BOOTSTRAP_SERVERS
 from outbox.dev import kafka, postgres
 from outbox.dev.process import choose_port, cmdline_contains, pid_alive, stop
 from outbox.dev.service import Service

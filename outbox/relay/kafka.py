@@ -21,9 +21,9 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from outbox.committed import read_committed
-from outbox.errors import ConfigError, OutboxError, ServiceUnavailable
-from outbox.probe import quiet_kafka_config
+from core.committed import read_committed
+from core.errors import ConfigError, Fenced, OutboxError, ServiceUnavailable
+from core.kafka import client_settings
 from outbox.relay.outbox_table import Row
 from outbox.relay.poison import Poison, explain, is_poison, missing_topic
 from outbox.relay.position import Identity, Position, latest_position
@@ -43,27 +43,6 @@ PRODUCER_DEFAULTS: Mapping[str, object] = {
     # delivered record would cost as much as a third of the producer's throughput.
     "delivery.report.only.error": True,
 }
-# Keys that only make sense for a producer; dropped for the position reader and the admin client.
-_PRODUCER_ONLY = (
-    "partitioner",
-    "linger.ms",
-    "queue.buffering.max",
-    "batch.",
-    "compression",
-    "acks",
-    "transaction.timeout.ms",
-    "message.timeout.ms",
-    "retries",
-    "retry.backoff",
-    "delivery.timeout.ms",
-    "max.in.flight",
-    "message.max.bytes",
-    "request.required.acks",
-    "sticky.partitioning",
-    "delivery.report",
-)
-
-
 _FENCED = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})
 
 
@@ -79,19 +58,10 @@ def kafka_failure(exc: KafkaException, bootstrap: str = "", cause: str | None = 
     if not isinstance(error, KafkaError):
         return ServiceUnavailable(f"Kafka at {bootstrap}: {error}")
     if error.code() in _FENCED:
-        return ServiceUnavailable("fenced: another instance with this relay name and shard took over")
+        return Fenced("fenced: another instance with this relay name and shard took over")
     if error.code() in _UNREACHABLE and cause:
         return ServiceUnavailable(f"cannot reach Kafka at {bootstrap}: {cause}")
     return ServiceUnavailable(f"Kafka at {bootstrap}: {error.str()}")
-
-
-def client_config(base: Mapping[str, object], bootstrap: str) -> dict[str, object]:
-    return quiet_kafka_config({**base, "bootstrap.servers": bootstrap})
-
-
-def _shared(config: Mapping[str, object]) -> dict[str, object]:
-    """The settings a consumer or admin client also takes (security, client.id, ...)."""
-    return {k: v for k, v in config.items() if not k.startswith(_PRODUCER_ONLY) and k != "logger"}
 
 
 class Publisher:
@@ -128,13 +98,13 @@ class Publisher:
         # With an error_cb, librdkafka's errors (fencing included) surface from the
         # transactional calls instead of being raised inside delivery callbacks.
         config["error_cb"] = self._client_error
-        self._producer = Producer(client_config(config, self.bootstrap))
+        self._producer = Producer(client_settings(config, "producer", bootstrap=self.bootstrap))
         try:
             # Unreachable brokers are told in seconds, not after init_transactions' full wait.
             self._producer.list_topics(timeout=min(self.timeout, 10))
             if self.exactly_once:
                 self._producer.init_transactions(self.timeout)
-            admin = AdminClient(client_config(_shared(self.settings), self.bootstrap))
+            admin = AdminClient(client_settings(self.settings, "admin", bootstrap=self.bootstrap))
             self._ensure_positions_topic(admin)
             return latest_position(self._read_positions(), self.relay)
         except KafkaException as exc:
@@ -165,11 +135,11 @@ class Publisher:
     def _read_positions(self) -> list[tuple[bytes | None, bytes | None]]:
         """Every committed record of the positions topic, in order, up to its high watermark now
         (a position of ours may lie beyond another relay's still-open transaction)."""
-        config = {
-            **_shared(self.settings),
-            "bootstrap.servers": self.bootstrap,
-            "group.id": f"outbox-relay-positions.{self.relay.name}",
-        }
+        config = client_settings(
+            {**self.settings, "group.id": f"outbox-relay-positions.{self.relay.name}"},
+            "consumer",
+            bootstrap=self.bootstrap,
+        )
         stuck = (
             f"the positions topic {self.positions_topic!r} has a transaction open for over"
             f" {self.timeout * 4:.0f}s (another relay's, not yet timed out); retrying"

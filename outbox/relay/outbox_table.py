@@ -17,13 +17,16 @@ from typing import Any, NamedTuple
 import psycopg
 from psycopg import sql
 
-from outbox.config import DatabaseUrl
-from outbox.errors import ConfigError, ServiceUnavailable
+from core import tables
+from core.config import DatabaseUrl
+from core.errors import ConfigError, ServiceUnavailable
+from core.postgres import connect
+from core.sqltext import bindable
 from outbox.relay.position import Position, Shard
-from outbox.sqltext import bindable
 
 # Set by migration 0002's trigger at each committing insert.
 CHANNEL = "outbox_events"
+USED = (tables.OUTBOX_EVENTS, tables.RELAY_DEAD_LETTERS, tables.OUTBOX_IDENTITY)
 
 
 class Row(NamedTuple):
@@ -55,8 +58,8 @@ class OutboxTable:
         self.url, self.schema, self.relay, self.shard = url, schema, relay, shard
         self._conn: psycopg.Connection[Any] | None = None
         names = {
-            "events": sql.Identifier(schema, "outbox_events"),
-            "dead": sql.Identifier(schema, "relay_dead_letters"),
+            "events": sql.Identifier(schema, tables.OUTBOX_EVENTS),
+            "dead": sql.Identifier(schema, tables.RELAY_DEAD_LETTERS),
             "shard": _shard_filter(shard),
         }
         # Two ways into a delta. Starting one: through the txid index, since the
@@ -109,32 +112,12 @@ class OutboxTable:
     # -- session -------------------------------------------------------------
 
     def connect(self) -> None:
+        self._conn = conn = connect(self.url, autocommit=True, application_name=f"outbox-relay {self.relay}")
         try:
-            conn = psycopg.connect(
-                self.url.libpq,
-                autocommit=True,
-                connect_timeout=10,
-                application_name=f"outbox-relay {self.relay}",
-            )
-        except psycopg.Error as exc:
-            raise ServiceUnavailable(
-                f"cannot reach PostgreSQL at {self.url.safe}: {self._reason(exc)}"
-            ) from None
-        self._conn = conn
-        missing = [
-            name
-            for name in ("outbox_events", "relay_dead_letters", "outbox_identity")
-            if conn.execute(
-                "SELECT to_regclass(%s)", [sql.Identifier(self.schema, name).as_string(conn)]
-            ).fetchone()[0]  # type: ignore[index]
-            is None
-        ]
-        if missing:
+            tables.require(conn, self.url, self.schema, USED)
+        except ConfigError:
             self.close()
-            raise ConfigError(
-                f"table {self.schema}.{missing[0]} does not exist in {self.url.safe}:"
-                f" run `outbox db upgrade --schema {self.schema}` first"
-            )
+            raise
         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
 
     def close(self) -> None:
@@ -151,11 +134,11 @@ class OutboxTable:
 
     def outbox_id(self) -> str:
         """The id `outbox db upgrade` gave this outbox: what the relay's Kafka state is keyed by."""
-        query = sql.SQL("SELECT id::text FROM {}").format(sql.Identifier(self.schema, "outbox_identity"))
+        query = sql.SQL("SELECT id::text FROM {}").format(sql.Identifier(self.schema, tables.OUTBOX_IDENTITY))
         row = self.conn.execute(query).fetchone()
         if row is None:
             raise ConfigError(
-                f"{self.schema}.outbox_identity in {self.url.safe} is empty:"
+                f"{self.schema}.{tables.OUTBOX_IDENTITY} in {self.url.safe} is empty:"
                 f" run `outbox db upgrade --schema {self.schema}` (it adds the outbox's id)"
             )
         return str(row[0])
@@ -214,12 +197,6 @@ class OutboxTable:
 
     def dead_letter(self, row_id: int, error: str) -> None:
         self.conn.execute(self._dead_letter, {"relay": self.relay, "id": row_id, "error": error})
-
-    # -- helpers -------------------------------------------------------------
-
-    def _reason(self, exc: BaseException) -> str:
-        text = str(exc).strip()
-        return self.url.scrub(text.splitlines()[0] if text else type(exc).__name__)
 
 
 @contextlib.contextmanager

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaError
 
+from core.errors import OutboxError
+
 POISON_CODES = frozenset(
     {
         KafkaError.MSG_SIZE_TOO_LARGE,
@@ -33,7 +35,7 @@ POLICIES = (HALT, DEAD_LETTER)
 
 
 @dataclass(frozen=True)
-class Poison(Exception):
+class Poison(OutboxError):
     """Outbox row `row_id` cannot be published: `reason` says why and what to do."""
 
     row_id: int

@@ -19,7 +19,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from outbox.errors import ConfigError, OutboxError
+from core.errors import ConfigError, OutboxError
 
 # The snapshot before any transaction: every row of the table is in the first delta.
 EMPTY_SNAPSHOT = "1:1:"

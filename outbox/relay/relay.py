@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 import psycopg
 from confluent_kafka import KafkaException
 
-from outbox.config import DatabaseUrl
-from outbox.errors import OutboxError, ServiceUnavailable
+from core.config import DatabaseUrl
+from core.errors import OutboxError, ServiceUnavailable
+from core.postgres import reason
 from outbox.relay.kafka import Publisher, kafka_failure
 from outbox.relay.metrics import RelayMetrics
 from outbox.relay.outbox_table import OutboxTable, Row, opened
@@ -238,6 +239,5 @@ def _describe(exc: BaseException, url: DatabaseUrl, bootstrap: str) -> str:
     if isinstance(exc, KafkaException):
         return str(kafka_failure(exc, bootstrap))
     if isinstance(exc, psycopg.Error):
-        text = str(exc).strip()
-        return url.scrub(f"PostgreSQL: {text.splitlines()[0] if text else type(exc).__name__}")
+        return f"PostgreSQL: {reason(exc, url)}"
     return url.scrub(str(exc))

@@ -13,32 +13,17 @@ from collections.abc import Iterable
 from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from outbox.errors import ConfigError, ServiceUnavailable
-from outbox.probe import quiet_kafka_config
+from core.errors import ConfigError, ServiceUnavailable
+from core.kafka import client_settings
 from sinks.kafka_source.offsets import TopicPartitionKey
 from sinks.kafka_source.options import SourceOptions
-
-_ADMIN_KEYS_SKIPPED = {
-    "group.id",
-    "enable.auto.commit",
-    "enable.auto.offset.store",
-    "enable.partition.eof",
-    "isolation.level",
-    "auto.offset.reset",
-    "fetch.min.bytes",
-    "fetch.wait.max.ms",
-    "max.partition.fetch.bytes",
-    "queued.min.messages",
-    "queued.max.messages.kbytes",
-}
 
 
 class Cluster:
     def __init__(self, options: SourceOptions, timeout: float = 30.0) -> None:
         self.options = options
         self.timeout = timeout
-        config = {k: v for k, v in options.consumer_config().items() if k not in _ADMIN_KEYS_SKIPPED}
-        self.admin = AdminClient(quiet_kafka_config(config))
+        self.admin = AdminClient(client_settings(options.consumer_config(), "admin"))
 
     def partitions(self) -> list[TopicPartitionKey]:
         """Partitions of the subscribed topics; a named topic that is missing is an error."""

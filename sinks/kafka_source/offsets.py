@@ -10,7 +10,7 @@ import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from outbox.errors import ConfigError
+from core.errors import ConfigError
 from sinks.kafka_source.options import EARLIEST, LATEST
 
 Offsets = dict[str, dict[str, int]]

@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from outbox.errors import ConfigError
+from core.errors import ConfigError
 
 READ_UNCOMMITTED_OPT_IN = "unsafe.readUncommitted"
 

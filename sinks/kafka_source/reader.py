@@ -15,7 +15,8 @@ from collections.abc import Iterator
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from outbox.probe import quiet_kafka_config
+from core.errors import DataLossError, ServiceUnavailable
+from core.kafka import client_settings
 from sinks.kafka_source.offsets import Range
 
 ARROW_SCHEMA = pa.schema(
@@ -34,10 +35,6 @@ ROWS_PER_BATCH = 50_000
 CONSUME_BATCH = 10_000
 
 
-class DataLossError(RuntimeError):
-    """Offsets the query needs are gone from the broker (retention, deleted topic)."""
-
-
 def read_range(
     config: dict[str, object],
     rng: Range,
@@ -45,7 +42,7 @@ def read_range(
     poll_timeout_s: float,
     fail_on_data_loss: bool,
 ) -> Iterator[pa.RecordBatch]:
-    consumer = Consumer(quiet_kafka_config({**config, "auto.offset.reset": "error"}))
+    consumer = Consumer(client_settings({**config, "auto.offset.reset": "error"}, "consumer"))
     try:
         consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
         yield from _drain(consumer, rng, poll_timeout_s, fail_on_data_loss)
@@ -88,7 +85,7 @@ def _drain(
         if position > before:
             deadline = time.monotonic() + poll_timeout_s
         elif time.monotonic() > deadline:
-            raise TimeoutError(
+            raise ServiceUnavailable(
                 f"{rng.topic}-{rng.partition}: no progress at offset {position} (reading up to"
                 f" {rng.end}) for {poll_timeout_s:.0f}s; is the broker reachable? (option pollTimeoutMs)"
             )
@@ -102,7 +99,7 @@ def _raise_unless_skippable(
     for message in failed:
         error = message.error()
         if error.code() != KafkaError._AUTO_OFFSET_RESET:
-            raise RuntimeError(f"{rng.topic}-{rng.partition}: {error.str()}")
+            raise ServiceUnavailable(f"{rng.topic}-{rng.partition}: {error.str()}")
         if fail_on_data_loss:
             raise DataLossError(
                 f"{rng.topic}-{rng.partition}: offset {position} is no longer on the broker"

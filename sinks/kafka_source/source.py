@@ -24,8 +24,8 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from outbox.config import database_url, schema_name
-from outbox.errors import ConfigError, OutboxError
+from core.config import database_url, schema_name
+from core.errors import ConfigError, OutboxError
 from sinks import ledger
 from sinks.kafka_source import offsets as plan
 from sinks.kafka_source.cluster import Cluster

@@ -16,14 +16,8 @@ from typing import Any
 
 import psycopg
 
-from outbox.errors import OutboxError
-from sinks.postgres.stage import ROW_ERRORS, reason
+from sinks.postgres.refusal import ROW_ERRORS, SinkError, reason
 from sinks.postgres.statements import Statements
-
-
-class SinkError(OutboxError):
-    """A batch the sink refused to apply. Nothing of it was committed, except, when applied in
-    the tasks, other tasks' topic-partitions, which the batch's replay then skips."""
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-from outbox.errors import ConfigError
+from core.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from outbox.errors import ConfigError
+from core.errors import ConfigError
 
 ApplyIn = Literal["auto", "tasks", "driver"]
 

@@ -15,12 +15,14 @@ from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from outbox.config import DatabaseUrl, database_url, schema_name
-from outbox.errors import ConfigError, ServiceUnavailable
-from sinks.postgres.apply import BatchResult, SinkError, apply_batch
+from core import tables
+from core.config import database_url, schema_name
+from core.postgres import connect
+from sinks.postgres.apply import BatchResult, apply_batch
 from sinks.postgres.catalog import describe
 from sinks.postgres.placement import ApplyIn, Route, choose, read_plan
 from sinks.postgres.plan import Conversion, Plan, plan
+from sinks.postgres.refusal import SinkError
 from sinks.postgres.spec import Mode, OnError, Outbox, SinkSpec
 from sinks.postgres.stage import RESULT_SCHEMA, StageJob, stager
 from sinks.postgres.statements import Statements
@@ -133,8 +135,10 @@ class BatchWriter:
     def __init__(self, spec: SinkSpec, frame: DataFrame, delete: Delete) -> None:
         self.spec = spec
         self.route = choose(*read_plan(frame), spec.apply_in)
-        with _connect(spec.url) as conn:
-            _check_ledger(conn, spec)
+        with connect(spec.url) as conn:
+            tables.require(
+                conn, spec.url, spec.ledger_schema, (tables.SINK_PROGRESS, tables.SINK_DEAD_LETTERS)
+            )
             self.plan = plan(frame.schema, describe(conn, spec.schema, spec.table), spec)
             self.statements = Statements(spec, self.plan)
             in_task = Statements(spec, self.plan, in_task=True)
@@ -176,7 +180,7 @@ class BatchWriter:
     @contextmanager
     def exclusive(self) -> Iterator[None]:
         """Hold the sink's advisory lock: one query writes a sink at a time."""
-        with _connect(self.spec.url, autocommit=True) as conn:
+        with connect(self.spec.url, autocommit=True) as conn:
             self._lock(conn)
             yield
 
@@ -189,7 +193,7 @@ class BatchWriter:
         sink would share its stage table, so the second one fails at once instead.
         """
         start = time.perf_counter()
-        conn = _connect(self.spec.url, autocommit=True)
+        conn = connect(self.spec.url, autocommit=True)
         try:
             self._lock(conn)
         except BaseException:
@@ -298,21 +302,3 @@ def _delete_rule(delete: Delete, plan: Plan) -> Column:
     if delete == "tombstone":
         return _col(plan.raw_value).isNull() if plan.raw_value else F.lit(False)
     return F.expr(delete)
-
-
-def _connect(url: DatabaseUrl, *, autocommit: bool = False) -> psycopg.Connection:
-    try:
-        return psycopg.connect(url.libpq, autocommit=autocommit, connect_timeout=10)
-    except psycopg.OperationalError as exc:
-        raise ServiceUnavailable(f"cannot connect to {url.safe}: {url.scrub(str(exc).strip())}") from None
-
-
-def _check_ledger(conn: psycopg.Connection, spec: SinkSpec) -> None:
-    found = conn.execute(
-        "SELECT to_regclass(format('%%I.%%I', %s::text, 'sink_progress'))", [spec.ledger_schema]
-    ).fetchone()
-    if not found or found[0] is None:
-        raise ConfigError(
-            f"no sink ledger in schema {spec.ledger_schema!r} of {spec.url.safe}:"
-            f" run `outbox db upgrade --schema {spec.ledger_schema}`"
-        )

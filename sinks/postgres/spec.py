@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from outbox.config import DatabaseUrl
-from outbox.errors import ConfigError
+from core.config import DatabaseUrl
+from core.errors import ConfigError
 from sinks.postgres.placement import ApplyIn
 
 Mode = Literal["upsert", "insert"]

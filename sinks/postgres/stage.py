@@ -10,7 +10,6 @@ the bad rows are found; those are staged as dead letters with the raw record.
 from __future__ import annotations
 
 import io
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -19,11 +18,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from sinks.postgres.refusal import ROW_ERRORS, reason
 from sinks.postgres.statements import ATTEMPT_SETTING
 
 RESULT_SCHEMA = "attempt long, staged long, dead long"
-# Errors that belong to a row's data; anything else (connection lost...) fails the task.
-ROW_ERRORS = (psycopg.errors.DataError, psycopg.errors.IntegrityError, psycopg.errors.ProgramLimitExceeded)
 _CSV = pacsv.WriteOptions(include_header=False)
 
 
@@ -147,11 +145,3 @@ def write_dead(
                     raw_value[i].as_py(),
                 )
             )
-
-
-def reason(exc: psycopg.Error, names: tuple[str, ...] = ()) -> str:
-    """PostgreSQL's message, with the stage's column cN named as the table's column."""
-    diag = exc.diag
-    column = re.search(r"column c(\d+)", diag.context or "")
-    where = f" (column {names[int(column[1])]!r})" if column and int(column[1]) < len(names) else ""
-    return (diag.message_primary or str(exc).splitlines()[0]) + where

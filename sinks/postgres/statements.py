@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-from outbox.sqltext import bindable, user_sql
+from core import tables
+from core.sqltext import bindable, user_sql
 from sinks.postgres.plan import Plan
 from sinks.postgres.spec import SinkSpec
 
@@ -50,9 +51,9 @@ class Names:
         return cls(
             target=sql.Identifier(spec.schema, spec.table),
             stage=stage,
-            progress=sql.Identifier(ledger, "sink_progress"),
-            dead=sql.Identifier(ledger, "sink_dead_letters"),
-            outbox=sql.Identifier(ledger, "outbox_events"),
+            progress=sql.Identifier(ledger, tables.SINK_PROGRESS),
+            dead=sql.Identifier(ledger, tables.SINK_DEAD_LETTERS),
+            outbox=sql.Identifier(ledger, tables.OUTBOX_EVENTS),
         )
 
 
@@ -333,10 +334,10 @@ class Statements:
             )
 
         return sql.SQL(
-            "outboxed AS (INSERT INTO {outbox} (event_id, topic, key, value, header_keys, header_values)"
-            " {upserts} UNION ALL {deletes} RETURNING 1)"
+            "outboxed AS (INSERT INTO {outbox} ({columns}) {upserts} UNION ALL {deletes} RETURNING 1)"
         ).format(
             outbox=self.names.outbox,
+            columns=_list([sql.Identifier(c) for c in tables.OUTBOX_COLUMNS]),
             upserts=select("upserted", utf8(box.value)),
             deletes=select("deleted", sql.SQL("NULL::bytea")),
         )

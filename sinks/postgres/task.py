@@ -20,7 +20,8 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 
-from sinks.postgres.apply import Counts, SinkError, apply_rows
+from sinks.postgres.apply import Counts, apply_rows
+from sinks.postgres.refusal import SinkError
 from sinks.postgres.stage import StageJob, attempt_id, copy_batch
 from sinks.postgres.statements import ATTEMPT_SETTING, Statements
 

@@ -17,3 +17,11 @@ class ConfigError(OutboxError):
 
 class ServiceUnavailable(OutboxError):
     """PostgreSQL or Kafka could not be reached."""
+
+
+class Fenced(ServiceUnavailable):
+    """Another instance with the same relay name and shard took over; this one must stop publishing."""
+
+
+class DataLossError(OutboxError):
+    """Offsets a query needs are gone from the broker (retention, a deleted topic)."""

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from outbox.errors import ConfigError, ServiceUnavailable
-from outbox.probe import quiet_kafka_config
+from core.errors import ConfigError, ServiceUnavailable
+from core.kafka import client_settings
 
 
 def read_committed(
@@ -33,14 +33,15 @@ def read_committed(
     along); stuck: the message when the end is not reached within `timeout`.
     """
     consumer = Consumer(
-        quiet_kafka_config(
+        client_settings(
             {
                 "group.id": f"outbox-read-{uuid.uuid4().hex}",
                 **config,
                 "isolation.level": "read_committed",
                 "enable.auto.commit": False,
                 "enable.partition.eof": True,
-            }
+            },
+            "consumer",
         )
     )
     servers = config.get("bootstrap.servers")

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
-from outbox.errors import ConfigError
+from core.errors import ConfigError
 
 DATABASE_URL = "DATABASE_URL"
 KAFKA_BOOTSTRAP_SERVERS = "KAFKA_BOOTSTRAP_SERVERS"

@@ -1,0 +1,75 @@
+"""Kafka client settings per role, from the one settings map a user gives.
+
+A user passes one map (`-X key=value`, `kafka.*` options) and the framework
+builds producers, consumers and admin clients from it. librdkafka warns
+about, or refuses, keys that belong to another role, so each client gets
+the shared keys (security, client.id, ...) and its own role's.
+
+librdkafka also reports every failed connection attempt, dozens a second;
+its log goes to Python logging, silent unless debug logging asks for it
+(`outbox.logs.configure`). What matters of it reaches the user in the error
+of the call that failed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Literal
+
+Role = Literal["producer", "consumer", "admin"]
+
+CLIENT_LOG = "outbox.kafka"
+_log = logging.getLogger(CLIENT_LOG)
+_log.setLevel(logging.CRITICAL + 1)
+
+# Keys (or key prefixes) that only one role takes.
+_PRODUCER_ONLY = (
+    "partitioner",
+    "linger.ms",
+    "queue.buffering.max",
+    "batch.",
+    "compression",
+    "acks",
+    "transaction",
+    "enable.idempotence",
+    "message.timeout.ms",
+    "retries",
+    "retry.backoff",
+    "delivery.timeout.ms",
+    "max.in.flight",
+    "message.max.bytes",
+    "request.required.acks",
+    "sticky.partitioning",
+    "delivery.report",
+)
+_CONSUMER_ONLY = (
+    "group.",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "enable.partition.eof",
+    "isolation.level",
+    "auto.offset.reset",
+    "auto.commit",
+    "fetch.",
+    "max.partition.fetch.bytes",
+    "queued.",
+    "session.timeout.ms",
+    "heartbeat.interval.ms",
+    "partition.assignment.strategy",
+)
+_NOT_FOR: dict[Role, tuple[str, ...]] = {
+    "producer": _CONSUMER_ONLY,
+    "consumer": _PRODUCER_ONLY,
+    "admin": _PRODUCER_ONLY + _CONSUMER_ONLY,
+}
+
+
+def client_settings(
+    settings: Mapping[str, object], role: Role, *, bootstrap: str | None = None
+) -> dict[str, object]:
+    """`settings` less the other roles' keys, with `bootstrap` if given and the quiet log."""
+    kept = {k: v for k, v in settings.items() if not k.startswith(_NOT_FOR[role]) and k != "logger"}
+    if bootstrap is not None:
+        kept["bootstrap.servers"] = bootstrap
+    return {**kept, "logger": _log}

@@ -1,0 +1,34 @@
+"""Reach PostgreSQL and Kafka once, turning driver failures into one clear line.
+
+Called before real work starts, so an unreachable service is reported as such
+instead of as a stack trace from deep inside a job.
+"""
+
+from __future__ import annotations
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+from core.config import DatabaseUrl
+from core.errors import ServiceUnavailable
+from core.kafka import client_settings
+from core.postgres import connect
+
+
+def check_postgres(url: DatabaseUrl, timeout: float = 5.0) -> str:
+    """Connect once; return the server version string."""
+    with connect(url, timeout=timeout) as conn:
+        return str(conn.execute("show server_version").fetchone()[0])  # type: ignore[index]
+
+
+def check_kafka(bootstrap: str, timeout: float = 10.0, config: dict[str, object] | None = None) -> int:
+    """Fetch cluster metadata once; return the number of brokers."""
+    admin = AdminClient(client_settings(config or {}, "admin", bootstrap=bootstrap))
+    try:
+        metadata = admin.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise ServiceUnavailable(
+            f"cannot reach Kafka at {bootstrap}: {exc.args[0].str() if exc.args else exc}."
+            " Check KAFKA_BOOTSTRAP_SERVERS, or start a local broker with `outbox dev up`."
+        ) from None
+    return len(metadata.brokers)

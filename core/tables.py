@@ -1,0 +1,46 @@
+"""The framework's own tables, as the running code sees them (migrations keep their frozen literals).
+
+`outbox db upgrade --schema S` creates them all in S; whoever needs one
+checks for it with `require` and tells the user that same remedy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from core.config import DatabaseUrl
+from core.errors import ConfigError
+
+OUTBOX_EVENTS = "outbox_events"
+OUTBOX_IDENTITY = "outbox_identity"
+RELAY_DEAD_LETTERS = "relay_dead_letters"
+SINK_PROGRESS = "sink_progress"
+SINK_DEAD_LETTERS = "sink_dead_letters"
+
+# What a writer of outbox rows supplies; id, txid and created_at come from their defaults.
+OUTBOX_COLUMNS = ("event_id", "topic", "key", "value", "header_keys", "header_values")
+
+
+def missing_tables(schema: str, names: Sequence[str], where: DatabaseUrl | None = None) -> ConfigError:
+    """The one error for tables that are not there, with the command that creates them."""
+    listed = ", ".join(f"{schema}.{name}" for name in names)
+    found_in = f" in {where.safe}" if where is not None else ""
+    return ConfigError(
+        f"{'table' if len(names) == 1 else 'tables'} {listed} {'is' if len(names) == 1 else 'are'}"
+        f" missing{found_in}: run `outbox db upgrade --schema {schema}` first"
+    )
+
+
+def require(conn: psycopg.Connection[Any], url: DatabaseUrl, schema: str, names: Sequence[str]) -> None:
+    """Raise `missing_tables` for those of `names` that do not exist in `schema`."""
+    found = conn.execute(
+        "SELECT to_regclass(name) FROM unnest(%s::text[]) WITH ORDINALITY AS t(name, n) ORDER BY n",
+        [[sql.Identifier(schema, name).as_string(conn) for name in names]],
+    ).fetchall()
+    missing = [name for name, (regclass,) in zip(names, found, strict=True) if regclass is None]
+    if missing:
+        raise missing_tables(schema, missing, url)

@@ -1,0 +1,30 @@
+"""What the sink says when PostgreSQL refuses a row or a batch, on the driver and in the tasks alike.
+
+A refused row's data is at fault (a value the column cannot hold, a broken
+constraint): it is dead-lettered or, with on_error="fail", fails the batch.
+Any other error (a lost connection, a deadlock) belongs to the attempt, not
+the row, and is retried.
+"""
+
+from __future__ import annotations
+
+import re
+
+import psycopg
+
+from core.errors import OutboxError
+
+ROW_ERRORS = (psycopg.errors.DataError, psycopg.errors.IntegrityError, psycopg.errors.ProgramLimitExceeded)
+
+
+class SinkError(OutboxError):
+    """A batch the sink refused to apply. Nothing of it was committed, except, when applied in
+    the tasks, other tasks' topic-partitions, which the batch's replay then skips."""
+
+
+def reason(exc: psycopg.Error, names: tuple[str, ...] = ()) -> str:
+    """PostgreSQL's message, with the stage's column cN named as the table's column."""
+    diag = exc.diag
+    column = re.search(r"column c(\d+)", diag.context or "")
+    where = f" (column {names[int(column[1])]!r})" if column and int(column[1]) < len(names) else ""
+    return (diag.message_primary or str(exc).splitlines()[0]) + where
