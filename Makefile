@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-smoke test lint clean
+.PHONY: install demo demo-smoke test test-fast lint clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed (set PYTHON=python3.11)")'
@@ -23,6 +23,10 @@ demo-smoke: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest --basetemp=.tmp/pytest
+
+# The unit level alone: pure logic, no services, seconds.
+test-fast: $(STAMP)
+	$(PY) -m pytest --basetemp=.tmp/pytest-fast tests/unit
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -20,7 +20,7 @@ from outbox import migrate
 from outbox.dev.kafka import Broker
 from outbox.dev.stack import running
 from tests import containers
-from tests.helpers import create_topic, unique
+from tests.helpers import OwnPostgres, create_topic, unique
 from tests.sink_support import ORDERS
 
 
@@ -28,6 +28,17 @@ def pytest_configure(config: pytest.Config) -> None:
     # `--basetemp=.tmp/pytest` keeps scratch files in the checkout; pytest wants its parent to exist.
     if config.option.basetemp:
         Path(config.option.basetemp).parent.mkdir(parents=True, exist_ok=True)
+
+
+LEVELS = ("unit", "integration", "faults")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test is marked with its level, the folder it lives in: `-m unit`, `-m "not faults"`."""
+    for item in items:
+        level = next((part for part in item.path.parts if part in LEVELS), None)
+        if level is not None:
+            item.add_marker(level)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -95,16 +106,44 @@ def own_broker(tmp_path: Path) -> Iterator[Broker]:
 
 
 @pytest.fixture
-def db(database: DatabaseUrl, pg: psycopg.Connection) -> DatabaseUrl:
-    """A migrated database with the sink tests' `orders` table."""
+def outbox_db(database: DatabaseUrl) -> DatabaseUrl:
+    """A fresh database migrated to head in schema public."""
     migrate.upgrade(database, "public")
-    pg.execute(ORDERS)
     return database
+
+
+@pytest.fixture
+def db(outbox_db: DatabaseUrl, pg: psycopg.Connection) -> DatabaseUrl:
+    """A migrated database with the sink tests' `orders` table."""
+    pg.execute(ORDERS)
+    return outbox_db
+
+
+@pytest.fixture
+def own_postgres(tmp_path: Path) -> Iterator[OwnPostgres]:
+    """A PostgreSQL server of this test's own, migrated, with `orders`: the test may restart it."""
+    server = OwnPostgres(tmp_path / "pg")
+    migrate.upgrade(server.url, "public")
+    with psycopg.connect(server.url.libpq, autocommit=True) as conn:
+        conn.execute(ORDERS)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def env(outbox_db: DatabaseUrl, bootstrap: str) -> dict[str, str]:
+    """The environment a relay process needs, for the migrated database and the shared broker."""
+    return {"DATABASE_URL": outbox_db.raw, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
 
 
 @pytest.fixture
 def topic(bootstrap: str) -> str:
     return create_topic(bootstrap, unique("topic"), partitions=2)
+
+
+@pytest.fixture
+def events_topic(bootstrap: str) -> str:
+    return create_topic(bootstrap, unique("events"), partitions=3)
 
 
 @pytest.fixture(scope="session")

@@ -16,8 +16,10 @@ from confluent_kafka import Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from core.committed import read_committed as read_topic
+from core.config import DatabaseUrl
 from core.kafka import client_settings
-from outbox.dev.process import spawn
+from outbox.dev import postgres
+from outbox.dev.process import free_port, spawn, stop
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -143,3 +145,20 @@ class Job:
             time.sleep(0.1)
         self.kill9()
         raise AssertionError(f"no {text!r} in job output after {timeout}s:\n{self.output()}")
+
+
+class OwnPostgres:
+    """A PostgreSQL server of one test's own, which it may restart."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.server = postgres.start(data_dir, free_port(), die_with_parent=True)
+        self.url = DatabaseUrl.parse(self.server.env["DATABASE_URL"])
+
+    def restart(self) -> None:
+        """A fast shutdown, which ends every session, then the same server again."""
+        self.stop()
+        time.sleep(2)
+        self.server = postgres.start(self.server.data_dir, self.server.port, die_with_parent=True)
+
+    def stop(self) -> None:
+        stop(self.server.pid, signal.SIGINT, timeout=30)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import threading
 import time
 from collections import defaultdict
@@ -166,3 +168,17 @@ def murmur2_partition(key: bytes, partitions: int) -> int:
     h = (h * m) & 0xFFFFFFFF
     h ^= h >> 15
     return (h & 0x7FFFFFFF) % partitions
+
+
+ACTIVE = "relay: active"
+
+
+def outbox_rows(url: DatabaseUrl) -> int:
+    with psycopg.connect(url.libpq) as conn:
+        return int(conn.execute("SELECT count(*) FROM outbox_events").fetchone()[0])  # type: ignore[index]
+
+
+def terminate(job: Job) -> int:
+    """SIGTERM, and the relay's exit code."""
+    os.kill(job.process.pid, signal.SIGTERM)
+    return job.wait(30)

@@ -119,3 +119,10 @@ def check_exactly_once(
     changes = len(expected) + sum(1 for v in expected.values() if v[1] == Decimal("9.99"))
     assert pg.execute("SELECT count(*) FROM outbox_events").fetchone() == (changes,)
     assert pg.execute("SELECT count(*) FROM sink_dead_letters").fetchone() == (dead,)
+
+
+def waiting_on_a_lock(pg: psycopg.Connection) -> int:
+    return pg.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+    ).fetchone()[0]

@@ -11,15 +11,14 @@ from sqlalchemy.orm import Session
 
 from core.config import DatabaseUrl
 from core.errors import OutboxError
-from outbox import migrate
 from outbox.writer import Event, add_event, add_events
 
 
 @pytest.fixture
-def db(database: DatabaseUrl, pg: psycopg.Connection) -> DatabaseUrl:
-    migrate.upgrade(database, "public")
+def db(outbox_db: DatabaseUrl, pg: psycopg.Connection) -> DatabaseUrl:
+    """The migrated database with a business table of this file's own."""
     pg.execute("CREATE TABLE orders (id int PRIMARY KEY, status text)")
-    return database
+    return outbox_db
 
 
 def outbox_rows(pg: psycopg.Connection) -> list[tuple]:

@@ -7,23 +7,12 @@ import signal
 import time
 from pathlib import Path
 
-import psycopg
-import pytest
-
 from core.config import DatabaseUrl
-from outbox import migrate
 from outbox.dev.kafka import Broker
 from tests.helpers import Job, create_topic, unique
-from tests.sink_support import ORDERS, check_exactly_once, ledger, log_ends, produce_orders, table
+from tests.sink_support import check_exactly_once, ledger, log_ends, produce_orders, table
 
 JOB = "tests/jobs/sink_job.py"
-
-
-@pytest.fixture
-def db(database: DatabaseUrl, pg: psycopg.Connection) -> DatabaseUrl:
-    migrate.upgrade(database, "public")
-    pg.execute(ORDERS)
-    return database
 
 
 def job(bootstrap: str, topic: str, db: DatabaseUrl, tmp: Path, run: str, pause_at: int, *extra: str) -> Job:

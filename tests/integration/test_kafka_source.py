@@ -14,7 +14,6 @@ from pyspark.sql.streaming import StreamingQuery
 from core.config import DatabaseUrl
 from tests.cli import outbox
 from tests.helpers import (
-    Job,
     add_partitions,
     create_topic,
     produce_transaction,
@@ -23,40 +22,7 @@ from tests.helpers import (
     unique,
     wait_for,
 )
-
-
-def batch_read(spark: SparkSession, bootstrap: str, topic: str, **options: str) -> list:
-    reader = (
-        spark.read.format("kafka_rc")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .option("pollTimeoutMs", "10000")
-    )
-    for key, value in options.items():
-        reader = reader.option(key, value)
-    return reader.load().collect()
-
-
-def stream_to_memory(
-    spark: SparkSession, bootstrap: str, topic: str, checkpoint: Path, *, available_now: bool, **options: str
-) -> tuple[StreamingQuery, str]:
-    """A kafka_rc stream into a memory table; returns the query and the table's name."""
-    table = unique("sink")
-    reader = spark.readStream.format("kafka_rc").option("kafka.bootstrap.servers", bootstrap)
-    writer = (
-        reader.option("subscribe", topic)
-        .options(**options)
-        .load()
-        .writeStream.format("memory")
-        .queryName(table)
-        .option("checkpointLocation", str(checkpoint))
-    )
-    trigger = {"availableNow": True} if available_now else {"processingTime": "200 milliseconds"}
-    return writer.trigger(**trigger).start(), table
-
-
-def records(n: int, tag: str) -> list[tuple[bytes, bytes]]:
-    return [(f"k{i % 7}".encode(), f"{tag}-{i}".encode()) for i in range(n)]
+from tests.source_support import batch_read, records, stream_to_memory
 
 
 def test_committed_visible_aborted_never_open_only_once_committed(
@@ -154,33 +120,6 @@ def test_partitions_added_while_running_are_read(
     assert spark.sql(f"select count(*) c from {sink}").first().c == 17
 
 
-def test_kill_9_of_the_driver_then_restart_continues_exactly(
-    spark: SparkSession, bootstrap: str, tmp_path: Path
-) -> None:
-    name = create_topic(bootstrap, unique("crash"), partitions=2)
-    producer = transactional_producer(bootstrap)
-    for i in range(20):
-        produce_transaction(producer, name, records(100, f"t{i}"))
-    out, ckpt = tmp_path / "out", tmp_path / "checkpoint"
-    args = ["-m", "tests.jobs.stream_to_parquet", bootstrap, name, str(out), str(ckpt)]
-
-    first = Job([*args, str(tmp_path / "w1"), "150"], tmp_path / "first.log", {})
-    first.wait_for_output("batch 3", timeout=180)
-    first.kill9()
-
-    second = Job([*args, str(tmp_path / "w2"), "150", "available-now"], tmp_path / "second.log", {})
-    assert second.wait(timeout=300) == 0, second.output()
-    assert "done" in second.output()
-
-    # Spark's file sink lists only committed batches (its _spark_metadata log).
-    rows = spark.read.parquet(str(out)).collect()
-    positions = Counter((r.partition, r.offset) for r in rows)
-    assert max(positions.values()) == 1, "a record was written twice"
-    expected = {(p, o) for p, o, _, _ in read_committed(bootstrap, name, 2)}
-    assert set(positions) == expected, "records missing"
-    assert len(expected) == 2000
-
-
 def test_start_from_the_sinks_ledger_when_the_checkpoint_is_lost(
     spark: SparkSession,
     bootstrap: str,
@@ -272,45 +211,6 @@ def test_a_read_starting_at_or_after_an_abort_marker_keeps_later_commits(
     produce_transaction(producer, name, records(2, "late"))  # 8-9, marker 10
     rows = batch_read(spark, bootstrap, name, startingOffsets=json.dumps({name: {"0": start}}))
     assert sorted((r.offset, r.value) for r in rows) == [(8, b"late-0"), (9, b"late-1")]
-
-
-HUNG_PRODUCER = """
-import sys, time
-from confluent_kafka import Producer
-producer = Producer({"bootstrap.servers": sys.argv[1], "transactional.id": sys.argv[3],
-                     "transaction.timeout.ms": 3000})
-producer.init_transactions(30)
-producer.begin_transaction()
-for i in range(5):
-    producer.produce(sys.argv[2], key=b"k", value=b"hung-%d" % i)
-producer.flush(30)
-print("open", flush=True)
-time.sleep(3600)
-"""
-
-
-def test_a_producer_killed_mid_transaction_is_aborted_and_readers_move_past(
-    spark: SparkSession, bootstrap: str, tmp_path: Path, checkpoint: Path
-) -> None:
-    """Killed with its transaction open and never re-initialised: the broker aborts it at its timeout.
-
-    Until then the Last Stable Offset stays at the open transaction, so readers
-    wait; once it is aborted they go on, and its records never show.
-    """
-    name = create_topic(bootstrap, unique("hung"), partitions=1)
-    producer = transactional_producer(bootstrap)
-    produce_transaction(producer, name, records(3, "before"))
-    hung = Job(["-c", HUNG_PRODUCER, bootstrap, name, unique("hung-tx")], tmp_path / "hung.log", {})
-    hung.wait_for_output("open", 60)
-    hung.kill9()
-    produce_transaction(producer, name, records(3, "after"))  # behind the open transaction
-    query, sink = stream_to_memory(spark, bootstrap, name, checkpoint, available_now=False)
-    try:
-        wait_for(lambda: spark.sql(f"select count(*) c from {sink}").first().c >= 6, 120, "the later commits")
-        values = sorted(r.value for r in spark.sql(f"select value from {sink}").collect())
-    finally:
-        query.stop()
-    assert values == sorted(v for _, v in records(3, "before") + records(3, "after"))
 
 
 def test_a_checkpoint_of_another_subscription_is_named_as_such(

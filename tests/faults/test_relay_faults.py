@@ -1,0 +1,139 @@
+"""The relay under failure: kill -9 at each point of a batch and at random, PostgreSQL and broker restarts.
+
+Every test checks the published records one by one against what was committed.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from core.config import DatabaseUrl
+from outbox.dev.kafka import Broker
+from tests.helpers import Job, OwnPostgres, create_topic, unique, wait_for
+from tests.relay_support import (
+    ACTIVE,
+    Committed,
+    Writers,
+    assert_exactly_once,
+    outbox_rows,
+    relay_job,
+    terminate,
+    wait_published,
+)
+
+
+@pytest.mark.parametrize("point", ["before-produce", "mid-transaction", "before-commit", "before-cleanup"])
+def test_kill9_at_each_point_of_a_batch(
+    tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, events_topic: str, point: str
+) -> None:
+    name = unique("relay")
+    writers = Writers(outbox_db, events_topic).start(transactions=40, max_delay=0.005)
+    writers.join()
+    for _ in range(2):  # the second kill hits a relay that restarted from the first one's leftovers
+        job, _ = relay_job(tmp_path, env, name, "--batch-size", "30", pause_at=point)
+        job.wait_for_output(f"paused at {point}", 60)
+        job.kill9()
+    job, _ = relay_job(tmp_path, env, name, "--batch-size", "30")
+    records = wait_published(bootstrap, events_topic, 3, writers.committed.count)
+    assert_exactly_once(records, writers.committed)
+    wait_for(lambda: outbox_rows(outbox_db) == 0, 30, "cleanup of published rows")
+    assert terminate(job) == 0
+
+
+def test_kill9_at_random_moments_while_writers_write(
+    tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, events_topic: str
+) -> None:
+    name, rng = unique("relay"), random.Random()
+    writers = Writers(outbox_db, events_topic).start(max_delay=0.01)
+    try:
+        for _ in range(10):
+            job, _ = relay_job(tmp_path, env, name, "--batch-size", "25")
+            job.wait_for_output(ACTIVE, 60)
+            time.sleep(rng.uniform(0, 1.5))
+            job.kill9()
+    finally:
+        writers.stop.set()
+        writers.join()
+    job, _ = relay_job(tmp_path, env, name)
+    records = wait_published(bootstrap, events_topic, 3, writers.committed.count)
+    assert writers.committed.count > 100
+    assert_exactly_once(records, writers.committed)
+    assert terminate(job) == 0
+
+
+def start_relay(
+    tmp: Path, url: DatabaseUrl, bootstrap: str, *flags: str, pause_at: str = "none"
+) -> tuple[str, Job, Path]:
+    """A topic, and a relay on the given services (paused where `pause_at` says)."""
+    topic = create_topic(bootstrap, unique("events"), partitions=3)
+    env = {"DATABASE_URL": url.raw, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
+    job, resume = relay_job(tmp, env, "restarts", "--batch-size", "20", *flags, pause_at=pause_at)
+    return topic, job, resume
+
+
+def test_postgres_restart_mid_run(tmp_path: Path, own_postgres: OwnPostgres, bootstrap: str) -> None:
+    url = own_postgres.url
+    topic, job, _ = start_relay(tmp_path, url, bootstrap)
+    job.wait_for_output(ACTIVE, 60)
+    # Postgres goes down with committed rows not yet published, and comes back.
+    first = Writers(url, topic).start(transactions=25)
+    first.join()
+    own_postgres.restart()
+    second = Writers(url, topic).start(transactions=25)
+    second.join()
+    committed = Committed()
+    for writers in (first, second):
+        for key, ids in writers.committed.by_key.items():
+            committed.add(key, ids)
+    assert_exactly_once(wait_published(bootstrap, topic, 3, committed.count), committed)
+    assert "session ended, retrying" in job.output()
+    assert terminate(job) == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["graceful", "kill-9"])
+def test_broker_restart_mid_run(tmp_path: Path, outbox_db: DatabaseUrl, own_broker: Broker, sig: int) -> None:
+    url, bootstrap = outbox_db, own_broker.bootstrap
+    topic, job, _ = start_relay(tmp_path, url, bootstrap)
+    job.wait_for_output(ACTIVE, 60)
+    # Writers keep committing through the whole outage and after it, so batches are in
+    # flight when the broker goes and rows pile up while it is away.
+    writers = Writers(url, topic).start(max_delay=0.05)
+    wait_for(lambda: writers.committed.count > 40, 30, "writers under way")
+    before = writers.committed.count
+    own_broker.restart(sig)
+    during = writers.committed.count
+    time.sleep(2)
+    writers.stop.set()
+    writers.join()
+    assert before < during < writers.committed.count, "writers did not span the outage"
+    # The relay rides the outage out inside librdkafka's retries, or ends its session and
+    # starts over from the position in Kafka; either way every event is there once.
+    assert_exactly_once(wait_published(bootstrap, topic, 3, writers.committed.count, 120), writers.committed)
+    assert terminate(job) == 0
+
+
+def test_broker_killed_with_a_transaction_open_that_then_times_out(
+    tmp_path: Path, outbox_db: DatabaseUrl, own_broker: Broker
+) -> None:
+    """The relay's open transaction dies with the broker and is aborted at its timeout: the late commit
+    must fail, and the relay must start over from the position in Kafka, not take the batch as sent."""
+    url, broker = outbox_db, own_broker
+    topic, job, resume = start_relay(
+        tmp_path, url, broker.bootstrap, "-X", "transaction.timeout.ms=4000", pause_at="before-commit"
+    )
+    writers = Writers(url, topic).start(transactions=10)
+    writers.join()
+    job.wait_for_output("paused at before-commit", 60)
+    broker.restart(signal.SIGKILL)
+    time.sleep(6)  # past the transaction's timeout: the restarted broker aborts it
+    resume.touch()
+    assert_exactly_once(
+        wait_published(broker.bootstrap, topic, 3, writers.committed.count, 120), writers.committed
+    )
+    assert "session ended, retrying" in job.output()
+    assert terminate(job) == 0
