@@ -8,6 +8,8 @@ the table stands: nothing replayed, nothing skipped.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import psycopg
 from psycopg import sql
 
@@ -17,6 +19,18 @@ from core.postgres import connect
 from core.sqltext import bindable
 
 Positions = dict[tuple[str, int], int]
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """One sink's ledger: where it is (resolved once, when the source's options are parsed) and whose."""
+
+    url: DatabaseUrl
+    schema: str
+    sink: str
+
+    def positions(self) -> Positions:
+        return read_positions(self.url, self.schema, self.sink)
 
 
 def read_positions(url: DatabaseUrl, schema: str, sink: str) -> Positions:

@@ -15,8 +15,8 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from core.errors import ConfigError, ServiceUnavailable
 from core.kafka import client_settings
-from sinks.kafka_source.offsets import TopicPartitionKey
 from sinks.kafka_source.options import SourceOptions
+from sinks.kafka_source.ranges import TopicPartitionKey
 
 
 class Cluster:

@@ -7,7 +7,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from core.config import database_url, schema_name
 from core.errors import ConfigError
+from sinks.ledger import Ledger
 
 READ_UNCOMMITTED_OPT_IN = "unsafe.readUncommitted"
 
@@ -49,9 +51,7 @@ class SourceOptions:
     read_uncommitted: bool = False
     min_partitions: int | None = None
     # Start from the exactly-once sink's ledger instead of startingOffsets.
-    ledger_sink: str | None = None
-    ledger_url: str | None = None
-    ledger_schema: str | None = None
+    ledger: Ledger | None = None
     kafka: dict[str, str] = field(default_factory=dict)
 
     def consumer_config(self) -> dict[str, object]:
@@ -114,6 +114,10 @@ def parse(options: Mapping[str, str]) -> SourceOptions:
     max_per_trigger = opts.get("maxoffsetspertrigger")
     if ("ledger.url" in opts or "ledger.schema" in opts) and not opts.get("ledger.sink"):
         raise ConfigError("options ledger.url / ledger.schema need ledger.sink, the sink's name")
+    ledger = None
+    if opts.get("ledger.sink"):
+        url = database_url(opts.get("ledger.url"))
+        ledger = Ledger(url, schema_name(opts.get("ledger.schema")), opts["ledger.sink"])
     return SourceOptions(
         bootstrap_servers=bootstrap,
         topics=topics,
@@ -125,9 +129,7 @@ def parse(options: Mapping[str, str]) -> SourceOptions:
         poll_timeout_s=(_positive_int("pollTimeoutMs", opts.get("polltimeoutms")) or 120_000) / 1000,
         read_uncommitted=_bool(READ_UNCOMMITTED_OPT_IN, opts.get(READ_UNCOMMITTED_OPT_IN.lower(), "false")),
         min_partitions=_positive_int("minPartitions", opts.get("minpartitions")),
-        ledger_sink=opts.get("ledger.sink"),
-        ledger_url=opts.get("ledger.url"),
-        ledger_schema=opts.get("ledger.schema"),
+        ledger=ledger,
         kafka=kafka,
     )
 

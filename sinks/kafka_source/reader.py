@@ -17,7 +17,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from core.errors import DataLossError, ServiceUnavailable
 from core.kafka import client_settings
-from sinks.kafka_source.offsets import Range
+from sinks.kafka_source.ranges import Range
 
 ARROW_SCHEMA = pa.schema(
     [

@@ -24,10 +24,8 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from core.config import database_url, schema_name
 from core.errors import ConfigError, OutboxError
-from sinks import ledger
-from sinks.kafka_source import offsets as plan
+from sinks.kafka_source import ranges
 from sinks.kafka_source.cluster import Cluster
 from sinks.kafka_source.options import SourceOptions, parse
 from sinks.kafka_source.reader import read_range
@@ -58,25 +56,23 @@ class KafkaSource(DataSource):
 
 def starting_positions(
     options: SourceOptions,
-    tps: list[plan.TopicPartitionKey],
-    earliest: dict[plan.TopicPartitionKey, int],
-    latest: dict[plan.TopicPartitionKey, int],
-) -> dict[plan.TopicPartitionKey, int]:
+    tps: list[ranges.TopicPartitionKey],
+    earliest: dict[ranges.TopicPartitionKey, int],
+    latest: dict[ranges.TopicPartitionKey, int],
+) -> dict[ranges.TopicPartitionKey, int]:
     """startingOffsets, overlaid with the sink's ledger when `ledger.sink` is set."""
-    start = plan.resolve(options.starting, tps, earliest, latest, option="startingOffsets")
-    if options.ledger_sink is None:
+    start = ranges.resolve(options.starting, tps, earliest, latest, option="startingOffsets")
+    if options.ledger is None:
         return start
-    url = database_url(options.ledger_url)
-    recorded = ledger.read_positions(url, schema_name(options.ledger_schema), options.ledger_sink)
-    return plan.overlay(start, recorded, latest)
+    return ranges.overlay(start, options.ledger.positions(), latest)
 
 
 def _input_partitions(
     options: SourceOptions,
-    start: dict[plan.TopicPartitionKey, int],
-    end: dict[plan.TopicPartitionKey, int],
+    start: dict[ranges.TopicPartitionKey, int],
+    end: dict[ranges.TopicPartitionKey, int],
 ) -> list[InputPartition]:
-    return [InputPartition(r) for r in plan.split(plan.ranges(start, end), options.min_partitions)]
+    return [InputPartition(r) for r in ranges.split(ranges.ranges(start, end), options.min_partitions)]
 
 
 def _read(options: SourceOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -97,7 +93,7 @@ class KafkaBatchReader(DataSourceReader):
         tps = cluster.partitions()
         earliest, latest = cluster.earliest(tps), cluster.latest(tps)
         start = starting_positions(self.options, tps, earliest, latest)
-        end = plan.resolve(self.options.ending, tps, earliest, latest, option="endingOffsets")
+        end = ranges.resolve(self.options.ending, tps, earliest, latest, option="endingOffsets")
         # Never past the Last Stable Offset, whatever endingOffsets says.
         end = {tp: min(offset, latest[tp]) for tp, offset in end.items()}
         return _input_partitions(self.options, start, end)
@@ -110,7 +106,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._cluster: Cluster | None = None
-        self._target: dict[plan.TopicPartitionKey, int] | None = None  # Trigger.AvailableNow
+        self._target: dict[ranges.TopicPartitionKey, int] | None = None  # Trigger.AvailableNow
 
     @property
     def cluster(self) -> Cluster:
@@ -121,7 +117,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict:
         tps = self.cluster.partitions()
         earliest, latest = self.cluster.earliest(tps), self.cluster.latest(tps)
-        return plan.to_offsets(starting_positions(self.options, tps, earliest, latest))
+        return ranges.to_offsets(starting_positions(self.options, tps, earliest, latest))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_offsets_per_trigger:
@@ -132,7 +128,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = self.cluster.latest(self.cluster.partitions())
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        begin = plan.from_offsets(start)
+        begin = ranges.from_offsets(start)
         tps = self.cluster.partitions()
         gone = sorted({t for t, _ in begin} - {t for t, _ in tps})
         if gone:
@@ -144,10 +140,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._target is not None:
             latest = {tp: min(off, self._target.get(tp, begin[tp])) for tp, off in latest.items()}
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        return plan.to_offsets(plan.cap(begin, latest, max_rows))
+        return ranges.to_offsets(ranges.cap(begin, latest, max_rows))
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        begin, stop = plan.from_offsets(start), plan.from_offsets(end)
+        begin, stop = ranges.from_offsets(start), ranges.from_offsets(end)
         new = [tp for tp in stop if tp not in begin]
         if new:
             begin.update(self.cluster.earliest(new))

@@ -3,7 +3,7 @@ import itertools
 import pytest
 
 from core.errors import ConfigError
-from sinks.kafka_source import offsets as plan
+from sinks.kafka_source import ranges
 from sinks.kafka_source.options import parse
 
 A0, A1, B0 = ("a", 0), ("a", 1), ("b", 0)
@@ -11,40 +11,40 @@ A0, A1, B0 = ("a", 0), ("a", 1), ("b", 0)
 
 def test_offsets_round_trip_in_sparks_json_shape() -> None:
     positions = {A0: 5, A1: 7, B0: 0}
-    encoded = plan.to_offsets(positions)
+    encoded = ranges.to_offsets(positions)
     assert encoded == {"a": {"0": 5, "1": 7}, "b": {"0": 0}}
-    assert plan.from_offsets(encoded) == positions
+    assert ranges.from_offsets(encoded) == positions
 
 
 def test_resolve_earliest_latest_and_json() -> None:
     earliest, latest = {A0: 2, A1: 0}, {A0: 10, A1: 4}
-    assert plan.resolve("earliest", [A0, A1], earliest, latest, option="x") == earliest
-    assert plan.resolve("latest", [A0, A1], earliest, latest, option="x") == latest
+    assert ranges.resolve("earliest", [A0, A1], earliest, latest, option="x") == earliest
+    assert ranges.resolve("latest", [A0, A1], earliest, latest, option="x") == latest
     spec = {"a": {"0": -2, "1": 3}}
-    assert plan.resolve(spec, [A0, A1], earliest, latest, option="x") == {A0: 2, A1: 3}
+    assert ranges.resolve(spec, [A0, A1], earliest, latest, option="x") == {A0: 2, A1: 3}
     with pytest.raises(ConfigError, match="gives no offset for a-1"):
-        plan.resolve({"a": {"0": 1}}, [A0, A1], earliest, latest, option="x")
+        ranges.resolve({"a": {"0": 1}}, [A0, A1], earliest, latest, option="x")
 
 
 def test_cap_shares_the_limit_by_backlog_and_never_exceeds_latest() -> None:
     start = {A0: 0, A1: 100, B0: 0}
     latest = {A0: 300, A1: 200, B0: 0}
-    end = plan.cap(start, latest, 100)
+    end = ranges.cap(start, latest, 100)
     assert sum(end[tp] - start[tp] for tp in start) == 100
     assert end[A0] - start[A0] == 75 and end[A1] - start[A1] == 25 and end[B0] == 0
-    assert plan.cap(start, latest, None) == latest
-    assert plan.cap(start, latest, 10_000) == latest
+    assert ranges.cap(start, latest, None) == latest
+    assert ranges.cap(start, latest, 10_000) == latest
 
 
 def test_cap_with_rounding_still_hands_out_the_whole_limit() -> None:
     start = {A0: 0, A1: 0, B0: 0}
     latest = {A0: 10, A1: 10, B0: 10}
-    end = plan.cap(start, latest, 10)
+    end = ranges.cap(start, latest, 10)
     assert sum(end.values()) == 10 and all(3 <= v <= 4 for v in end.values())
 
 
 def test_ranges_skip_empty_and_start_new_partitions_at_their_end() -> None:
-    assert plan.ranges({A0: 5, A1: 3}, {A0: 9, A1: 3, B0: 4}) == [plan.Range("a", 0, 5, 9)]
+    assert ranges.ranges({A0: 5, A1: 3}, {A0: 9, A1: 3, B0: 4}) == [ranges.Range("a", 0, 5, 9)]
 
 
 def test_options_mirror_sparks_kafka_source() -> None:
@@ -95,21 +95,23 @@ def test_read_uncommitted_needs_the_loud_opt_in() -> None:
 
 def test_overlay_starts_where_the_ledger_says() -> None:
     start, latest = {A0: 0, A1: 0}, {A0: 50, A1: 50}
-    assert plan.overlay(start, {A0: 20, ("gone", 0): 5}, latest) == {A0: 20, A1: 0}
+    assert ranges.overlay(start, {A0: 20, ("gone", 0): 5}, latest) == {A0: 20, A1: 0}
     with pytest.raises(ConfigError, match="a-1 up to 60 were applied, but the partition ends at 50"):
-        plan.overlay(start, {A1: 60}, latest)
+        ranges.overlay(start, {A1: 60}, latest)
 
 
 def test_split_reaches_min_partitions_sized_by_backlog() -> None:
-    rngs = [plan.Range("a", 0, 0, 90), plan.Range("a", 1, 0, 10)]
-    pieces = plan.split(rngs, 10)
+    rngs = [ranges.Range("a", 0, 0, 90), ranges.Range("a", 1, 0, 10)]
+    pieces = ranges.split(rngs, 10)
     assert len(pieces) >= 10
     for p in (0, 1):  # the pieces of each partition tile its range exactly, in order
         mine = [r for r in pieces if r.partition == p]
         assert mine[0].start == 0 and mine[-1].end == rngs[p].end
         assert all(a.end == b.start for a, b in itertools.pairwise(mine))
-    assert plan.split(rngs, None) == rngs and plan.split(rngs, 2) == rngs
-    assert plan.split([plan.Range("a", 0, 0, 3)], 10) == [plan.Range("a", 0, i, i + 1) for i in range(3)]
+    assert ranges.split(rngs, None) == rngs and ranges.split(rngs, 2) == rngs
+    assert ranges.split([ranges.Range("a", 0, 0, 3)], 10) == [
+        ranges.Range("a", 0, i, i + 1) for i in range(3)
+    ]
 
 
 def test_a_new_partition_without_a_leader_yet_is_asked_again_other_errors_are_not() -> None:

@@ -1,4 +1,4 @@
-"""Offset bookkeeping as plain functions: what range each micro-batch reads.
+"""The range calculator, plain functions: which offsets each micro-batch reads, where a query starts.
 
 Offsets are `{"topic": {"partition": next_offset}}`, the JSON shape Spark's own
 Kafka source checkpoints, with string keys as Spark's Python sources require.
