@@ -19,14 +19,13 @@ from confluent_kafka import (
     Message,
     Producer,
 )
-from confluent_kafka.admin import AdminClient, NewTopic
 
-from core.committed import read_committed
 from core.errors import ConfigError, Fenced, OutboxError, ServiceUnavailable
 from core.kafka import client_settings
-from outbox.relay.outbox_table import Row
 from outbox.relay.poison import Poison, explain, is_poison, missing_topic
-from outbox.relay.position import Identity, Position, latest_position
+from outbox.relay.position import Identity, Position
+from outbox.relay.positions import PositionStore
+from outbox.relay.row import Row
 
 log = logging.getLogger("outbox.relay")
 
@@ -81,8 +80,9 @@ class Publisher:
         if clash:
             raise ConfigError(f"-X {clash[0]} is set by the relay itself and cannot be overridden")
         self.bootstrap, self.relay = bootstrap, relay
-        self.positions_topic, self.exactly_once, self.timeout = positions_topic, exactly_once, timeout
+        self.exactly_once, self.timeout = exactly_once, timeout
         self.settings = {**PRODUCER_DEFAULTS, **kafka}
+        self.positions = PositionStore(positions_topic, self.settings, bootstrap, timeout)
         self._producer: Producer | None = None
         self._known_topics: set[str] = set()
         self._failures: list[tuple[KafkaError, Message]] = []
@@ -104,9 +104,7 @@ class Publisher:
             self._producer.list_topics(timeout=min(self.timeout, 10))
             if self.exactly_once:
                 self._producer.init_transactions(self.timeout)
-            admin = AdminClient(client_settings(self.settings, "admin", bootstrap=self.bootstrap))
-            self._ensure_positions_topic(admin)
-            return latest_position(self._read_positions(), self.relay)
+            return self.positions.latest(self.relay)
         except KafkaException as exc:
             self._producer.poll(0)  # error callbacks run from poll: the cause arrives now
             raise kafka_failure(exc, self.bootstrap, self._cause) from None
@@ -116,36 +114,6 @@ class Publisher:
         idempotent producer already spent, the old one would fail its next transaction."""
         self.close()
         return self.start()
-
-    def _ensure_positions_topic(self, admin: AdminClient) -> None:
-        if self.positions_topic in admin.list_topics(timeout=self.timeout).topics:
-            return
-        topic = NewTopic(self.positions_topic, 1, config={"cleanup.policy": "compact"})
-        for future in admin.create_topics([topic]).values():
-            try:
-                future.result(self.timeout)
-            except KafkaException as exc:
-                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                    raise ConfigError(
-                        f"cannot create the relay positions topic {self.positions_topic!r}:"
-                        f" {exc.args[0].str()} (create it yourself: compacted, 1 partition)"
-                    ) from None
-        log.info("created positions topic", extra={"topic": self.positions_topic})
-
-    def _read_positions(self) -> list[tuple[bytes | None, bytes | None]]:
-        """Every committed record of the positions topic, in order, up to its high watermark now
-        (a position of ours may lie beyond another relay's still-open transaction)."""
-        config = client_settings(
-            {**self.settings, "group.id": f"outbox-relay-positions.{self.relay.name}"},
-            "consumer",
-            bootstrap=self.bootstrap,
-        )
-        stuck = (
-            f"the positions topic {self.positions_topic!r} has a transaction open for over"
-            f" {self.timeout * 4:.0f}s (another relay's, not yet timed out); retrying"
-        )
-        messages = read_committed(config, self.positions_topic, timeout=self.timeout * 4, stuck=stuck)
-        return [(m.key(), m.value()) for m in messages]
 
     # -- publish -------------------------------------------------------------
 
@@ -171,7 +139,7 @@ class Publisher:
             if not self.exactly_once:
                 self._flush(producer, rows)
             producer.produce(
-                self.positions_topic,
+                self.positions.topic,
                 key=self.relay.position_key,
                 value=position.to_json(self.relay),
                 on_delivery=self._delivered,

@@ -12,7 +12,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -23,23 +23,11 @@ from core.errors import ConfigError, ServiceUnavailable
 from core.postgres import connect
 from core.sqltext import bindable
 from outbox.relay.position import Position, Shard
+from outbox.relay.row import Row
 
 # Set by migration 0002's trigger at each committing insert.
 CHANNEL = "outbox_events"
 USED = (tables.OUTBOX_EVENTS, tables.RELAY_DEAD_LETTERS, tables.OUTBOX_IDENTITY)
-
-
-class Row(NamedTuple):
-    """An outbox row as the relay sends it: the event id already as header bytes."""
-
-    id: int
-    event_id: bytes
-    topic: str
-    key: bytes | None
-    value: bytes | None
-    header_keys: list[str] | None
-    header_values: list[bytes] | None
-    created_at: float  # epoch seconds
 
 
 def _shard_filter(shard: Shard) -> sql.Composable:

@@ -164,3 +164,16 @@ def advance(position: Position, target: str, fetched_ids: Sequence[int], limit: 
     if len(fetched_ids) > limit:
         return Step(limit, Position(position.base, target, fetched_ids[limit - 1]), persist=True)
     return Step(len(fetched_ids), Position(target), persist=bool(fetched_ids))
+
+
+def halt(position: Position, target: str, fetched_ids: Sequence[int], poison_id: int) -> Step:
+    """Decide what a relay halting on row `poison_id` still publishes: the rows before it, in order.
+
+    Publishing past a poison row would break order, so the batch stops just
+    short of it: the position records how far into the delta it got, and the
+    poison row is the next one to read when the relay tries again.
+    """
+    count = sum(1 for row_id in fetched_ids if row_id < poison_id)
+    if count == 0:
+        return Step(0, position, persist=False)
+    return Step(count, Position(position.base, target, fetched_ids[count - 1]), persist=True)

@@ -26,9 +26,10 @@ from core.errors import OutboxError, ServiceUnavailable
 from core.postgres import reason
 from outbox.relay.kafka import Publisher, kafka_failure
 from outbox.relay.metrics import RelayMetrics
-from outbox.relay.outbox_table import OutboxTable, Row, opened
+from outbox.relay.outbox_table import OutboxTable, opened
 from outbox.relay.poison import DEAD_LETTER, HALT, Poison
-from outbox.relay.position import Identity, Position, Shard, advance
+from outbox.relay.position import Identity, Position, Shard, advance, halt
+from outbox.relay.row import Row
 
 log = logging.getLogger("outbox.relay")
 
@@ -212,11 +213,10 @@ class Relay:
                 "dead-lettered", extra={**self._context, "row_id": poison.row_id, "error": poison.reason}
             )
             return position
-        before = [r for r in batch if r.id < poison.row_id]
-        if before:
-            position = Position(position.base, target, before[-1].id)
-            publisher.publish(before, position)
-            self.metrics.published.inc(len(before))
+        step = halt(position, target, [r.id for r in batch], poison.row_id)
+        if step.persist:
+            publisher.publish(batch[: step.count], step.position)
+            self.metrics.published.inc(step.count)
             self.metrics.batches.inc()
         self.metrics.halted.set(1)
         self.metrics.health(False, f"halted: {poison}")
@@ -226,7 +226,7 @@ class Relay:
             extra={**self._context, "row_id": poison.row_id, "error": poison.reason},
         )
         self.stop.wait(self.settings.halt_retry)
-        return position
+        return step.position
 
 
 def _settle(read: Future[object] | None) -> None:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 from confluent_kafka import KafkaError
+from hypothesis import given
+from hypothesis import strategies as st
 
 from core.errors import ConfigError, OutboxError
 from outbox.cli.relay import kafka_settings, redacted
 from outbox.relay.kafka import Publisher
 from outbox.relay.poison import explain, is_poison
-from outbox.relay.position import Identity, Position, Shard, Step, advance, latest_position
+from outbox.relay.position import Identity, Position, Shard, Step, advance, halt, latest_position
 from outbox.relay.relay import backoff
 
 SNAP = "100:105:101,103"
@@ -35,6 +37,20 @@ A, B = "0b6b7c6e-aaaa-4d5e-9f00-000000000001", "0b6b7c6e-bbbb-4d5e-9f00-00000000
 
 def record(relay: Identity, position: Position) -> tuple[bytes, bytes]:
     return relay.position_key, position.to_json(relay)
+
+
+@given(st.lists(st.integers(1, 10_000), min_size=1, max_size=50, unique=True), st.data())
+def test_a_halt_publishes_exactly_the_rows_before_the_poison_row(ids: list[int], data) -> None:  # type: ignore[no-untyped-def]
+    ids.sort()
+    poison = data.draw(st.sampled_from(ids))
+    start = Position("10:20:", "30:30:", 0)
+    step = halt(start, "30:30:", ids, poison)
+    published = ids[: step.count]
+    assert published == [i for i in ids if i < poison], "every row before the poison row, none after"
+    if published:
+        assert step == Step(len(published), Position("10:20:", "30:30:", published[-1]), persist=True)
+    else:
+        assert step == Step(0, start, persist=False), "nothing to publish: the position stays"
 
 
 def test_position_round_trip_and_bad_records() -> None:
