@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from core.config import OUTBOX_SCHEMA, bootstrap_servers, database_url, schema_name
@@ -26,10 +28,91 @@ log = logging.getLogger("outbox.relay")
 _SECRET_WORDS = ("password", "secret", "key", "token", "jaas")
 
 
-def _env(name: str, default: str | None = None) -> str | None:
-    """A flag's default from the environment, as text: argparse applies the flag's `type` to it,
-    so a malformed variable is reported like a malformed flag."""
-    return os.environ.get(name) or default
+@dataclass(frozen=True)
+class Setting:
+    """A flag with an environment variable: the flag wins, then the variable, then the default.
+
+    The default reaches argparse as text, so a malformed variable is reported
+    like a malformed flag. README's relay table is checked against this list.
+    """
+
+    flag: str
+    env: str
+    default: str | None
+    help: str
+    type: Callable[[str], object] = str
+    choices: tuple[str, ...] | None = None
+
+
+SETTINGS = (
+    Setting(
+        "--name", "OUTBOX_RELAY_NAME", None, "relay name: its position and transactional.id derive from it"
+    ),
+    Setting("--shard", "OUTBOX_RELAY_SHARD", "0/1", "I/N: publish only keys hashing to shard I of N"),
+    Setting("--batch-size", "OUTBOX_RELAY_BATCH_SIZE", "5000", "rows per Kafka transaction at most", int),
+    Setting(
+        "--poll-interval",
+        "OUTBOX_RELAY_POLL_INTERVAL",
+        "1",
+        "seconds between reads when no NOTIFY arrives",
+        float,
+    ),
+    Setting(
+        "--on-poison",
+        "OUTBOX_RELAY_ON_POISON",
+        HALT,
+        "a row Kafka refuses for good: halt (keep order, alert)"
+        " or dead-letter (copy to relay_dead_letters, go on)",
+        choices=(HALT, DEAD_LETTER),
+    ),
+    Setting(
+        "--positions-topic",
+        "OUTBOX_RELAY_POSITIONS_TOPIC",
+        POSITIONS_TOPIC,
+        "compacted topic for relay positions (created if missing)",
+    ),
+    Setting(
+        "--retention",
+        "OUTBOX_RELAY_RETENTION",
+        "0",
+        "keep published rows this many seconds before deleting them",
+        float,
+    ),
+    Setting(
+        "--delivery",
+        "OUTBOX_RELAY_DELIVERY",
+        "exactly-once",
+        "at-least-once: no Kafka transactions (for brokers without them; may duplicate on failure)",
+        choices=("exactly-once", "at-least-once"),
+    ),
+    Setting(
+        "--kafka-config",
+        "OUTBOX_RELAY_KAFKA_CONFIG",
+        None,
+        "file of KEY=VALUE librdkafka settings, keeps secrets out of argv",
+        Path,
+    ),
+    Setting(
+        "--metrics-address",
+        "OUTBOX_RELAY_METRICS_ADDRESS",
+        "0.0.0.0:9400",
+        "HOST:PORT for /metrics and /healthz, or off",
+    ),
+    Setting(
+        "--max-retries",
+        "OUTBOX_RELAY_MAX_RETRIES",
+        "10",
+        "failed sessions in a row before exiting (backoff 0.5 s doubling to 30 s)",
+        int,
+    ),
+    Setting(
+        "--log-format",
+        "OUTBOX_LOG_FORMAT",
+        "json",
+        "log lines as JSON objects or text",
+        choices=("json", "text"),
+    ),
+)
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -42,53 +125,16 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--url", help="PostgreSQL URL (env DATABASE_URL)")
     p.add_argument("--bootstrap-servers", help="Kafka host:port list (env KAFKA_BOOTSTRAP_SERVERS)")
     p.add_argument("--schema", help=f"schema of the outbox table (env {OUTBOX_SCHEMA}, default public)")
-    p.add_argument(
-        "--name",
-        default=_env("OUTBOX_RELAY_NAME"),
-        help="relay name: its position and transactional.id derive from it (env OUTBOX_RELAY_NAME)",
-    )
-    p.add_argument(
-        "--shard",
-        default=_env("OUTBOX_RELAY_SHARD", "0/1"),
-        help="I/N: publish only keys hashing to shard I of N (env OUTBOX_RELAY_SHARD, default 0/1)",
-    )
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=_env("OUTBOX_RELAY_BATCH_SIZE", "5000"),
-        help="rows per Kafka transaction at most (env OUTBOX_RELAY_BATCH_SIZE, default 5000)",
-    )
-    p.add_argument(
-        "--poll-interval",
-        type=float,
-        default=_env("OUTBOX_RELAY_POLL_INTERVAL", "1"),
-        help="seconds between reads when no NOTIFY arrives (default 1)",
-    )
-    p.add_argument(
-        "--on-poison",
-        choices=[HALT, DEAD_LETTER],
-        default=_env("OUTBOX_RELAY_ON_POISON", HALT),
-        help="a row Kafka refuses for good: halt (keep order, alert; default) or dead-letter"
-        " (copy to relay_dead_letters, go on)",
-    )
-    p.add_argument(
-        "--positions-topic",
-        default=_env("OUTBOX_RELAY_POSITIONS_TOPIC", POSITIONS_TOPIC),
-        help=f"compacted topic for relay positions (default {POSITIONS_TOPIC}; created if missing)",
-    )
-    p.add_argument(
-        "--retention",
-        type=float,
-        default=_env("OUTBOX_RELAY_RETENTION", "0"),
-        help="keep published rows this many seconds before deleting them (default 0)",
-    )
+    for setting in SETTINGS:
+        default = f", default {setting.default}" if setting.default is not None else ""
+        p.add_argument(
+            setting.flag,
+            type=setting.type,
+            choices=setting.choices,
+            default=os.environ.get(setting.env) or setting.default,
+            help=f"{setting.help} (env {setting.env}{default})",
+        )
     p.add_argument("--no-cleanup", action="store_true", help="never delete published rows")
-    p.add_argument(
-        "--delivery",
-        choices=["exactly-once", "at-least-once"],
-        default=_env("OUTBOX_RELAY_DELIVERY", "exactly-once"),
-        help="at-least-once: no Kafka transactions (for brokers without them; may duplicate on failure)",
-    )
     p.add_argument(
         "-X",
         dest="kafka",
@@ -96,30 +142,6 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         default=[],
         metavar="KEY=VALUE",
         help="librdkafka producer setting (security, compression, linger.ms, ...); repeatable",
-    )
-    p.add_argument(
-        "--kafka-config",
-        type=Path,
-        default=_env("OUTBOX_RELAY_KAFKA_CONFIG"),
-        help="file of KEY=VALUE librdkafka settings, keeps secrets out of argv"
-        " (env OUTBOX_RELAY_KAFKA_CONFIG)",
-    )
-    p.add_argument(
-        "--metrics-address",
-        default=_env("OUTBOX_RELAY_METRICS_ADDRESS", "0.0.0.0:9400"),
-        help="HOST:PORT for /metrics and /healthz, or off (default 0.0.0.0:9400)",
-    )
-    p.add_argument(
-        "--max-retries",
-        type=int,
-        default=_env("OUTBOX_RELAY_MAX_RETRIES", "10"),
-        help="failed sessions in a row before exiting (backoff 0.5 s doubling to 30 s; default 10)",
-    )
-    p.add_argument(
-        "--log-format",
-        choices=["json", "text"],
-        default=_env("OUTBOX_LOG_FORMAT", "json"),
-        help="default json",
     )
     p.set_defaults(handler=cmd_relay)
 
