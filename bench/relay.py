@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
 
+import flags  # bench/flags.py
 import psycopg
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -439,9 +440,7 @@ def relay_process(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=200_000)
-    parser.add_argument("--size", type=int, default=200, help="bytes per event value")
+    parser = flags.parser(__doc__, events=200_000, size_help="bytes per event value")
     parser.add_argument("--batch-size", type=int, default=5000)
     parser.add_argument(
         "--rounds", type=int, default=3, help="raw, exactly-once, at-least-once, Debezium, in turn"
@@ -449,7 +448,6 @@ def main() -> int:
     parser.add_argument("--rates", default="1000,10000", help="events/s of the latency runs")
     parser.add_argument("--seconds", type=float, default=10, help="length of each latency run")
     parser.add_argument("--no-debezium", action="store_true", help="measure the relay alone")
-    parser.add_argument("--json", action="store_true", help="end with one JSON object")
     args = parser.parse_args()
     rates = [int(r) for r in args.rates.split(",")]
 

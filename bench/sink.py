@@ -31,7 +31,6 @@ Uses DATABASE_URL / KAFKA_BOOTSTRAP_SERVERS if set, else starts embedded service
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import os
@@ -42,6 +41,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import flags  # bench/flags.py
 import numpy as np
 import psycopg
 import pyarrow as pa
@@ -316,12 +316,7 @@ def count(url: DatabaseUrl, table: str) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=1_000_000)
-    parser.add_argument("--size", type=int, default=200, help="JSON bytes per event")
-    parser.add_argument("--partitions", type=int, default=2)
-    parser.add_argument("--batches", type=int, default=5, help="micro-batches the run is split into")
-    parser.add_argument("--json", action="store_true", help="end with one JSON object")
+    parser = flags.parser(__doc__, events=1_000_000, size_help="JSON bytes per event", spark=True)
     args = parser.parse_args()
     per_batch = -(-args.events // args.batches)
 

@@ -19,7 +19,6 @@ Uses KAFKA_BOOTSTRAP_SERVERS if set, else starts the embedded Apache Kafka broke
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -28,6 +27,7 @@ import time
 import uuid
 from pathlib import Path
 
+import flags  # bench/flags.py
 from confluent_kafka import Consumer, TopicPartition
 from cpu import busy_seconds, measured  # bench/cpu.py
 from kafka_load import produce  # bench/kafka_load.py
@@ -181,12 +181,7 @@ def _round(value: float | None) -> float | None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=1_000_000)
-    parser.add_argument("--size", type=int, default=200, help="value bytes per record")
-    parser.add_argument("--partitions", type=int, default=2)
-    parser.add_argument("--batches", type=int, default=5, help="micro-batches the run is split into")
-    parser.add_argument("--json", action="store_true", help="end with one JSON object")
+    parser = flags.parser(__doc__, events=1_000_000, size_help="value bytes per record", spark=True)
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="bench-source-", dir=os.environ.get("TMPDIR")) as tmp:
