@@ -1,0 +1,115 @@
+"""The sink's SQL as text, the way Alembic tests its operations: each rule shows in the statement.
+
+What these tests pin is the shape that exactly-once rests on: which ledger a
+statement reads, the lock order, the conflict rule, the version guard, the
+outbox columns. Whether PostgreSQL then does the right thing is the
+integration tests' job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from psycopg import sql
+from pyspark.sql import types as T
+
+from core import tables
+from core.config import DatabaseUrl
+from sinks.postgres.catalog import Column, Table
+from sinks.postgres.plan import plan
+from sinks.postgres.spec import Outbox, SinkSpec
+from sinks.postgres.statements import Names, Statements
+
+URL = DatabaseUrl.parse("postgresql://u:secret@db:5432/app")
+POSITION = [
+    T.StructField("topic", T.StringType()),
+    T.StructField("partition", T.IntegerType()),
+    T.StructField("offset", T.LongType()),
+]
+
+
+def statements(table: str = "orders", *, in_task: bool = False, **options: object) -> Statements:
+    """Statements for a table (event_id uuid key, n bigint, v bigint) and a frame that writes all three."""
+    columns = {
+        "event_id": Column("event_id", "uuid", "U", "uuid", None, True, False, False),
+        "n": Column("n", "bigint", "N", "int8", None, False, False, False),
+        "v": Column("v", "bigint", "N", "int8", None, False, False, False),
+    }
+    spec = SinkSpec(url=URL, table=table, **options)  # type: ignore[arg-type]
+    found = Table(spec.schema, table, columns, (frozenset({"event_id"}),))
+    frame = T.StructType(
+        [T.StructField(c, T.StringType() if c == "event_id" else T.LongType()) for c in columns] + POSITION
+    )
+    return Statements(spec, plan(frame, found, spec), in_task=in_task)
+
+
+def text(statement: sql.Composable) -> str:
+    return statement.as_string(None)
+
+
+def test_the_stage_is_named_for_the_sink_and_a_task_stages_in_its_own_temp_table() -> None:
+    shared, own = statements(ledger_schema="led"), statements(ledger_schema="led", in_task=True)
+    digest = hashlib.sha1(shared.spec.name.encode()).hexdigest()[:16]
+    assert text(shared.names.stage) == f'"led"."sink_stage_{digest}"'
+    assert text(own.names.stage) == '"pg_temp"."sink_task"'
+    assert text(shared.create_stage()).count("CREATE UNLOGGED TABLE") == 1
+    assert 'CREATE TEMP TABLE "pg_temp"."sink_task" ON COMMIT DROP' in text(own.create_stage())
+
+
+def test_the_ledger_dead_letters_and_outbox_live_in_the_ledger_schema() -> None:
+    names = Names.of(statements(schema="app", ledger_schema="led").spec)
+    assert text(names.target) == '"app"."orders"'
+    assert text(names.progress) == f'"led"."{tables.SINK_PROGRESS}"'
+    assert text(names.dead) == f'"led"."{tables.SINK_DEAD_LETTERS}"'
+    assert text(names.outbox) == f'"led"."{tables.OUTBOX_EVENTS}"'
+
+
+def test_only_rows_past_the_ledger_are_fresh() -> None:
+    apply = text(statements().apply())
+    assert "count(*) FILTER (WHERE s._offset >= coalesce(p.next_offset, 0)) AS fresh" in apply
+    assert "WHERE s._attempt = ANY(%(attempts)s) AND s._offset >= g.applied" in apply
+
+
+def test_a_task_locks_its_ledger_rows_in_one_order_after_claiming_the_missing_ones() -> None:
+    st = statements(in_task=True)
+    claim, lock = text(st.claim()), text(st.lock())
+    assert claim.startswith(f'INSERT INTO "public"."{tables.SINK_PROGRESS}"')
+    assert "ORDER BY t, p ON CONFLICT (sink, topic, kafka_partition) DO NOTHING" in claim
+    assert lock.endswith("ORDER BY topic, kafka_partition FOR UPDATE")
+
+
+def test_an_upsert_replaces_a_row_only_when_it_changes() -> None:
+    apply = text(statements().apply())
+    assert (
+        'ON CONFLICT ("event_id") DO UPDATE SET "n" = EXCLUDED."n", "v" = EXCLUDED."v"'
+        ' WHERE (t."n", t."v") IS DISTINCT FROM (EXCLUDED."n", EXCLUDED."v")'
+    ) in apply
+
+
+def test_insert_mode_never_replaces() -> None:
+    apply = text(statements(mode="insert").apply())
+    assert 'ON CONFLICT ("event_id") DO NOTHING' in apply
+    assert 'ON CONFLICT ("event_id") DO UPDATE' not in apply
+
+
+def test_a_version_column_keeps_the_newest_on_upsert_and_on_delete() -> None:
+    apply = text(statements(version="v").apply())
+    assert 'AND (t."v" IS NULL OR t."v" <= EXCLUDED."v")' in apply
+    assert 'AND (l."c2" IS NULL OR t."v" IS NULL OR t."v" <= l."c2")' in apply
+
+
+def test_the_outbox_gets_every_written_row_with_the_outbox_columns() -> None:
+    plain, boxed = text(statements().apply()), text(statements(outbox=Outbox(topic="out")).apply())
+    assert "outboxed" not in plain and "RETURNING 1" in plain
+    columns = ", ".join(f'"{c}"' for c in tables.OUTBOX_COLUMNS)
+    assert f'INSERT INTO "public"."{tables.OUTBOX_EVENTS}" ({columns})' in boxed
+    assert "RETURNING t.*" in boxed
+
+
+@pytest.mark.parametrize("table", ["50% off", 'or"ders; DROP TABLE x; --', "note %s"])
+def test_user_names_are_quoted_and_their_percent_signs_doubled(table: str) -> None:
+    apply = text(statements(table).apply())
+    quoted = '"' + table.replace('"', '""').replace("%", "%%") + '"'
+    assert f'INSERT INTO "public".{quoted} AS t' in apply
+    assert apply.count("%(") == apply.count("%(sink)s") + apply.count("%(attempts)s")
