@@ -2,6 +2,12 @@
 
 Every failure a user can fix is an OutboxError and is printed as one line on
 stderr, never as a traceback.
+
+  dev.py     `outbox dev up|down|env`: local PostgreSQL and Kafka
+  db.py      `outbox db upgrade|downgrade|current`
+  check.py   `outbox check`: can this host reach and use everything?
+  relay.py   `outbox relay`: its settings table, then the daemon
+  verify.py  `outbox verify`: a topic against what was committed
 """
 
 from __future__ import annotations

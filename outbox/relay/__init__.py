@@ -1,8 +1,10 @@
 """The relay: publishes committed outbox rows to Kafka exactly once, in commit order per key.
 
-position.py      where a relay stands and what it publishes next (pure)
-outbox_table.py  Postgres: the shard's lock, snapshot-delta reads, cleanup
-kafka.py         Kafka: one transaction per batch with the position; reading it back
+position.py      where a relay stands, what it publishes next, where a halt stops (pure)
+row.py           an outbox row, as the PostgreSQL edge hands it to the Kafka edge
+outbox_table.py  PostgreSQL: the shard's lock, snapshot-delta reads, cleanup, dead letters
+kafka.py         Kafka: one transaction per batch, with the position
+positions.py     the positions topic: made sure of, and read back at start
 poison.py        which Kafka errors are a record's fault
 relay.py         the daemon loop tying them together
 metrics.py       Prometheus /metrics and /healthz
