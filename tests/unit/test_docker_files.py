@@ -11,12 +11,13 @@ import yaml
 
 from core import config
 from outbox.cli import build_parser
+from outbox.cli.relay import SETTINGS
 from tests.helpers import REPO
 
 COMPOSE = yaml.safe_load((REPO / "docker" / "compose.yaml").read_text())
 SERVICES = COMPOSE["services"]
 APP = [name for name, svc in SERVICES.items() if "build" in svc]
-RELAY_VARS = set(re.findall(r'_env\("([A-Z_]+)"', (REPO / "outbox" / "cli" / "relay.py").read_text()))
+RELAY_VARS = {setting.env for setting in SETTINGS}
 KNOWN_VARS = {config.DATABASE_URL, config.KAFKA_BOOTSTRAP_SERVERS, config.OUTBOX_SCHEMA} | RELAY_VARS
 
 
