@@ -39,8 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, **injected: object) -> int:
+    """injected: objects for the command that no flag can carry (a fault test's pause points)."""
     args = build_parser().parse_args(argv)
+    vars(args).update(injected)
     if args.command != "relay":  # only the daemon keeps a stop request for itself (outbox.stopping)
         release_stop_signals()
     logging.basicConfig(

@@ -174,6 +174,7 @@ def redacted(settings: dict[str, object]) -> dict[str, object]:
 
 
 def cmd_relay(args: argparse.Namespace) -> int:
+    """The daemon; `args.pause`, when a fault test's job injects one, holds it at named points."""
     configure(args.log_format, logging.DEBUG if args.verbose else logging.INFO)
     if not args.name:
         raise ConfigError("--name is required (or env OUTBOX_RELAY_NAME): it identifies the relay's position")
@@ -215,7 +216,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
         },
     )
     try:
-        Relay(settings, metrics, stop).run()
+        Relay(settings, metrics, stop, pause=getattr(args, "pause", None)).run()
     finally:
         if server is not None:
             server.shutdown()

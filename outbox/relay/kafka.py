@@ -22,6 +22,7 @@ from confluent_kafka import (
 
 from core.errors import ConfigError, Fenced, OutboxError, ServiceUnavailable
 from core.kafka import client_settings
+from outbox.relay.pause import BEFORE_COMMIT, BEFORE_PRODUCE, MID_TRANSACTION, Pause
 from outbox.relay.poison import Poison, explain, is_poison, missing_topic
 from outbox.relay.position import Identity, Position
 from outbox.relay.positions import PositionStore
@@ -75,12 +76,13 @@ class Publisher:
         *,
         exactly_once: bool = True,
         timeout: float = 30.0,
+        pause: Pause | None = None,
     ) -> None:
         clash = sorted(RESERVED & set(kafka))
         if clash:
             raise ConfigError(f"-X {clash[0]} is set by the relay itself and cannot be overridden")
         self.bootstrap, self.relay = bootstrap, relay
-        self.exactly_once, self.timeout = exactly_once, timeout
+        self.exactly_once, self.timeout, self.pause = exactly_once, timeout, pause
         self.settings = {**PRODUCER_DEFAULTS, **kafka}
         self.positions = PositionStore(positions_topic, self.settings, bootstrap, timeout)
         self._producer: Producer | None = None
@@ -132,10 +134,14 @@ class Publisher:
         """Publish rows and then the position: one Kafka transaction (or, at least once, two flushes)."""
         producer = self.producer
         self._failures = []
+        self._hold(BEFORE_PRODUCE)
         if self.exactly_once:
             producer.begin_transaction()
         try:
-            self._produce_rows(producer, rows)
+            half = len(rows) // 2
+            self._produce_rows(producer, rows[:half])
+            self._hold(MID_TRANSACTION)
+            self._produce_rows(producer, rows[half:])
             if not self.exactly_once:
                 self._flush(producer, rows)
             producer.produce(
@@ -144,6 +150,7 @@ class Publisher:
                 value=position.to_json(self.relay),
                 on_delivery=self._delivered,
             )
+            self._hold(BEFORE_COMMIT)
             if self.exactly_once:
                 producer.commit_transaction(self.timeout)
             else:
@@ -158,6 +165,12 @@ class Publisher:
             self._raise_poison(rows)
             raise kafka_failure(exc, self.bootstrap, self._cause) from None
         self._raise_poison(rows)
+
+    def _hold(self, point: str) -> None:
+        """At a fault test's pause point, with what was produced so far on the broker."""
+        if self.pause is not None:
+            self.producer.flush(self.timeout)
+            self.pause(point)
 
     def _produce_rows(self, producer: Producer, rows: Iterable[Row]) -> None:
         produce, delivered = producer.produce, self._delivered

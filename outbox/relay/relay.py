@@ -27,6 +27,7 @@ from core.postgres import reason
 from outbox.relay.kafka import Publisher, kafka_failure
 from outbox.relay.metrics import RelayMetrics
 from outbox.relay.outbox_table import OutboxTable, opened
+from outbox.relay.pause import BEFORE_CLEANUP, Pause
 from outbox.relay.poison import DEAD_LETTER, HALT, Poison
 from outbox.relay.position import Identity, Position, Shard, advance, halt
 from outbox.relay.row import Row
@@ -75,8 +76,11 @@ class Relay:
         settings: RelaySettings,
         metrics: RelayMetrics | None = None,
         stop: threading.Event | None = None,
+        pause: Pause | None = None,
     ) -> None:
+        """pause: called at each named point of a batch (outbox.relay.pause); for fault tests."""
         self.settings = settings
+        self.pause = pause
         self.metrics = metrics or RelayMetrics(settings.name, str(settings.shard))
         self.stop = stop or threading.Event()
         self._failures = 0
@@ -120,7 +124,9 @@ class Relay:
             if not self._stand_by(table):
                 return
             relay = Identity(s.name, table.outbox_id(), s.shard)
-            publisher = Publisher(s.bootstrap, s.kafka, relay, s.positions_topic, exactly_once=s.exactly_once)
+            publisher = Publisher(
+                s.bootstrap, s.kafka, relay, s.positions_topic, exactly_once=s.exactly_once, pause=self.pause
+            )
             self.metrics.active.set(1)
             try:
                 position = publisher.start() or Position()
@@ -185,6 +191,8 @@ class Relay:
                 m.health(True, "active")
                 if s.cleanup and (time.monotonic() - last_cleanup > 1.0):
                     _settle(ahead)  # the connection must be idle; the part read stays ahead
+                    if self.pause is not None:
+                        self.pause(BEFORE_CLEANUP)
                     with m.cleanup_seconds.time():
                         deleted = table.cleanup(position.base, s.cleanup_batch, s.retention)
                     m.cleaned.inc(deleted)
