@@ -23,6 +23,7 @@ from urllib.parse import unquote, urlsplit
 import psycopg
 from psycopg import sql
 
+from core import tables
 from core.config import DatabaseUrl
 from core.errors import ConfigError
 from outbox.dev.kafka import render
@@ -44,7 +45,7 @@ def worker(bootstrap: str, work: Path, port: int) -> dict[str, str]:
 
 def connector(url: DatabaseUrl, schema: str, slot: str) -> dict[str, str]:
     parts = urlsplit(url.raw)
-    table = f"{schema}.outbox_events"
+    table = f"{schema}.{tables.OUTBOX_EVENTS}"
     return {
         "name": slot,
         "connector.class": "io.debezium.connector.postgresql.PostgresConnector",

@@ -53,6 +53,7 @@ from cpu import measured  # bench/cpu.py
 from debezium import Debezium  # bench/debezium.py
 from psycopg import sql
 
+from core import tables
 from core.config import DatabaseUrl
 from core.kafka import client_settings
 from outbox import migrate
@@ -233,11 +234,12 @@ class Arrivals(threading.Thread):
 def copy_rows(url: DatabaseUrl, schema: str) -> int:
     """The rows of public.outbox_events, event ids and all, into `schema`'s outbox: same rows for Debezium."""
     with psycopg.connect(url.libpq) as conn:
-        target = sql.Identifier(schema, "outbox_events")
-        columns = sql.SQL("event_id, topic, key, value, header_keys, header_values")
+        target = sql.Identifier(schema, tables.OUTBOX_EVENTS)
+        columns = sql.SQL(", ").join(map(sql.Identifier, tables.OUTBOX_COLUMNS))
+        source = sql.Identifier("public", tables.OUTBOX_EVENTS)
         conn.execute(
-            sql.SQL("INSERT INTO {} ({}) SELECT {} FROM public.outbox_events ORDER BY id").format(
-                target, columns, columns
+            sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} ORDER BY id").format(
+                target, columns, columns, source
             )
         )
         return int(conn.execute(sql.SQL("SELECT count(*) FROM {}").format(target)).fetchone()[0])  # type: ignore[index]
@@ -248,7 +250,7 @@ def debezium_run(
 ) -> dict[str, float]:
     """Debezium through the same backlog: rows written while it is stopped, then timed as it catches up."""
     with psycopg.connect(url.libpq, autocommit=True) as conn:
-        conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(DBZ_SCHEMA, "outbox_events")))
+        conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(DBZ_SCHEMA, tables.OUTBOX_EVENTS)))
     copy_rows(url, DBZ_SCHEMA)
     arrivals = Arrivals(bootstrap, topic)
     arrivals.start()
