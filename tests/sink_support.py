@@ -72,6 +72,36 @@ def orders_stream(spark, bootstrap: str, topic: str, max_offsets: str):  # type:
     return parse_json(raw, "event_id string, n long, amount decimal(12,2)", key_column="event_id")
 
 
+KAFKA = "key binary, value binary, topic string, partition int, offset long"
+Record = tuple[bytes | None, bytes | None]
+
+
+def apply_batches(  # type: ignore[no-untyped-def]
+    spark,
+    sink: PostgresSink,
+    batches: list[list[Record]],
+    schema: str | StructType = SCHEMA,
+    tasks: bool = True,
+):
+    """Hand each list of records to the sink's batch writer as one micro-batch, as foreachBatch would.
+
+    The records are one Kafka partition (topic "t", partition 0), offsets
+    running on across batches; no stream, no broker. Returns the writer
+    (`.last` is what its last batch did). tasks: apply in one task (one Spark
+    partition), else staged on the driver.
+    """
+    offset, writer = 0, None
+    for batch_id, records in enumerate(batches):
+        rows = [(k, v, "t", 0, offset + i) for i, (k, v) in enumerate(records)]
+        offset += len(records)
+        raw = spark.createDataFrame(rows, KAFKA)
+        frame = parse_json(raw.coalesce(1) if tasks else raw, schema, key_column="event_id")
+        writer = writer or sink.writer(frame)
+        assert writer.route.tasks == tasks, writer.route
+        writer(frame, batch_id)
+    return writer
+
+
 def table(pg: psycopg.Connection, name: str = "orders") -> dict[str, tuple]:
     rows = pg.execute(
         sql.SQL("SELECT event_id::text, n, amount, version FROM {}").format(sql.Identifier(name))

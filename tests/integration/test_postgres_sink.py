@@ -15,7 +15,7 @@ from outbox import migrate
 from sinks.postgres import Outbox, PostgresSink, parse_json
 from sinks.postgres.refusal import SinkError
 from tests.helpers import produce_transaction, transactional_producer
-from tests.sink_support import ORDERS, SCHEMA, event, ledger, log_ends, run, table
+from tests.sink_support import KAFKA, ORDERS, SCHEMA, apply_batches, event, ledger, log_ends, run, table
 
 
 def test_duplicates_within_and_across_batches_apply_once(spark, bootstrap, topic, db, pg, checkpoint) -> None:  # type: ignore[no-untyped-def]
@@ -39,44 +39,46 @@ def test_duplicates_within_and_across_batches_apply_once(spark, bootstrap, topic
     assert sink.last is not None and sink.last.dead == 0
 
 
-def test_versions_never_move_backwards(spark, bootstrap, topic, db, pg, checkpoint) -> None:  # type: ignore[no-untyped-def]
+def test_versions_never_move_backwards(spark, db, pg) -> None:  # type: ignore[no-untyped-def]
     a, b = str(uuid.uuid4()), str(uuid.uuid4())
-    producer = transactional_producer(bootstrap)
-    produce_transaction(
-        producer, topic, [event(a, 3, "3.00", 3), event(a, 1, "1.00", 1), event(b, 1, "1.00", 1)]
-    )
-    produce_transaction(
-        producer, topic, [event(a, 2, "2.00", 2), event(b, 5, "5.00", 5), event(b, 4, "4.00", 4)]
-    )
     sink = PostgresSink("orders", url=db.raw, version="version")
 
-    run(spark, bootstrap, topic, checkpoint, sink, maxOffsetsPerTrigger="2")
+    apply_batches(
+        spark,
+        sink,
+        [
+            [event(a, 3, "3.00", 3), event(a, 1, "1.00", 1)],
+            [event(b, 1, "1.00", 1), event(a, 2, "2.00", 2)],
+            [event(b, 5, "5.00", 5), event(b, 4, "4.00", 4)],
+        ],
+    )
 
     assert table(pg) == {a: (3, Decimal("3.00"), 3), b: (5, Decimal("5.00"), 5)}
+    assert ledger(pg) == {0: 6}
 
 
-def test_insert_mode_keeps_the_first_event(spark, bootstrap, topic, db, pg, checkpoint) -> None:  # type: ignore[no-untyped-def]
+def test_insert_mode_keeps_the_first_event(spark, db, pg) -> None:  # type: ignore[no-untyped-def]
     a = str(uuid.uuid4())
-    producer = transactional_producer(bootstrap)
-    produce_transaction(producer, topic, [event(a, 1), event(a, 2)])
-    produce_transaction(producer, topic, [event(a, 3)])
 
-    run(spark, bootstrap, topic, checkpoint, PostgresSink("orders", url=db.raw, mode="insert"))
+    apply_batches(
+        spark, PostgresSink("orders", url=db.raw, mode="insert"), [[event(a, 1), event(a, 2)], [event(a, 3)]]
+    )
 
     assert table(pg) == {a: (1, Decimal("1.00"), None)}
 
 
-def test_tombstones_delete_and_feed_the_outbox(spark, bootstrap, topic, db, pg, checkpoint) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("tasks", [True, False], ids=["in-tasks", "on-driver"])
+def test_tombstones_delete_and_feed_the_outbox(spark, db, pg, tasks) -> None:  # type: ignore[no-untyped-def]
     keep, gone, back = (str(uuid.uuid4()) for _ in range(3))
-    producer = transactional_producer(bootstrap)
-    # One partition, three batches: [0, 3) inserts, [3, 6) tombstones (after a marker), [6, 9) re-insert.
-    produce_transaction(producer, topic, [event(keep, 1), event(gone, 2), event(back, 3)], partition=0)
-    produce_transaction(producer, topic, [(gone.encode(), None), (back.encode(), None)], partition=0)
-    produce_transaction(producer, topic, [event(back, 4)], partition=0)
     outbox = Outbox(topic="orders.changed", key="written.event_id::text", headers={"n": "written.n"})
     sink = PostgresSink("orders", url=db.raw, outbox=outbox)
 
-    run(spark, bootstrap, topic, checkpoint, sink, maxOffsetsPerTrigger="3")
+    batches = [
+        [event(keep, 1), event(gone, 2), event(back, 3)],
+        [(gone.encode(), None), (back.encode(), None)],
+        [event(back, 4)],
+    ]
+    apply_batches(spark, sink, batches, tasks=tasks)
 
     assert table(pg) == {keep: (1, Decimal("1.00"), None), back: (4, Decimal("1.00"), None)}
     events = pg.execute(
@@ -160,12 +162,11 @@ def test_poison_records_go_to_dead_letters_and_the_batch_goes_on(
     assert sink.last.dead == 0  # the second batch; the first reported 4
 
 
-def test_fail_mode_stops_and_commits_nothing(spark, bootstrap, topic, db, pg, checkpoint) -> None:  # type: ignore[no-untyped-def]
-    producer = transactional_producer(bootstrap)
-    produce_transaction(producer, topic, [event(str(uuid.uuid4()), 1), (b"k", b"{not json")], partition=0)
-
-    with pytest.raises(Exception, match="@1: the value is not a JSON object of the schema"):
-        run(spark, bootstrap, topic, checkpoint, PostgresSink("orders", url=db.raw, on_error="fail"))
+@pytest.mark.parametrize("tasks", [True, False], ids=["in-tasks", "on-driver"])
+def test_fail_mode_stops_and_commits_nothing(spark, db, pg, tasks) -> None:  # type: ignore[no-untyped-def]
+    sink = PostgresSink("orders", url=db.raw, on_error="fail")
+    with pytest.raises(SinkError, match="@1: the value is not a JSON object of the schema"):
+        apply_batches(spark, sink, [[event(str(uuid.uuid4()), 1), (b"k", b"{not json")]], tasks=tasks)
 
     assert table(pg) == {} and ledger(pg) == {}
     assert pg.execute("SELECT count(*) FROM sink_dead_letters").fetchone() == (0,)
@@ -331,9 +332,6 @@ def test_column_types_round_trip(spark, bootstrap, topic, db, pg, checkpoint) ->
     assert str(row[0]) == i
 
 
-KAFKA = "key binary, value binary, topic string, partition int, offset long"
-
-
 @pytest.mark.parametrize(
     ("ddl", "columns", "options", "message"),
     [
@@ -439,7 +437,7 @@ def test_a_field_that_does_not_read_as_its_type_is_a_dead_letter_never_null(spar
     assert ledger(pg) == {0: 5}
 
 
-def test_the_result_does_not_depend_on_where_batches_split(spark, bootstrap, topic, db, pg, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_the_result_does_not_depend_on_where_batches_split(spark, db, pg) -> None:  # type: ignore[no-untyped-def]
     """Issue reproductions: E v1, tombstone, E v2 ends at v2; a refused v2 keeps the valid v1."""
     pg.execute("ALTER TABLE orders ADD CONSTRAINT positive CHECK (amount >= 0)")
     pg.execute(ORDERS.replace("orders", "orders_split"))
@@ -452,11 +450,10 @@ def test_the_result_does_not_depend_on_where_batches_split(spark, bootstrap, top
         event(e1, 1, "1.00", version=1),
         event(e1, 2, "-1.00", version=2),  # refused by the CHECK
     ]
-    produce_transaction(transactional_producer(bootstrap), topic, records, partition=0)
 
-    run(spark, bootstrap, topic, tmp_path / "one", PostgresSink("orders", url=db.raw, version="version"))
+    apply_batches(spark, PostgresSink("orders", url=db.raw, version="version"), [records])
     split = PostgresSink("orders_split", url=db.raw, version="version")
-    run(spark, bootstrap, topic, tmp_path / "split", split, maxOffsetsPerTrigger="1")
+    apply_batches(spark, split, [[record] for record in records])
 
     expected = {e: (2, Decimal("2.00"), 2), e1: (1, Decimal("1.00"), 1)}
     assert table(pg) == expected

@@ -1,4 +1,6 @@
-"""The sink applying in the Spark tasks: split frames, duplicate and retried attempts, kills, restarts.
+"""The sink applying in the Spark tasks: split frames, two attempts of a task at once, deadlocks, one writer.
+
+The kills, restarts and retried tasks are in tests/faults/test_sink_tasks_faults.py.
 
 Every test checks row by row against the committed Kafka records: the table,
 the ledger, one outbox event per change and no stray dead letter.
@@ -26,6 +28,7 @@ from tests.helpers import (
     wait_for,
 )
 from tests.sink_support import (
+    KAFKA,
     SCHEMA,
     check_exactly_once,
     event,
@@ -153,9 +156,8 @@ def test_one_key_through_several_partitions_at_once_never_deadlocks_the_user_nor
 
 def test_one_query_writes_a_sink_at_a_time_in_the_tasks_too(spark, db, pg) -> None:  # type: ignore[no-untyped-def]
     ids = [str(uuid.uuid4()) for _ in range(3)]
-    kafka = "key binary, value binary, topic string, partition int, offset long"
     rows = [(*event(i, n), "t", 0, n) for n, i in enumerate(ids)]
-    batch = parse_json(spark.createDataFrame(rows, kafka), SCHEMA, key_column="event_id").coalesce(1)
+    batch = parse_json(spark.createDataFrame(rows, KAFKA), SCHEMA, key_column="event_id").coalesce(1)
     first, second = sink(db).writer(batch), sink(db).writer(batch)
     assert first.route.tasks and second.route.tasks
     with first.exclusive(), pytest.raises(SinkError, match="being written by another query"):
@@ -163,6 +165,3 @@ def test_one_query_writes_a_sink_at_a_time_in_the_tasks_too(spark, db, pg) -> No
     assert table(pg) == {} and ledger(pg) == {}
     second(batch, 0)  # once the first is done
     assert set(table(pg)) == set(ids) and ledger(pg) == {0: 3}
-
-
-# -- a task retried after its commit, the driver killed mid-batch, PostgreSQL restarted mid-batch --------
