@@ -14,6 +14,7 @@ from pyspark.sql.types import StructType
 
 from sinks.postgres import PostgresSink, parse_json
 from tests.helpers import produce_transaction, read_committed, transactional_producer
+from tests.source_support import stream
 
 SCHEMA = "event_id string, n long, amount decimal(12,2), version int"
 ORDERS = (
@@ -44,15 +45,7 @@ def run(  # type: ignore[no-untyped-def]
     source: "kafka_rc", or "kafka" for Spark's own Kafka source (read_committed).
     tasks: whether the run must apply in the tasks (else staged, on the driver).
     """
-    reader = (
-        spark.readStream.format(source)
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-    )
-    if source == "kafka":
-        reader = reader.option("kafka.isolation.level", "read_committed")
-    frame = parse_json(reader.options(**options).load(), schema, key_column="event_id")
+    frame = parse_json(stream(spark, bootstrap, topic, source, **options), schema, key_column="event_id")
     query = sink.start(frame, str(checkpoint), trigger={"availableNow": True})
     assert sink.route is not None and sink.route.tasks == tasks, sink.route
     query.awaitTermination()
@@ -61,14 +54,7 @@ def run(  # type: ignore[no-untyped-def]
 
 def orders_stream(spark, bootstrap: str, topic: str, max_offsets: str):  # type: ignore[no-untyped-def]
     """The kill -9 jobs' input: the topic's orders through kafka_rc, `max_offsets` per batch."""
-    raw = (
-        spark.readStream.format("kafka_rc")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", max_offsets)
-        .load()
-    )
+    raw = stream(spark, bootstrap, topic, maxOffsetsPerTrigger=max_offsets)
     return parse_json(raw, "event_id string, n long, amount decimal(12,2)", key_column="event_id")
 
 

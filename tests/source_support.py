@@ -4,10 +4,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from tests.helpers import unique
+
+
+def stream(
+    spark: SparkSession, bootstrap: str, topic: str, source: str = "kafka_rc", **options: str
+) -> DataFrame:
+    """A streaming read of `topic` from its start: kafka_rc, or Spark's own "kafka" source read_committed."""
+    reader = (
+        spark.readStream.format(source)
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+    )
+    if source == "kafka":
+        reader = reader.option("kafka.isolation.level", "read_committed")
+    return reader.options(**options).load()
 
 
 def batch_read(spark: SparkSession, bootstrap: str, topic: str, **options: str) -> list:
@@ -27,11 +42,8 @@ def stream_to_memory(
 ) -> tuple[StreamingQuery, str]:
     """A kafka_rc stream into a memory table; returns the query and the table's name."""
     table = unique("sink")
-    reader = spark.readStream.format("kafka_rc").option("kafka.bootstrap.servers", bootstrap)
     writer = (
-        reader.option("subscribe", topic)
-        .options(**options)
-        .load()
+        stream(spark, bootstrap, topic, **options)
         .writeStream.format("memory")
         .queryName(table)
         .option("checkpointLocation", str(checkpoint))

@@ -22,7 +22,7 @@ from tests.helpers import (
     unique,
     wait_for,
 )
-from tests.source_support import batch_read, records, stream_to_memory
+from tests.source_support import batch_read, records, stream, stream_to_memory
 
 
 def test_committed_visible_aborted_never_open_only_once_committed(
@@ -223,10 +223,9 @@ def test_a_checkpoint_of_another_subscription_is_named_as_such(
         produce_transaction(transactional_producer(bootstrap), name, records(2, name))
 
     def to_noop(topic: str) -> StreamingQuery:
-        reader = spark.readStream.format("kafka_rc").option("kafka.bootstrap.servers", bootstrap)
-        frame = reader.option("subscribe", topic).load()
-        stream = frame.writeStream.format("noop").option("checkpointLocation", str(checkpoint))
-        return stream.trigger(availableNow=True).start()
+        frame = stream(spark, bootstrap, topic)
+        writer = frame.writeStream.format("noop").option("checkpointLocation", str(checkpoint))
+        return writer.trigger(availableNow=True).start()
 
     to_noop(first).awaitTermination(120)
     query = to_noop(second)

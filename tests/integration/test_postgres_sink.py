@@ -16,6 +16,7 @@ from sinks.postgres import Outbox, PostgresSink, parse_json
 from sinks.postgres.refusal import SinkError
 from tests.helpers import produce_transaction, transactional_producer
 from tests.sink_support import KAFKA, ORDERS, SCHEMA, apply_batches, event, ledger, log_ends, run, table
+from tests.source_support import stream
 
 
 def test_duplicates_within_and_across_batches_apply_once(spark, bootstrap, topic, db, pg, checkpoint) -> None:  # type: ignore[no-untyped-def]
@@ -242,13 +243,7 @@ def test_hostile_identifiers_are_quoted(spark, bootstrap, topic, database, pg, c
         producer, topic, [(i.encode(), json.dumps({key: i, amount: n}).encode()) for n, i in enumerate(ids)]
     )
     fields = T.StructType([T.StructField(key, T.StringType()), T.StructField(amount, T.LongType())])
-    frame = parse_json(
-        spark.readStream.format("kafka_rc")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .load(),
-        fields,
-    )
+    frame = parse_json(stream(spark, bootstrap, topic), fields)
     sink = PostgresSink(
         name, url=database.raw, schema=schema, key=key, ledger_schema=ledger_schema, outbox=Outbox(topic="t")
     )
@@ -302,13 +297,7 @@ def test_column_types_round_trip(spark, bootstrap, topic, db, pg, checkpoint) ->
         " at timestamp, at_local timestamp_ntz, day date, flag boolean, ints array<int>, words array<string>,"
         " blob string, ratio double, small int"
     )
-    frame = parse_json(
-        spark.readStream.format("kafka_rc")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .load(),
-        schema,
-    ).withColumn("blob", F.unbase64("blob"))
+    frame = parse_json(stream(spark, bootstrap, topic), schema).withColumn("blob", F.unbase64("blob"))
     PostgresSink("typed", url=db.raw).start(
         frame, str(checkpoint), trigger={"availableNow": True}
     ).awaitTermination()

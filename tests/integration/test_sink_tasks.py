@@ -38,6 +38,7 @@ from tests.sink_support import (
     table,
     waiting_on_a_lock,
 )
+from tests.source_support import stream
 
 OUTBOX = Outbox(topic="out", key="written.event_id::text")
 
@@ -47,15 +48,7 @@ def sink(url: DatabaseUrl, **options) -> PostgresSink:  # type: ignore[no-untype
 
 
 def kafka_rc(spark, bootstrap: str, topic: str, **options: str):  # type: ignore[no-untyped-def]
-    raw = (
-        spark.readStream.format("kafka_rc")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-        .options(**options)
-        .load()
-    )
-    return parse_json(raw, SCHEMA, key_column="event_id")
+    return parse_json(stream(spark, bootstrap, topic, **options), SCHEMA, key_column="event_id")
 
 
 # -- frames that may split a topic-partition: applied on the driver, correct; refused with apply_in='tasks'
