@@ -25,13 +25,15 @@ SINK_DEAD_LETTERS = "sink_dead_letters"
 OUTBOX_COLUMNS = ("event_id", "topic", "key", "value", "header_keys", "header_values")
 
 
-def missing_tables(schema: str, names: Sequence[str], where: DatabaseUrl | None = None) -> ConfigError:
+def missing_tables(
+    schema: str, names: Sequence[str], where: DatabaseUrl | None = None, *, note: str = ""
+) -> ConfigError:
     """The one error for tables that are not there, with the command that creates them."""
     listed = ", ".join(f"{schema}.{name}" for name in names)
     found_in = f" in {where.safe}" if where is not None else ""
     return ConfigError(
         f"{'table' if len(names) == 1 else 'tables'} {listed} {'is' if len(names) == 1 else 'are'}"
-        f" missing{found_in}: run `outbox db upgrade --schema {schema}` first"
+        f" missing{found_in}: run `outbox db upgrade --schema {schema}` first{f' ({note})' if note else ''}"
     )
 
 

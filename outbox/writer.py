@@ -87,8 +87,9 @@ def add_events(conn: Any, events: Iterable[Event], *, schema: str | None = None)
             for row in rows:
                 copy.write_row(row)
     except psycopg.errors.UndefinedTable:
-        error = tables.missing_tables(schema, [tables.OUTBOX_EVENTS])
-        raise type(error)(f"{error} (this transaction is now aborted)") from None
+        raise tables.missing_tables(
+            schema, [tables.OUTBOX_EVENTS], note="this transaction is now aborted"
+        ) from None
     return [r[0] for r in rows]  # type: ignore[misc]
 
 

@@ -30,19 +30,15 @@ class Ledger:
     sink: str
 
     def positions(self) -> Positions:
-        return read_positions(self.url, self.schema, self.sink)
-
-
-def read_positions(url: DatabaseUrl, schema: str, sink: str) -> Positions:
-    """Next offsets recorded for `sink`, per topic-partition."""
-    query = bindable(
-        sql.SQL("SELECT topic, kafka_partition, next_offset FROM {} WHERE sink = %s").format(
-            sql.Identifier(schema, tables.SINK_PROGRESS)
+        """Next offsets recorded for the sink, per topic-partition."""
+        query = bindable(
+            sql.SQL("SELECT topic, kafka_partition, next_offset FROM {} WHERE sink = %s").format(
+                sql.Identifier(self.schema, tables.SINK_PROGRESS)
+            )
         )
-    )
-    with connect(url) as conn:
-        try:
-            rows = conn.execute(query, [sink]).fetchall()
-        except psycopg.errors.UndefinedTable:
-            raise tables.missing_tables(schema, [tables.SINK_PROGRESS], url) from None
-    return {(t, p): o for t, p, o in rows}
+        with connect(self.url) as conn:
+            try:
+                rows = conn.execute(query, [self.sink]).fetchall()
+            except psycopg.errors.UndefinedTable:
+                raise tables.missing_tables(self.schema, [tables.SINK_PROGRESS], self.url) from None
+        return {(t, p): o for t, p, o in rows}
