@@ -11,7 +11,7 @@ from collections.abc import Callable
 Pause = Callable[[str], None]
 
 BEFORE_PRODUCE = "before-produce"  # rows fetched, Kafka transaction not begun
-MID_TRANSACTION = "mid-transaction"  # half the rows produced and delivered to the broker
-BEFORE_COMMIT = "before-commit"  # every record and the position delivered, not committed
+MID_TRANSACTION = "mid-transaction"  # half the rows produced
+BEFORE_COMMIT = "before-commit"  # every record and the position produced, not committed
 BEFORE_CLEANUP = "before-cleanup"  # committed; the published rows not yet deleted
 POINTS = (BEFORE_PRODUCE, MID_TRANSACTION, BEFORE_COMMIT, BEFORE_CLEANUP)
