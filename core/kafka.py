@@ -23,7 +23,8 @@ CLIENT_LOG = "outbox.kafka"
 _log = logging.getLogger(CLIENT_LOG)
 _log.setLevel(logging.CRITICAL + 1)
 
-# Keys (or key prefixes) that only one role takes.
+# Keys (or key prefixes) that only one role takes (librdkafka's CONFIGURATION.md, column C/P);
+# the general ("*") ones, message.max.bytes and retry.backoff.ms among them, go to every client.
 _PRODUCER_ONLY = (
     "partitioner",
     "linger.ms",
@@ -35,10 +36,7 @@ _PRODUCER_ONLY = (
     "enable.idempotence",
     "message.timeout.ms",
     "retries",
-    "retry.backoff",
     "delivery.timeout.ms",
-    "max.in.flight",
-    "message.max.bytes",
     "request.required.acks",
     "sticky.partitioning",
     "delivery.report",

@@ -45,7 +45,13 @@ def test_missing_tables_name_each_and_the_command_that_creates_them() -> None:
     )
 
 
-SHARED = {"bootstrap.servers": "b:9092", "client.id": "me", "security.protocol": "SASL_SSL"}
+SHARED = {
+    "bootstrap.servers": "b:9092",
+    "client.id": "me",
+    "security.protocol": "SASL_SSL",
+    "message.max.bytes": "2000000",
+    "retry.backoff.ms": "200",
+}
 PRODUCER = {"linger.ms": "5", "compression.type": "zstd", "transactional.id": "t", "acks": "all"}
 CONSUMER = {"group.id": "g", "isolation.level": "read_committed", "fetch.min.bytes": "1"}
 
