@@ -19,6 +19,10 @@ class ServiceUnavailable(OutboxError):
     """PostgreSQL or Kafka could not be reached."""
 
 
+class Standby(ServiceUnavailable):
+    """The PostgreSQL server reached is a standby (in recovery): nothing can be written there yet."""
+
+
 class Fenced(ServiceUnavailable):
     """Another instance with the same relay name and shard took over; this one must stop publishing."""
 

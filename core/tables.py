@@ -18,6 +18,7 @@ from core.errors import ConfigError
 OUTBOX_EVENTS = "outbox_events"
 OUTBOX_IDENTITY = "outbox_identity"
 RELAY_DEAD_LETTERS = "relay_dead_letters"
+RELAY_POSITIONS = "relay_positions"
 SINK_PROGRESS = "sink_progress"
 SINK_DEAD_LETTERS = "sink_dead_letters"
 

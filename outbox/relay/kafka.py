@@ -92,8 +92,8 @@ class Publisher:
 
     # -- start ---------------------------------------------------------------
 
-    def start(self) -> Position | None:
-        """Fence older instances, then read this shard's last committed position (None: never ran)."""
+    def start(self) -> None:
+        """A producer whose init_transactions fences older instances and aborts their open transaction."""
         config = {**self.settings, "enable.idempotence": True}
         if self.exactly_once:
             config["transactional.id"] = self.relay.transactional_id
@@ -106,16 +106,22 @@ class Publisher:
             self._producer.list_topics(timeout=min(self.timeout, 10))
             if self.exactly_once:
                 self._producer.init_transactions(self.timeout)
-            return self.positions.latest(self.relay)
         except KafkaException as exc:
             self._producer.poll(0)  # error callbacks run from poll: the cause arrives now
             raise kafka_failure(exc, self.bootstrap, self._cause) from None
 
-    def restart(self) -> Position | None:
+    def position(self) -> Position | None:
+        """This shard's last committed position (None: it never ran); call after `start` fenced the rest."""
+        try:
+            return self.positions.latest(self.relay)
+        except KafkaException as exc:
+            raise kafka_failure(exc, self.bootstrap, self._cause) from None
+
+    def restart(self) -> None:
         """A new producer, initialised again: after a refused record, whose sequence number the
         idempotent producer already spent, the old one would fail its next transaction."""
         self.close()
-        return self.start()
+        self.start()
 
     # -- publish -------------------------------------------------------------
 

@@ -19,36 +19,51 @@ from psycopg import sql
 
 from core import tables
 from core.config import DatabaseUrl
-from core.errors import ConfigError, ServiceUnavailable
+from core.errors import ConfigError, ServiceUnavailable, Standby
 from core.postgres import connect
 from core.sqltext import bindable
-from outbox.relay.position import Position, Shard
+from outbox.relay.position import Position, Shard, Target
+from outbox.relay.resume import Mark
 from outbox.relay.row import Row
 
 # Set by migration 0002's trigger at each committing insert.
 CHANNEL = "outbox_events"
-USED = (tables.OUTBOX_EVENTS, tables.RELAY_DEAD_LETTERS, tables.OUTBOX_IDENTITY)
+USED = (tables.OUTBOX_EVENTS, tables.RELAY_DEAD_LETTERS, tables.OUTBOX_IDENTITY, tables.RELAY_POSITIONS)
+SYNCHRONOUS_COMMIT = ("local", "on", "remote_write", "remote_apply")
+
+# md5 is stable across server versions (hashtext is not promised to be): a row's
+# shard is the first 32 bits of md5(key, or the event id when there is no key) mod N.
+_KEY_HASH = "('x00000000' || left(md5(coalesce(e.key, uuid_send(e.event_id))), 8))::bit(64)::bigint"
 
 
 def _shard_filter(shard: Shard) -> sql.Composable:
     if shard.count == 1:
         return sql.SQL("")
-    # md5 is stable across server versions (hashtext is not promised to be): shard =
-    # first 32 bits of md5(key, or the event id when there is no key) mod N.
-    return sql.SQL(
-        " AND mod(('x00000000' || left(md5(coalesce(e.key, uuid_send(e.event_id))), 8))::bit(64)::bigint,"
-        " {count}) = {index}"
-    ).format(count=sql.Literal(shard.count), index=sql.Literal(shard.index))
+    return sql.SQL(" AND mod({hash}, {count}) = {index}").format(
+        hash=sql.SQL(_KEY_HASH), count=sql.Literal(shard.count), index=sql.Literal(shard.index)
+    )
+
+
+def lock_key(schema: str, relay: str, shard: Shard) -> str:
+    """The advisory lock that makes one instance of a relay shard the active one."""
+    return f"outbox-relay/{schema}/{relay}/{shard.index}-of-{shard.count}"
 
 
 class OutboxTable:
-    def __init__(self, url: DatabaseUrl, schema: str, relay: str, shard: Shard) -> None:
+    def __init__(
+        self, url: DatabaseUrl, schema: str, relay: str, shard: Shard, synchronous_commit: str = "on"
+    ) -> None:
+        if synchronous_commit not in SYNCHRONOUS_COMMIT:
+            raise ConfigError(f"synchronous_commit must be one of {', '.join(SYNCHRONOUS_COMMIT)}")
         self.url, self.schema, self.relay, self.shard = url, schema, relay, shard
+        self.synchronous_commit = synchronous_commit
         self._conn: psycopg.Connection[Any] | None = None
         names = {
             "events": sql.Identifier(schema, tables.OUTBOX_EVENTS),
             "dead": sql.Identifier(schema, tables.RELAY_DEAD_LETTERS),
+            "positions": sql.Identifier(schema, tables.RELAY_POSITIONS),
             "shard": _shard_filter(shard),
+            "hash": sql.SQL(_KEY_HASH),
         }
         # Two ways into a delta. Starting one: through the txid index, since the
         # delta is the transactions at or past the base's xmax plus those it saw
@@ -79,15 +94,40 @@ class OutboxTable:
                 row=row, wanted=wanted
             )
         )
+        # Published by this relay, and by every other relay of the outbox too, as far as
+        # the base of its last mark says: a slower relay's rows are never deleted under it.
         self._cleanup = bindable(
             sql.SQL(
                 "DELETE FROM {events} WHERE id IN (SELECT e.id FROM {events} e"
                 " WHERE e.txid < pg_snapshot_xmax(%(base)s::pg_snapshot)"
                 " AND pg_visible_in_snapshot(e.txid, %(base)s::pg_snapshot){shard}"
                 " AND e.created_at < now() - make_interval(secs => %(retention)s)"
+                " AND NOT EXISTS (SELECT FROM {positions} o WHERE o.relay <> %(relay)s"
+                "  AND NOT EXISTS (SELECT FROM {positions} m WHERE m.relay = o.relay AND m.shards = o.shards"
+                "   AND mod({hash}, m.shards) = m.shard"
+                "   AND pg_visible_in_snapshot(e.txid, m.base::pg_snapshot)))"
                 " ORDER BY e.id LIMIT %(limit)s)"
             ).format(**names)
         )
+        # Written in the transaction that takes a delta's snapshot, committed synchronously
+        # before any of the delta goes to Kafka: see resume.py.
+        self._mark = bindable(
+            sql.SQL(
+                "INSERT INTO {positions} AS p (relay, shard, shards, base, target, mark, system_identifier)"
+                " VALUES (%(relay)s, %(index)s, %(count)s, %(base)s, %(target)s, %(floor)s + 1, %(system)s)"
+                " ON CONFLICT (relay, shard, shards) DO UPDATE SET base = excluded.base,"
+                " target = excluded.target, mark = greatest(p.mark, %(floor)s) + 1,"
+                " system_identifier = excluded.system_identifier, updated_at = now()"
+                " RETURNING mark"
+            ).format(**names)
+        )
+        self._read_mark = bindable(
+            sql.SQL(
+                "SELECT base, target, mark, system_identifier FROM {positions}"
+                " WHERE relay = %s AND shard = %s AND shards = %s"
+            ).format(**names)
+        )
+        self.system = ""
         self._dead_letter = bindable(
             sql.SQL(
                 "INSERT INTO {dead} (relay, outbox_id, event_id, topic, key, value, header_keys,"
@@ -103,9 +143,16 @@ class OutboxTable:
         self._conn = conn = connect(self.url, autocommit=True, application_name=f"outbox-relay {self.relay}")
         try:
             tables.require(conn, self.url, self.schema, USED)
-        except ConfigError:
+            row = conn.execute(
+                "SELECT pg_is_in_recovery(), system_identifier::text FROM pg_control_system()"
+            ).fetchone()
+            assert row is not None
+            if row[0]:
+                raise Standby(f"PostgreSQL at {self.url.safe} is a standby (in recovery)")
+        except (ConfigError, ServiceUnavailable):
             self.close()
             raise
+        self.system = str(row[1])
         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
 
     def close(self) -> None:
@@ -135,35 +182,67 @@ class OutboxTable:
         """Become the one active instance of this relay shard, if no other session is."""
         row = self.conn.execute(
             "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))",
-            [f"outbox-relay/{self.schema}/{self.relay}/{self.shard.index}-of-{self.shard.count}"],
+            [lock_key(self.schema, self.relay, self.shard)],
         ).fetchone()
         return bool(row and row[0])
 
+    def mark(self) -> tuple[Mark | None, int]:
+        """This shard's mark (None: it has none), and the database's next transaction id now."""
+        row = self.conn.execute(self._read_mark, [self.relay, self.shard.index, self.shard.count]).fetchone()
+        horizon = self.conn.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text").fetchone()
+        assert horizon is not None
+        return (Mark(row[0], row[1], int(row[2]), row[3]) if row else None), int(horizon[0])
+
     # -- reads ---------------------------------------------------------------
 
-    def fetch(self, position: Position, limit: int) -> tuple[str, list[Row]]:
-        """Up to `limit` rows of the delta after `position`, by id, and the delta's target snapshot.
+    def fetch(self, position: Position, limit: int) -> tuple[Target, list[Row]]:
+        """Up to `limit` rows of the delta after `position`, by id, and the delta's target.
 
         Without a target yet, the target is this transaction's own snapshot:
-        exactly the transactions whose rows this read can see.
+        exactly the transactions whose rows this read can see. When that delta
+        has rows, the same transaction writes its mark and commits synchronously,
+        so the WAL is flushed past every transaction the snapshot saw end.
         """
         conn = self.conn
+        fresh = position.target is None
         with conn.transaction():
-            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            target = position.target or str(conn.execute("SELECT pg_current_snapshot()").fetchone()[0])  # type: ignore[index]
+            conn.execute(
+                "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, " + ("READ WRITE" if fresh else "READ ONLY")
+            )
+            if fresh:
+                snapshot = str(conn.execute("SELECT pg_current_snapshot()").fetchone()[0])  # type: ignore[index]
+            else:
+                snapshot = str(position.target)
             cursor = conn.cursor(binary=True)
             cursor.execute(
                 self._continue_delta if position.after_id else self._start_delta,
                 {
                     "base": position.base,
-                    "target": target,
+                    "target": snapshot,
                     "after": position.after_id,
                     "relay": self.relay,
                     "limit": limit,
                 },
             )
             rows = list(map(Row._make, cursor.fetchall()))
-        return target, rows
+            mark = position.mark
+            if fresh and rows:
+                conn.execute("SELECT set_config('synchronous_commit', %s, true)", [self.synchronous_commit])
+                written = conn.execute(
+                    self._mark,
+                    {
+                        "relay": self.relay,
+                        "index": self.shard.index,
+                        "count": self.shard.count,
+                        "base": position.base,
+                        "target": snapshot,
+                        "floor": position.mark or 0,
+                        "system": self.system,
+                    },
+                ).fetchone()
+                assert written is not None
+                mark = int(written[0])
+        return Target(snapshot, mark), rows
 
     def wait(self, timeout: float, stop: threading.Event) -> None:
         """Until a NOTIFY (a commit that inserted events), the timeout, or `stop` is set.
@@ -180,7 +259,9 @@ class OutboxTable:
 
     def cleanup(self, base: str, limit: int, retention: float) -> int:
         """Delete up to `limit` published rows (visible in `base`) older than `retention` seconds."""
-        cur = self.conn.execute(self._cleanup, {"base": base, "limit": limit, "retention": retention})
+        cur = self.conn.execute(
+            self._cleanup, {"base": base, "limit": limit, "retention": retention, "relay": self.relay}
+        )
         return cur.rowcount
 
     def dead_letter(self, row_id: int, error: str) -> None:

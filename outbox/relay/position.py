@@ -18,6 +18,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from core.errors import ConfigError, OutboxError
 
@@ -73,11 +74,29 @@ class Identity:
         return f"outbox-relay.{self.name}.{self.outbox}.{self.shard.index}-of-{self.shard.count}"
 
 
+class Target(NamedTuple):
+    """The snapshot a delta is read up to, and the durable mark that covers it (None: none yet)."""
+
+    snapshot: str
+    mark: int | None
+
+
 @dataclass(frozen=True)
 class Position:
+    """base, target, after_id: which rows are in Kafka (see above).
+
+    mark: the number of the relay's mark in `relay_positions` (resume.py) that
+    PostgreSQL had durably committed, covering these snapshots, before this
+    position was committed to Kafka; new marks count on from it (None: written
+    by a relay older than marks).
+    system: the system identifier of the PostgreSQL cluster the snapshots are of.
+    """
+
     base: str = EMPTY_SNAPSHOT
     target: str | None = None
     after_id: int = 0
+    mark: int | None = None
+    system: str | None = None
 
     def to_json(self, relay: Identity) -> bytes:
         return json.dumps(
@@ -90,6 +109,8 @@ class Position:
                 "base": self.base,
                 "target": self.target,
                 "after_id": self.after_id,
+                "mark": self.mark,
+                "system": self.system,
             },
             separators=(",", ":"),
         ).encode()
@@ -98,16 +119,32 @@ class Position:
     def from_json(cls, data: bytes) -> tuple[Position, Identity]:
         try:
             doc = json.loads(data)
-            position = cls(doc["base"], doc["target"], int(doc["after_id"]))
+            mark, system = doc.get("mark"), doc.get("system")
+            position = cls(
+                doc["base"],
+                doc["target"],
+                int(doc["after_id"]),
+                None if mark is None else int(mark),
+                None if system is None else str(system),
+            )
             relay = Identity(
                 str(doc["relay"]), str(doc["outbox"]), Shard(int(doc["shard"]), int(doc["shards"]))
             )
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise OutboxError(f"unreadable relay position record ({exc}): {data[:200]!r}") from None
         for snapshot in (position.base, position.target):
             if snapshot is not None and not _SNAPSHOT.match(snapshot):
                 raise OutboxError(f"relay position holds a malformed snapshot {snapshot!r}")
         return position, relay
+
+    @property
+    def horizon(self) -> int:
+        """The first transaction id this position's snapshots know nothing of."""
+        return max(xmax(self.base), xmax(self.target) if self.target else 0)
+
+
+def xmax(snapshot: str) -> int:
+    return int(snapshot.split(":", 2)[1])
 
 
 def latest_position(records: Sequence[tuple[bytes | None, bytes | None]], relay: Identity) -> Position | None:
@@ -153,7 +190,7 @@ class Step:
     persist: bool
 
 
-def advance(position: Position, target: str, fetched_ids: Sequence[int], limit: int) -> Step:
+def advance(position: Position, target: Target, fetched_ids: Sequence[int], limit: int) -> Step:
     """Decide the next position after fetching up to limit+1 rows of the delta (position, target], by id.
 
     A full fetch (more than `limit` rows) publishes `limit` rows and records how
@@ -162,11 +199,12 @@ def advance(position: Position, target: str, fetched_ids: Sequence[int], limit: 
     transaction; the old base stays valid in Kafka, since nothing lay between.
     """
     if len(fetched_ids) > limit:
-        return Step(limit, Position(position.base, target, fetched_ids[limit - 1]), persist=True)
-    return Step(len(fetched_ids), Position(target), persist=bool(fetched_ids))
+        return Step(limit, _within(position, target, fetched_ids[limit - 1]), persist=True)
+    finished = Position(target.snapshot, mark=target.mark, system=position.system)
+    return Step(len(fetched_ids), finished, persist=bool(fetched_ids))
 
 
-def halt(position: Position, target: str, fetched_ids: Sequence[int], poison_id: int) -> Step:
+def halt(position: Position, target: Target, fetched_ids: Sequence[int], poison_id: int) -> Step:
     """Decide what a relay halting on row `poison_id` still publishes: the rows before it, in order.
 
     Publishing past a poison row would break order, so the batch stops just
@@ -176,4 +214,9 @@ def halt(position: Position, target: str, fetched_ids: Sequence[int], poison_id:
     count = sum(1 for row_id in fetched_ids if row_id < poison_id)
     if count == 0:
         return Step(0, position, persist=False)
-    return Step(count, Position(position.base, target, fetched_ids[count - 1]), persist=True)
+    return Step(count, _within(position, target, fetched_ids[count - 1]), persist=True)
+
+
+def _within(position: Position, target: Target, after_id: int) -> Position:
+    """Part of the delta (position.base, target] published, up to row after_id."""
+    return Position(position.base, target.snapshot, after_id, target.mark, position.system)

@@ -14,6 +14,7 @@ import logging
 import random
 import threading
 import time
+import unicodedata
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -22,14 +23,15 @@ import psycopg
 from confluent_kafka import KafkaException
 
 from core.config import DatabaseUrl
-from core.errors import OutboxError, ServiceUnavailable
+from core.errors import ConfigError, OutboxError, ServiceUnavailable, Standby
 from core.postgres import reason
 from outbox.relay.kafka import Publisher, kafka_failure
 from outbox.relay.metrics import RelayMetrics
 from outbox.relay.outbox_table import OutboxTable, opened
 from outbox.relay.pause import BEFORE_CLEANUP, Pause
 from outbox.relay.poison import DEAD_LETTER, HALT, Poison
-from outbox.relay.position import Identity, Position, Shard, advance, halt
+from outbox.relay.position import Identity, Position, Shard, Target, advance, halt
+from outbox.relay.resume import resume
 from outbox.relay.row import Row
 
 log = logging.getLogger("outbox.relay")
@@ -55,14 +57,28 @@ class RelaySettings:
     exactly_once: bool = True
     max_retries: int = 10
     halt_retry: float = 30.0
+    synchronous_commit: str = "on"
 
     def __post_init__(self) -> None:
-        if not self.name or "/" in self.name:
-            raise OutboxError(f"relay name must be non-empty and without '/', got {self.name!r}")
+        object.__setattr__(self, "name", relay_name(self.name))
         if self.batch_size < 1:
             raise OutboxError("--batch-size must be at least 1")
         if self.on_poison not in (HALT, DEAD_LETTER):
             raise OutboxError(f"--on-poison must be {HALT} or {DEAD_LETTER}, got {self.on_poison!r}")
+
+
+def relay_name(name: str) -> str:
+    """The name in NFC, so that names which look the same are one relay; or ConfigError.
+
+    The name keys the relay's position, transactional.id and lock: two spellings
+    of one name would be two relays, each publishing the outbox from its start.
+    """
+    control = any(unicodedata.category(c) in ("Cc", "Cs") for c in name)
+    if not name or name != name.strip() or "/" in name or control:
+        raise ConfigError(
+            f"relay name {name!r} cannot be used: give printable characters, no '/', no space at either end"
+        )
+    return unicodedata.normalize("NFC", name)
 
 
 def backoff(attempt: int) -> float:
@@ -88,9 +104,19 @@ class Relay:
 
     def run(self) -> None:
         """Relay until `stop` is set; raise ServiceUnavailable after max_retries failures in a row."""
+        waiting = False
         while not self.stop.is_set():
             try:
                 self._session()
+            except Standby as exc:
+                # A failover under way: not a failure, and not worth more than one line.
+                if not waiting:
+                    log.warning("waiting for a primary", extra={**self._context, "error": str(exc)})
+                    waiting = True
+                self._failures = 0
+                self.metrics.health(False, f"waiting for a primary: {exc}")
+                self.stop.wait(self.settings.poll_interval)
+                continue
             except (
                 ServiceUnavailable,
                 psycopg.OperationalError,
@@ -103,6 +129,7 @@ class Relay:
                     raise ServiceUnavailable(
                         f"giving up after {self.settings.max_retries} retries: {reason}"
                     ) from None
+                waiting = False
                 delay = backoff(self._failures)
                 self.metrics.health(False, f"retrying: {reason}")
                 log.warning(
@@ -120,7 +147,7 @@ class Relay:
 
     def _session(self) -> None:
         s = self.settings
-        with opened(OutboxTable(s.url, s.schema, s.name, s.shard)) as table:
+        with opened(OutboxTable(s.url, s.schema, s.name, s.shard, s.synchronous_commit)) as table:
             if not self._stand_by(table):
                 return
             relay = Identity(s.name, table.outbox_id(), s.shard)
@@ -129,7 +156,14 @@ class Relay:
             )
             self.metrics.active.set(1)
             try:
-                position = publisher.start() or Position()
+                publisher.start()
+                in_kafka = publisher.position()
+                mark, horizon = table.mark()
+                rebase = f"outbox relays rebase --schema {s.schema}"
+                resumed = resume(in_kafka, mark, table.system, horizon, rebase)
+                position = resumed.position
+                if resumed.warning:
+                    log.warning(resumed.warning, extra=self._context)
                 log.info(
                     "active",
                     extra={**self._context, "position": position.base, "after_id": position.after_id},
@@ -161,7 +195,7 @@ class Relay:
         # and a part read for a batch that then fails is simply dropped (leaving the
         # `with` waits for it, so the connection is idle before it is closed).
         with ThreadPoolExecutor(1, thread_name_prefix="outbox-relay-read") as reader:
-            ahead: Future[tuple[str, list[Row]]] | None = None
+            ahead: Future[tuple[Target, list[Row]]] | None = None
             while not self.stop.is_set():
                 target, rows = ahead.result() if ahead else self._fetch(table, position)
                 ahead = None
@@ -179,7 +213,8 @@ class Relay:
                         m.aborts.inc()
                         _settle(ahead)
                         ahead = None
-                        position = publisher.restart() or Position()
+                        # The transaction is aborted: Kafka stands where `position` says.
+                        publisher.restart()
                         position = self._poisoned(table, publisher, position, target, batch, poison)
                         continue
                     m.commit_seconds.observe(time.perf_counter() - started)
@@ -200,7 +235,7 @@ class Relay:
                 if step.count < s.batch_size:
                     table.wait(s.poll_interval, self.stop)
 
-    def _fetch(self, table: OutboxTable, position: Position) -> tuple[str, list[Row]]:
+    def _fetch(self, table: OutboxTable, position: Position) -> tuple[Target, list[Row]]:
         with self.metrics.fetch_seconds.time():
             return table.fetch(position, self.settings.batch_size + 1)
 
@@ -209,7 +244,7 @@ class Relay:
         table: OutboxTable,
         publisher: Publisher,
         position: Position,
-        target: str,
+        target: Target,
         batch: Sequence[Row],
         poison: Poison,
     ) -> Position:

@@ -11,25 +11,41 @@ from core.errors import ConfigError, OutboxError
 from outbox.cli.relay import kafka_settings, redacted
 from outbox.relay.kafka import Publisher
 from outbox.relay.poison import explain, is_poison
-from outbox.relay.position import Identity, Position, Shard, Step, advance, halt, latest_position
-from outbox.relay.relay import backoff
+from outbox.relay.position import (
+    Identity,
+    Position,
+    Shard,
+    Step,
+    Target,
+    advance,
+    halt,
+    latest_position,
+)
+from outbox.relay.relay import RelaySettings, backoff, relay_name
 
 SNAP = "100:105:101,103"
+TARGET = Target(SNAP, 7)  # a fresh delta's snapshot and the mark written for it
+SYSTEM = "7311"
 
 
 def test_a_short_fetch_finishes_the_delta() -> None:
-    assert advance(Position("90:90:"), SNAP, [7, 9], limit=5) == Step(2, Position(SNAP), persist=True)
+    start = Position("90:90:", mark=6, system=SYSTEM)
+    finished = Position(SNAP, mark=7, system=SYSTEM)
+    assert advance(start, TARGET, [7, 9], limit=5) == Step(2, finished, persist=True)
 
 
 def test_a_full_fetch_publishes_a_part_and_remembers_where_in_the_delta() -> None:
-    step = advance(Position("90:90:"), SNAP, [7, 9, 12], limit=2)
-    assert step == Step(2, Position("90:90:", SNAP, 9), persist=True)
+    step = advance(Position("90:90:"), TARGET, [7, 9, 12], limit=2)
+    assert step == Step(2, Position("90:90:", SNAP, 9, mark=7), persist=True)
     # the next fetch continues inside the same delta and finishes it
-    assert advance(step.position, SNAP, [12], limit=2) == Step(1, Position(SNAP), persist=True)
+    assert advance(step.position, TARGET, [12], limit=2) == Step(1, Position(SNAP, mark=7), persist=True)
 
 
 def test_an_empty_fetch_moves_the_base_without_a_transaction() -> None:
-    assert advance(Position("90:90:"), SNAP, [], limit=2) == Step(0, Position(SNAP), persist=False)
+    unmarked = Target(SNAP, 6)  # an empty delta writes no mark: the last one still covers the base
+    assert advance(Position("90:90:", mark=6), unmarked, [], limit=2) == Step(
+        0, Position(SNAP, mark=6), persist=False
+    )
 
 
 A, B = "0b6b7c6e-aaaa-4d5e-9f00-000000000001", "0b6b7c6e-bbbb-4d5e-9f00-000000000002"
@@ -43,19 +59,23 @@ def record(relay: Identity, position: Position) -> tuple[bytes, bytes]:
 def test_a_halt_publishes_exactly_the_rows_before_the_poison_row(ids: list[int], data) -> None:  # type: ignore[no-untyped-def]
     ids.sort()
     poison = data.draw(st.sampled_from(ids))
-    start = Position("10:20:", "30:30:", 0)
-    step = halt(start, "30:30:", ids, poison)
+    start = Position("10:20:", "30:30:", 0, mark=3)
+    step = halt(start, Target("30:30:", 3), ids, poison)
     published = ids[: step.count]
     assert published == [i for i in ids if i < poison], "every row before the poison row, none after"
     if published:
-        assert step == Step(len(published), Position("10:20:", "30:30:", published[-1]), persist=True)
+        assert step == Step(len(published), Position("10:20:", "30:30:", published[-1], 3), persist=True)
     else:
         assert step == Step(0, start, persist=False), "nothing to publish: the position stays"
 
 
 def test_position_round_trip_and_bad_records() -> None:
-    position, relay = Position("90:90:", SNAP, 9), Identity("r", A, Shard(1, 4))
+    position, relay = Position("90:90:", SNAP, 9, 12, SYSTEM), Identity("r", A, Shard(1, 4))
     assert Position.from_json(position.to_json(relay)) == (position, relay)
+    # a record of a relay from before marks reads as one without mark and system
+    old = b'{"relay":"r","outbox":"%s","shard":1,"shards":4,"base":"9:9:","target":null,"after_id":0}'
+    old %= A.encode()
+    assert Position.from_json(old) == (Position("9:9:"), relay)
     with pytest.raises(OutboxError, match="unreadable"):
         Position.from_json(b"{}")
     with pytest.raises(OutboxError, match="malformed snapshot"):
@@ -135,3 +155,31 @@ def test_poison_is_the_records_fault_only() -> None:
     assert not is_poison(KafkaError(KafkaError._TRANSPORT))
     assert not is_poison(KafkaError(KafkaError._MSG_TIMED_OUT))
     assert "max.message.bytes" in explain(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), "t", 5)
+
+
+NAMES = st.text(st.characters(codec="utf-8", exclude_categories=("Cc", "Cs")), min_size=1, max_size=40)
+
+
+@given(NAMES)
+def test_every_printable_name_is_one_relay_whatever_its_unicode_form(name: str) -> None:
+    """Names that look the same (NFC, NFD) are one relay: one position key, one transactional.id."""
+    import unicodedata
+
+    spellings = {unicodedata.normalize(form, name) for form in ("NFC", "NFD")} | {name}
+    if any("/" in s or s != s.strip() for s in spellings):
+        for spelling in spellings:
+            with pytest.raises(ConfigError, match="cannot be used"):
+                relay_name(spelling)
+        return
+    names = {relay_name(spelling) for spelling in spellings}
+    assert len(names) == 1, f"{spellings!r} would be {len(names)} relays"
+    relay = Identity(names.pop(), A)
+    assert latest_position([record(relay, Position("9:9:", mark=1))], relay) == Position("9:9:", mark=1)
+    relay.transactional_id.encode()  # a name Kafka can carry
+
+
+@pytest.mark.parametrize("name", ["", " x", "x ", "a/b", "tab\there", "nul\x00", "lone\udc80surrogate"])
+def test_unusable_names_are_refused_with_one_line(name: str) -> None:
+    with pytest.raises(ConfigError, match="cannot be used") as refused:
+        RelaySettings(url=None, bootstrap="b:1", name=name)  # type: ignore[arg-type]
+    assert "\n" not in str(refused.value)
