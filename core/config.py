@@ -23,6 +23,7 @@ DEFAULT_SCHEMA = "public"
 
 _SCHEMES = {"postgresql", "postgres", "postgresql+psycopg"}
 _HOST_PORT = re.compile(r"^\[?[A-Za-z0-9_.:-]+\]?:\d{1,5}$")
+_HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.%-]+)(:\d{1,5})?$")
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,6 @@ class DatabaseUrl:
         value = value.strip()
         try:
             parts = urlsplit(value)
-            parts.port  # noqa: B018 - raises ValueError on a non-numeric port
         except ValueError as exc:
             raise ConfigError(f"{source} is malformed ({exc}): {redact_url(value)}") from None
         if parts.scheme not in _SCHEMES:
@@ -49,8 +49,17 @@ class DatabaseUrl:
                 f"{source} must start with postgresql:// (got {parts.scheme or 'no scheme'!r}):"
                 f" {redact_url(value)}"
             )
-        if not parts.hostname:
+        # libpq takes several hosts (host1:5432,host2:5432), as HA setups use with
+        # target_session_attrs=read-write: each one must be a host with an optional port.
+        hosts = parts.netloc.rpartition("@")[2].split(",")
+        if hosts == [""]:
             raise ConfigError(f"{source} names no host: {redact_url(value)}")
+        for host in hosts:
+            if not _HOST.match(host):
+                raise ConfigError(
+                    f"{source} has a malformed host {redact_url(host)!r} (host[:port], several joined by ','):"
+                    f" {redact_url(value)}"
+                )
         if not parts.path.strip("/"):
             raise ConfigError(f"{source} names no database (add /dbname): {redact_url(value)}")
         return cls(value)

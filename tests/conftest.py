@@ -131,6 +131,19 @@ def own_postgres(tmp_path: Path) -> Iterator[OwnPostgres]:
 
 
 @pytest.fixture
+def durable_postgres(tmp_path: Path) -> Iterator[OwnPostgres]:
+    """A migrated server of this test's own, durable as production runs it, to crash, copy or promote.
+
+    The WAL writer wakes every 10 s (its longest), so what it alone would flush
+    stays unflushed long enough for a crash to lose it.
+    """
+    server = OwnPostgres(tmp_path / "primary", durable=True, settings={"wal_writer_delay": "10s"})
+    migrate.upgrade(server.url, "public")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
 def env(outbox_db: DatabaseUrl, bootstrap: str) -> dict[str, str]:
     """The environment a relay process needs, for the migrated database and the shared broker."""
     return {"DATABASE_URL": outbox_db.raw, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}

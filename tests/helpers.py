@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+import psycopg
 from confluent_kafka import Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -19,7 +20,8 @@ from core.committed import read_committed as read_topic
 from core.config import DatabaseUrl
 from core.kafka import client_settings
 from outbox.dev import postgres
-from outbox.dev.process import free_port, spawn, stop
+from outbox.dev.process import cmdline_contains, descendants, free_port, spawn, stop
+from outbox.dev.service import Service
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -148,17 +150,63 @@ class Job:
 
 
 class OwnPostgres:
-    """A PostgreSQL server of one test's own, which it may restart."""
+    """A PostgreSQL server of one test's own, which it may restart, crash, copy or promote.
 
-    def __init__(self, data_dir: Path) -> None:
-        self.server = postgres.start(data_dir, free_port(), die_with_parent=True)
+    durable: configured as production is (fsync, synchronous_commit), so a crash
+    loses only what PostgreSQL itself may lose.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        port: int | None = None,
+        durable: bool = False,
+        settings: dict[str, str] | None = None,
+    ) -> None:
+        self.durable, self.settings = durable, settings
+        self.server = self._start(data_dir, port or free_port())
         self.url = DatabaseUrl.parse(self.server.env["DATABASE_URL"])
+
+    def _start(self, data_dir: Path, port: int) -> Service:
+        return postgres.start(
+            data_dir, port, die_with_parent=True, durable=self.durable, settings=self.settings
+        )
+
+    @property
+    def port(self) -> int:
+        return self.server.port
 
     def restart(self) -> None:
         """A fast shutdown, which ends every session, then the same server again."""
         self.stop()
         time.sleep(2)
-        self.server = postgres.start(self.server.data_dir, self.server.port, die_with_parent=True)
+        self.start()
+
+    def start(self) -> None:
+        self.server = self._start(self.server.data_dir, self.server.port)
+
+    def crash(self) -> None:
+        """`pg_ctl stop -m immediate`: SIGQUIT, no checkpoint, WAL not yet flushed is lost."""
+        stop(self.server.pid, signal.SIGQUIT, timeout=10)
+
+    def pause_wal_writer(self) -> None:
+        """SIGSTOP the WAL writer: asynchronous commits and aborts stay in memory until a
+        backend flushes, so a crash loses them (the widest form of the lost-tail window)."""
+        writers = [pid for pid in descendants(self.server.pid) if cmdline_contains(pid, "walwriter")]
+        assert writers, "no walwriter process found"
+        for pid in writers:
+            os.kill(pid, signal.SIGSTOP)
+
+    def copy(self, data_dir: Path, *, standby: bool) -> Path:
+        """A base backup of this server in data_dir: a streaming replica or, later, a restore."""
+        postgres.base_backup(self.port, data_dir, standby=standby)
+        return data_dir
+
+    def execute(self, query: str, params: Sequence[object] = ()) -> list[tuple]:
+        with psycopg.connect(self.url.libpq, autocommit=True) as conn:
+            cur = conn.execute(query, params)
+            return cur.fetchall() if cur.description else []
 
     def stop(self) -> None:
         stop(self.server.pid, signal.SIGINT, timeout=30)

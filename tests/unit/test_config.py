@@ -23,12 +23,20 @@ def test_url_forms_convert_between_drivers() -> None:
         ("postgresql://u:pw@db:notaport/app", "malformed"),
         ("postgresql:///app", "names no host"),
         ("postgresql://u:pw@db:5432", "names no database"),
+        ("postgresql://u:pw@db1:5432,db2:x/app", "malformed host 'db2:x'"),
+        ("postgresql://u:pw@db1:5432,/app", "malformed host ''"),
     ],
 )
 def test_bad_urls_are_rejected_with_the_reason(value: str | None, message: str) -> None:
     with pytest.raises(ConfigError, match=message) as info:
         DatabaseUrl.parse(value)
     assert "pw" not in str(info.value)
+
+
+def test_several_hosts_as_ha_setups_give_them() -> None:
+    raw = "postgresql://u:pw@db1:5432,db2:5433,[::1]/app?target_session_attrs=read-write"
+    url = DatabaseUrl.parse(raw)
+    assert url.libpq == raw and url.safe == raw.replace(":pw@", ":***@")
 
 
 def test_password_never_printed() -> None:
