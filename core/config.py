@@ -57,7 +57,7 @@ class DatabaseUrl:
         for host in hosts:
             if not _HOST.match(host):
                 raise ConfigError(
-                    f"{source} has a malformed host {redact_url(host)!r} (host[:port], several joined by ','):"
+                    f"{source} has a malformed host {redact_url(host)!r} (host[:port], hosts joined by ','):"
                     f" {redact_url(value)}"
                 )
         if not parts.path.strip("/"):

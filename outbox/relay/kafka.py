@@ -23,7 +23,7 @@ from confluent_kafka import (
 from core.errors import ConfigError, Fenced, OutboxError, ServiceUnavailable
 from core.kafka import client_settings
 from outbox.relay.pause import BEFORE_COMMIT, BEFORE_PRODUCE, MID_TRANSACTION, Pause
-from outbox.relay.poison import Poison, explain, is_poison, missing_topic
+from outbox.relay.poison import SIZE_CODES, Poison, explain, is_poison, missing_topic
 from outbox.relay.position import Identity, Position
 from outbox.relay.positions import PositionStore
 from outbox.relay.row import Row
@@ -212,7 +212,9 @@ class Publisher:
         """Name the first row Kafka refused for good, found by its topic, key and value.
 
         Delivery reports carry no headers, so the event id cannot say; rows with
-        equal content fail alike, and the lowest id is the one that blocks.
+        equal content fail alike, and the lowest id is the one that blocks. The
+        broker refuses a too large batch as a whole: when several rows share that
+        answer, none of them is named (the Poison is ambiguous).
         """
         refused = []
         for error, message in self._failures:
@@ -221,10 +223,11 @@ class Publisher:
             sent = (message.topic(), message.key(), message.value())
             row = next((r for r in rows if (r.topic, r.key, r.value) == sent), None)
             if row is not None:
-                refused.append((row.id, explain(error, row.topic, len(row.value or b""))))
+                refused.append((row.id, explain(error, row.topic, len(row.value or b"")), error.code()))
         if refused:
-            row_id, reason = min(refused)
-            raise Poison(row_id, reason)
+            row_id, reason, code = min(refused)
+            too_large = {r for r, _, c in refused if c in SIZE_CODES}
+            raise Poison(row_id, reason, ambiguous=code in SIZE_CODES and len(too_large) > 1)
 
     def abort(self) -> None:
         """Abort the open transaction, if any; errors here only mean it is gone already."""

@@ -34,12 +34,22 @@ DEAD_LETTER = "dead-letter"
 POLICIES = (HALT, DEAD_LETTER)
 
 
+SIZE_CODES = frozenset(
+    {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE, KafkaError.INVALID_MSG_SIZE}
+)
+
+
 @dataclass(frozen=True)
 class Poison(OutboxError):
-    """Outbox row `row_id` cannot be published: `reason` says why and what to do."""
+    """Outbox row `row_id` cannot be published: `reason` says why and what to do.
+
+    ambiguous: the broker refused a whole batch of records as too large, so it
+    cannot say which one is: the rows are tried again one per transaction.
+    """
 
     row_id: int
     reason: str
+    ambiguous: bool = False
 
     def __str__(self) -> str:
         return f"outbox row {self.row_id}: {self.reason}"
@@ -52,7 +62,7 @@ def is_poison(error: KafkaError) -> bool:
 def explain(error: KafkaError, topic: str, size: int) -> str:
     """The error in words a platform team can act on."""
     code = error.code()
-    if code in (KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE, KafkaError.INVALID_MSG_SIZE):
+    if code in SIZE_CODES:
         return (
             f"record of {size} bytes is larger than Kafka accepts for topic {topic!r}"
             " (raise the topic's max.message.bytes and the relay's -X message.max.bytes,"

@@ -190,6 +190,7 @@ class Relay:
     def _publish(self, table: OutboxTable, publisher: Publisher, position: Position) -> None:
         s, m = self.settings, self.metrics
         last_cleanup = 0.0
+        one_by_one = 0  # rows to publish one per transaction, to find which one Kafka refuses
         # Through a backlog, the next part is read while this one is produced and
         # committed: the read only depends on the position `advance` already chose,
         # and a part read for a batch that then fails is simply dropped (leaving the
@@ -199,7 +200,8 @@ class Relay:
             while not self.stop.is_set():
                 target, rows = ahead.result() if ahead else self._fetch(table, position)
                 ahead = None
-                step = advance(position, target, [r.id for r in rows], s.batch_size)
+                limit = 1 if one_by_one else s.batch_size
+                step = advance(position, target, [r.id for r in rows], limit)
                 batch = rows[: step.count]
                 m.lag.set(time.time() - min(r.created_at for r in batch) if batch else 0)
                 if step.persist:
@@ -215,12 +217,23 @@ class Relay:
                         ahead = None
                         # The transaction is aborted: Kafka stands where `position` says.
                         publisher.restart()
+                        if poison.ambiguous:
+                            one_by_one = len(batch)
+                            log.warning(
+                                "Kafka refused a batch as too large: publishing its rows one per"
+                                " transaction to find the one at fault (if every row fits, set -X"
+                                " batch.size below the topic's max.message.bytes)",
+                                extra={**self._context, "rows": len(batch), "error": poison.reason},
+                            )
+                            continue
+                        one_by_one = 0
                         position = self._poisoned(table, publisher, position, target, batch, poison)
                         continue
                     m.commit_seconds.observe(time.perf_counter() - started)
                     m.batches.inc()
                     m.published.inc(len(batch))
                 position = step.position
+                one_by_one = max(0, one_by_one - step.count)
                 self._failures = 0
                 m.halted.set(0)
                 m.health(True, "active")
@@ -232,7 +245,7 @@ class Relay:
                         deleted = table.cleanup(position.base, s.cleanup_batch, s.retention)
                     m.cleaned.inc(deleted)
                     last_cleanup = 0.0 if deleted == s.cleanup_batch else time.monotonic()
-                if step.count < s.batch_size:
+                if step.position.target is None:  # the delta is done: wait for the next commit
                     table.wait(s.poll_interval, self.stop)
 
     def _fetch(self, table: OutboxTable, position: Position) -> tuple[Target, list[Row]]:

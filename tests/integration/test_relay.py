@@ -6,11 +6,12 @@ import time
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from core.config import DatabaseUrl
 from outbox import migrate
 from outbox.writer import Event, add_event, add_events
-from tests.helpers import read_committed, unique, wait_for
+from tests.helpers import create_topic, read_committed, unique, wait_for
 from tests.relay_support import (
     ACTIVE,
     Committed,
@@ -152,6 +153,40 @@ def test_poison_rows_halt_by_default_and_dead_letter_on_request(
     # A refused record used up a sequence number: the next transaction must not trip over the gap.
     assert "session ended" not in job.output(), job.output()
     assert terminate(job) == 0
+
+
+@pytest.mark.parametrize("policy", ["dead-letter", "halt"])
+def test_a_record_over_the_topics_limit_is_the_only_one_refused_and_at_once(
+    tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, policy: str
+) -> None:
+    """The broker refuses the whole batch that holds a record over the topic's max.message.bytes:
+    the rows batched with it must not be dead-lettered in its place, nor wait behind it."""
+    topic = create_topic(bootstrap, unique("small"), config={"max.message.bytes": "2000"})
+    with psycopg.connect(outbox_db.libpq) as conn:
+        ids = add_events(
+            conn,
+            [
+                Event(topic, {"n": 1}, key="a"),
+                Event(topic, {"n": 2}, key="a"),
+                Event(topic, b"x" * 10_000, key="a"),  # under the client's 1 MB, over the topic's 2 kB
+                Event(topic, {"n": 4}, key="a"),
+            ],
+        )
+    job, _ = relay_job(tmp_path, env, unique("relay"), "--on-poison", policy)
+    job.wait_for_output(ACTIVE, 60)
+    started = time.monotonic()
+    events = [str(i) for i in ids]
+    expected = events[:2] + events[3:] if policy == "dead-letter" else events[:2]
+    wait_for(lambda: [e for *_, e in published(bootstrap, topic, 1)] == expected, 30, f"{expected}")
+    took = time.monotonic() - started
+    with psycopg.connect(outbox_db.libpq) as conn:
+        dead = conn.execute("SELECT event_id::text FROM relay_dead_letters").fetchall()
+    assert dead == ([(events[2],)] if policy == "dead-letter" else [])
+    if policy == "halt":
+        job.wait_for_output("halted on a poison row", 30)
+        assert "10000 bytes is larger than Kafka accepts" in job.output()
+    assert terminate(job) == 0
+    print(f"the rows around the refused record went out {took:.1f} s after the relay became active")
 
 
 def test_the_same_name_on_two_schemas_publishes_each_outbox_exactly_once(
