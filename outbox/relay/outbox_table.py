@@ -121,6 +121,15 @@ class OutboxTable:
                 " RETURNING mark"
             ).format(**names)
         )
+        # A relay's base moves on without a mark while deltas are empty; other relays'
+        # cleanup needs to see it move (and a rewind may start from it: it is published).
+        self._record_base = bindable(
+            sql.SQL(
+                "UPDATE {positions} SET base = %(base)s, updated_at = now()"
+                " WHERE relay = %(relay)s AND shard = %(index)s AND shards = %(count)s"
+                " AND pg_snapshot_xmax(base::pg_snapshot) < pg_snapshot_xmax(%(base)s::pg_snapshot)"
+            ).format(**names)
+        )
         self._read_mark = bindable(
             sql.SQL(
                 "SELECT base, target, mark, system_identifier FROM {positions}"
@@ -256,6 +265,20 @@ class OutboxTable:
                 return
 
     # -- writes --------------------------------------------------------------
+
+    def record_base(self, base: str) -> None:
+        """Tell the other relays of this outbox (their cleanup) that everything in `base` is published.
+
+        Committed synchronously, as a mark is, so that a rewind never starts from it
+        in a database that may have lost what it saw.
+        """
+        conn = self.conn
+        with conn.transaction():
+            conn.execute("SELECT set_config('synchronous_commit', %s, true)", [self.synchronous_commit])
+            conn.execute(
+                self._record_base,
+                {"base": base, "relay": self.relay, "index": self.shard.index, "count": self.shard.count},
+            )
 
     def cleanup(self, base: str, limit: int, retention: float) -> int:
         """Delete up to `limit` published rows (visible in `base`) older than `retention` seconds."""

@@ -237,14 +237,18 @@ class Relay:
                 self._failures = 0
                 m.halted.set(0)
                 m.health(True, "active")
-                if s.cleanup and (time.monotonic() - last_cleanup > 1.0):
+                if time.monotonic() - last_cleanup > 1.0:
                     _settle(ahead)  # the connection must be idle; the part read stays ahead
-                    if self.pause is not None:
-                        self.pause(BEFORE_CLEANUP)
-                    with m.cleanup_seconds.time():
-                        deleted = table.cleanup(position.base, s.cleanup_batch, s.retention)
-                    m.cleaned.inc(deleted)
-                    last_cleanup = 0.0 if deleted == s.cleanup_batch else time.monotonic()
+                    table.record_base(position.base)
+                    last_cleanup = time.monotonic()
+                    if s.cleanup:
+                        if self.pause is not None:
+                            self.pause(BEFORE_CLEANUP)
+                        with m.cleanup_seconds.time():
+                            deleted = table.cleanup(position.base, s.cleanup_batch, s.retention)
+                        m.cleaned.inc(deleted)
+                        if deleted == s.cleanup_batch:
+                            last_cleanup = 0.0  # more to delete: again at the next batch
                 if step.position.target is None:  # the delta is done: wait for the next commit
                     table.wait(s.poll_interval, self.stop)
 

@@ -10,6 +10,7 @@ import pytest
 
 from core.config import DatabaseUrl
 from outbox import migrate
+from outbox.dev.kafka import Broker
 from outbox.writer import Event, add_event, add_events
 from tests.helpers import create_topic, read_committed, unique, wait_for
 from tests.relay_support import (
@@ -187,6 +188,36 @@ def test_a_record_over_the_topics_limit_is_the_only_one_refused_and_at_once(
         assert "10000 bytes is larger than Kafka accepts" in job.output()
     assert terminate(job) == 0
     print(f"the rows around the refused record went out {took:.1f} s after the relay became active")
+
+
+def test_cleanup_leaves_what_a_slower_relay_of_the_same_outbox_has_not_published(
+    tmp_path: Path, outbox_db: DatabaseUrl, bootstrap: str, own_broker: Broker
+) -> None:
+    """Two relay names on one outbox, each to its own Kafka cluster: the fast one's cleanup must
+    not delete rows the slow one has yet to publish; once both have, the rows go."""
+    topic = unique("events")
+    for cluster in (bootstrap, own_broker.bootstrap):
+        create_topic(cluster, topic, partitions=3)
+    first = Writers(outbox_db, topic).start(transactions=20)
+    first.join()
+    slow_env = {"DATABASE_URL": outbox_db.raw, "KAFKA_BOOTSTRAP_SERVERS": own_broker.bootstrap}
+    slow, resume = relay_job(tmp_path, slow_env, unique("slow"), pause_at="before-produce")
+    slow.wait_for_output("paused at before-produce", 60)
+    fast_env = {"DATABASE_URL": outbox_db.raw, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
+    fast, _ = relay_job(tmp_path, fast_env, unique("fast"))
+    second = Writers(outbox_db, topic).start(transactions=20)
+    second.join()
+    committed = Committed()
+    for writers in (first, second):
+        for key, events in writers.committed.by_key.items():
+            committed.add(key, events)
+    assert_exactly_once(wait_published(bootstrap, topic, 3, committed.count), committed)
+    time.sleep(2.5)  # two rounds of the fast relay's cleanup
+    assert outbox_rows(outbox_db) == committed.count, "cleanup deleted rows the slow relay has not published"
+    resume.touch()
+    assert_exactly_once(wait_published(own_broker.bootstrap, topic, 3, committed.count), committed)
+    wait_for(lambda: outbox_rows(outbox_db) == 0, 30, "cleanup once both relays published")
+    assert terminate(fast) == 0 and terminate(slow) == 0
 
 
 def test_the_same_name_on_two_schemas_publishes_each_outbox_exactly_once(
