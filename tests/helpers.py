@@ -38,9 +38,7 @@ def unique(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:10]}"
 
 
-def create_topic(
-    bootstrap: str, name: str, partitions: int = 1, config: dict[str, str] | None = None
-) -> str:
+def create_topic(bootstrap: str, name: str, partitions: int = 1, config: dict[str, str] | None = None) -> str:
     admin = AdminClient(client_settings({"bootstrap.servers": bootstrap}, "admin"))
     for future in admin.create_topics([NewTopic(name, partitions, 1, config=config or {})]).values():
         future.result(30)

@@ -7,6 +7,7 @@ stderr, never as a traceback.
   db.py      `outbox db upgrade|downgrade|current`
   check.py   `outbox check`: can this host reach and use everything?
   relay.py   `outbox relay`: its settings table, then the daemon
+  relays.py  `outbox relays list|rebase|forget`: the relays an outbox's database records
   verify.py  `outbox verify`: a topic against what was committed
 """
 
@@ -18,7 +19,7 @@ import sys
 from collections.abc import Sequence
 
 from core.errors import OutboxError
-from outbox.cli import check, db, dev, relay, verify
+from outbox.cli import check, db, dev, relay, relays, verify
 from outbox.stopping import release_stop_signals
 
 EXIT_USER_ERROR = 2
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     db.register(commands)
     check.register(commands)
     relay.register(commands)
+    relays.register(commands)
     verify.register(commands)
     return parser
 

@@ -5,6 +5,8 @@ row.py           an outbox row, as the PostgreSQL edge hands it to the Kafka edg
 outbox_table.py  PostgreSQL: the shard's lock, snapshot-delta reads, cleanup, dead letters
 kafka.py         Kafka: one transaction per batch, with the position
 positions.py     the positions topic: made sure of, and read back at start
+resume.py        where a session starts: Kafka's position against the database's mark (pure)
+registry.py      the relays an outbox's database records: list, rebase, forget
 poison.py        which Kafka errors are a record's fault
 relay.py         the daemon loop tying them together
 metrics.py       Prometheus /metrics and /healthz

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Mapping
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from core.committed import read_committed
 from core.errors import ConfigError
@@ -20,6 +20,35 @@ from core.kafka import client_settings
 from outbox.relay.position import Identity, Position, latest_position
 
 log = logging.getLogger("outbox.relay")
+
+
+def replication(brokers: int) -> tuple[int, dict[str, str]]:
+    """The positions topic's replication factor and settings on a cluster of `brokers`.
+
+    Losing the positions means publishing again everything left in the outbox:
+    three replicas where there are three brokers, two of them in sync for a write.
+    """
+    factor = max(1, min(3, brokers))
+    in_sync = min(2, max(1, factor - 1))
+    return factor, {"cleanup.policy": "compact", "min.insync.replicas": str(in_sync)}
+
+
+def problems(topic: str, replicas: int, brokers: int, policy: str) -> list[str]:
+    """What is wrong with an existing positions topic, as lines an operator can act on."""
+    found = []
+    wanted, _ = replication(brokers)
+    if replicas < wanted:
+        found.append(
+            f"the relay positions topic {topic!r} has {replicas} replica(s) on a cluster of {brokers}:"
+            f" losing its broker loses every relay's position (each then publishes its outbox again)."
+            f" Reassign it to {wanted} replicas (kafka-reassign-partitions)"
+        )
+    if "compact" not in policy.split(","):
+        found.append(
+            f"the relay positions topic {topic!r} is not compacted (cleanup.policy={policy}): retention"
+            " will delete positions of idle relays. Set cleanup.policy=compact"
+        )
+    return found
 
 
 class PositionStore:
@@ -32,10 +61,21 @@ class PositionStore:
         return latest_position(self.records(relay.name), relay)
 
     def ensure_topic(self) -> None:
+        """Create the topic, replicated as `replication` says; or warn about an existing one."""
         admin = AdminClient(client_settings(self.settings, "admin", bootstrap=self.bootstrap))
-        if self.topic in admin.list_topics(timeout=self.timeout).topics:
+        metadata = admin.list_topics(timeout=self.timeout)
+        brokers = len(metadata.brokers)
+        existing = metadata.topics.get(self.topic)
+        if existing is not None and existing.error is None:
+            replicas = min((len(p.replicas) for p in existing.partitions.values()), default=0)
+            resource = ConfigResource(ConfigResource.Type.TOPIC, self.topic)
+            configs = admin.describe_configs([resource])[resource].result(self.timeout)
+            policy = configs["cleanup.policy"].value if "cleanup.policy" in configs else "delete"
+            for problem in problems(self.topic, replicas, brokers, policy or "delete"):
+                log.warning(problem)
             return
-        topic = NewTopic(self.topic, 1, config={"cleanup.policy": "compact"})
+        factor, config = replication(brokers)
+        topic = NewTopic(self.topic, 1, factor, config=config)
         for future in admin.create_topics([topic]).values():
             try:
                 future.result(self.timeout)
@@ -43,9 +83,10 @@ class PositionStore:
                 if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise ConfigError(
                         f"cannot create the relay positions topic {self.topic!r}:"
-                        f" {exc.args[0].str()} (create it yourself: compacted, 1 partition)"
+                        f" {exc.args[0].str()} (create it yourself: compacted, 1 partition,"
+                        f" {factor} replicas)"
                     ) from None
-        log.info("created positions topic", extra={"topic": self.topic})
+        log.info("created positions topic", extra={"topic": self.topic, "replicas": factor, **config})
 
     def records(self, name: str) -> list[tuple[bytes | None, bytes | None]]:
         """Every committed record of the topic, in order, up to its high watermark now

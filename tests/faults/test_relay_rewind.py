@@ -9,6 +9,7 @@ took back, and per-key order.
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 
@@ -17,7 +18,9 @@ import pytest
 
 from core.config import DatabaseUrl
 from outbox import migrate
+from outbox.dev import postgres
 from outbox.writer import Event, add_events
+from tests.cli import outbox
 from tests.helpers import Job, OwnPostgres, create_topic, unique, wait_for
 from tests.relay_support import Committed, Writers, assert_exactly_once, published, relay_job, terminate
 
@@ -197,3 +200,46 @@ def test_a_relay_that_reaches_a_standby_waits_for_a_primary(
         assert terminate(job) == 0
     finally:
         replica.stop()
+
+
+def test_a_dump_restored_into_another_cluster_is_refused_until_rebased(
+    tmp_path: Path, durable_postgres: OwnPostgres, bootstrap: str
+) -> None:
+    """pg_dump into a new cluster: its transaction ids mean something else, so the relay refuses it
+    with one line naming `outbox relays rebase`; after the rebase every row left goes out again."""
+    old, topic, name = (
+        durable_postgres,
+        create_topic(bootstrap, unique("events"), PARTITIONS),
+        unique("relay"),
+    )
+    job = start_relay(tmp_path, old.url.raw, bootstrap, name)
+    first = write(old.url, topic)
+    wait_for_events(bootstrap, topic, ids(first))
+    assert terminate(job) == 0
+    second = write(old.url, topic)  # not yet published when the dump is taken
+    new = OwnPostgres(tmp_path / "new", durable=True)
+    try:
+        dump = subprocess.run(
+            [str(postgres.bin_dir() / "pg_dump"), "--dbname", old.url.libpq, "--format", "custom"],
+            capture_output=True,
+            check=True,
+        ).stdout
+        subprocess.run(
+            [str(postgres.bin_dir() / "pg_restore"), "--dbname", new.url.libpq, "--no-owner"],
+            input=dump,
+            capture_output=True,
+            check=True,
+        )
+        third = write(new.url, topic)
+        refused = start_relay(tmp_path, new.url.raw, bootstrap, name)
+        assert refused.wait(60) == 2
+        assert "another PostgreSQL cluster" in refused.output()
+        assert "outbox relays rebase --schema public" in refused.output()
+        rebased = outbox("relays", "rebase", env={"DATABASE_URL": new.url.raw})
+        assert "outbox rows will be published again" in rebased.out
+        job = start_relay(tmp_path, new.url.raw, bootstrap, name)
+        records = wait_for_events(bootstrap, topic, ids(first, second, third))
+        assert_exactly_once(records, together(first, second, third), may_repeat=ids(first))
+        assert terminate(job) == 0
+    finally:
+        new.stop()

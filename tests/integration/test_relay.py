@@ -7,6 +7,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from confluent_kafka.admin import AdminClient, ConfigResource
 
 from core.config import DatabaseUrl
 from outbox import migrate
@@ -218,6 +219,24 @@ def test_cleanup_leaves_what_a_slower_relay_of_the_same_outbox_has_not_published
     assert_exactly_once(wait_published(own_broker.bootstrap, topic, 3, committed.count), committed)
     wait_for(lambda: outbox_rows(outbox_db) == 0, 30, "cleanup once both relays published")
     assert terminate(fast) == 0 and terminate(slow) == 0
+
+
+def test_the_positions_topic_is_made_compacted_and_an_uncompacted_one_is_named(
+    tmp_path: Path, env: dict[str, str], bootstrap: str
+) -> None:
+    made, given = (
+        unique("positions"),
+        create_topic(bootstrap, unique("positions"), config={"cleanup.policy": "delete"}),
+    )
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for topic in (made, given):
+        job, _ = relay_job(tmp_path, env, unique("relay"), "--positions-topic", topic)
+        job.wait_for_output(ACTIVE, 60)
+        assert terminate(job) == 0
+    resource = ConfigResource(ConfigResource.Type.TOPIC, made)
+    config = admin.describe_configs([resource])[resource].result(30)
+    assert config["cleanup.policy"].value == "compact" and config["min.insync.replicas"].value == "1"
+    assert f"the relay positions topic {given!r} is not compacted" in job.output()
 
 
 def test_the_same_name_on_two_schemas_publishes_each_outbox_exactly_once(

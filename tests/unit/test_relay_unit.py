@@ -21,6 +21,7 @@ from outbox.relay.position import (
     halt,
     latest_position,
 )
+from outbox.relay.positions import problems, replication
 from outbox.relay.relay import RelaySettings, backoff, relay_name
 
 SNAP = "100:105:101,103"
@@ -183,3 +184,21 @@ def test_unusable_names_are_refused_with_one_line(name: str) -> None:
     with pytest.raises(ConfigError, match="cannot be used") as refused:
         RelaySettings(url=None, bootstrap="b:1", name=name)  # type: ignore[arg-type]
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("brokers", "factor", "in_sync"), [(1, 1, "1"), (2, 2, "1"), (3, 3, "2"), (7, 3, "2")]
+)
+def test_the_positions_topic_is_replicated_as_the_cluster_allows(
+    brokers: int, factor: int, in_sync: str
+) -> None:
+    assert replication(brokers) == (factor, {"cleanup.policy": "compact", "min.insync.replicas": in_sync})
+
+
+def test_an_under_replicated_or_uncompacted_positions_topic_is_named_with_the_remedy() -> None:
+    assert problems("p", 3, 3, "compact") == []
+    assert problems("p", 1, 1, "compact,delete") == []
+    [few] = problems("p", 1, 3, "compact")
+    assert "1 replica(s) on a cluster of 3" in few and "3 replicas" in few
+    [uncompacted] = problems("p", 3, 3, "delete")
+    assert "cleanup.policy=compact" in uncompacted
