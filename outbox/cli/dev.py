@@ -33,6 +33,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     up = with_dir(actions.add_parser("up", help="start what is not running; print export lines"))
     up.add_argument("--pg-port", type=int, help="PostgreSQL port (default: a free one)")
     up.add_argument("--kafka-port", type=int, help="Kafka port (default: a free one)")
+    up.add_argument(
+        "--durable",
+        action="store_true",
+        help="PostgreSQL with fsync and synchronous commits on, as production runs it (default: off, fast)",
+    )
     up.set_defaults(handler=cmd_up)
     with_dir(actions.add_parser("down", help="stop the services and delete their data")).set_defaults(
         handler=cmd_down
@@ -53,7 +58,9 @@ def export_lines(status: Status) -> list[str]:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    status = Stack(args.dir).up(ports={"postgres": args.pg_port, "kafka": args.kafka_port})
+    status = Stack(args.dir).up(
+        ports={"postgres": args.pg_port, "kafka": args.kafka_port}, durable=args.durable
+    )
     print("\n".join(export_lines(status)))
     return 0
 

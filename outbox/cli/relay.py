@@ -18,6 +18,7 @@ from core.errors import ConfigError
 from outbox.logs import configure
 from outbox.relay.kafka import PRODUCER_DEFAULTS
 from outbox.relay.metrics import RelayMetrics, serve
+from outbox.relay.outbox_table import SYNCHRONOUS_COMMIT
 from outbox.relay.poison import DEAD_LETTER, HALT
 from outbox.relay.position import Shard
 from outbox.relay.relay import POSITIONS_TOPIC, Relay, RelaySettings
@@ -104,6 +105,14 @@ SETTINGS = (
         "10",
         "failed sessions in a row before exiting (backoff 0.5 s doubling to 30 s)",
         int,
+    ),
+    Setting(
+        "--synchronous-commit",
+        "OUTBOX_RELAY_SYNCHRONOUS_COMMIT",
+        "on",
+        "how durable a delta's mark must be before its Kafka commit: local (this server's disk),"
+        " on (and the synchronous standbys', if the server names any), remote_write, remote_apply",
+        choices=SYNCHRONOUS_COMMIT,
     ),
     Setting(
         "--log-format",
@@ -194,6 +203,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
         kafka=kafka,
         exactly_once=args.delivery == "exactly-once",
         max_retries=args.max_retries,
+        synchronous_commit=args.synchronous_commit,
     )
     # Set by SIGTERM or SIGINT, also one that came while the relay was still starting.
     stop = STOP

@@ -99,8 +99,12 @@ class Stack:
         *,
         ports: Mapping[str, int | None] | None = None,
         die_with_parent: bool = False,
+        durable: bool = False,
     ) -> Status:
-        """Start what is wanted and not already running; clean up what a killed run left."""
+        """Start what is wanted and not already running; clean up what a killed run left.
+
+        durable: PostgreSQL with fsync and synchronous commits on, as production runs it.
+        """
         ports = ports or {}
         services = {n: s for n, s in self._load().items() if self._is_ours_and_alive(s)}
         if not services:
@@ -111,7 +115,8 @@ class Stack:
         for name, port in chosen.items():
             data_dir = self.root / name
             shutil.rmtree(data_dir, ignore_errors=True)
-            services[name] = _STARTERS[name](data_dir, port, die_with_parent=die_with_parent)
+            extra = {"durable": durable} if name == "postgres" else {}
+            services[name] = _STARTERS[name](data_dir, port, die_with_parent=die_with_parent, **extra)
             self._save(services)
         self._save(services)
         return Status(running=services, given=self.given())

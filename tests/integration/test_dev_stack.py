@@ -83,3 +83,17 @@ def test_services_given_by_env_are_not_started(tmp_path: Path) -> None:
     assert "DATABASE_URL is set in the environment" in result.out
     assert "secret" not in result.out
     assert our_processes(root) == []
+
+
+def test_up_durable_runs_postgresql_as_production_does(tmp_path: Path) -> None:
+    root = tmp_path / "dev"
+    up = outbox("dev", "up", "--durable", "--dir", str(root), env={"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9"})
+    assert up.code == 0, up
+    try:
+        with psycopg.connect(exports(up.out)["DATABASE_URL"]) as conn:
+            settings = {
+                name: conn.execute(f"SHOW {name}").fetchone()[0] for name in ("fsync", "synchronous_commit")
+            }  # type: ignore[index]
+        assert settings == {"fsync": "on", "synchronous_commit": "on"}
+    finally:
+        assert outbox("dev", "down", "--dir", str(root)).code == 0
