@@ -57,8 +57,8 @@ class DatabaseUrl:
         for host in hosts:
             if not _HOST.match(host):
                 raise ConfigError(
-                    f"{source} has a malformed host {redact_url(host)!r} (host[:port], hosts joined by ','):"
-                    f" {redact_url(value)}"
+                    f"{source} is malformed (host {redact_url(host)!r} is not host[:port];"
+                    f" several hosts are joined by ','): {redact_url(value)}"
                 )
         if not parts.path.strip("/"):
             raise ConfigError(f"{source} names no database (add /dbname): {redact_url(value)}")

@@ -20,6 +20,7 @@ from core.committed import read_committed as read_topic
 from core.config import DatabaseUrl
 from core.kafka import client_settings
 from outbox.dev import postgres
+from outbox.dev.kafka import replicas
 from outbox.dev.process import cmdline_contains, descendants, free_port, spawn, stop
 from outbox.dev.service import Service
 
@@ -39,8 +40,11 @@ def unique(prefix: str) -> str:
 
 
 def create_topic(bootstrap: str, name: str, partitions: int = 1, config: dict[str, str] | None = None) -> str:
+    """A topic replicated as the cluster allows: 3 replicas, 2 in sync, on a cluster of 3 or more."""
     admin = AdminClient(client_settings({"bootstrap.servers": bootstrap}, "admin"))
-    for future in admin.create_topics([NewTopic(name, partitions, 1, config=config or {})]).values():
+    factor, in_sync = replicas(len(admin.list_topics(timeout=30).brokers))
+    settings = {"min.insync.replicas": str(in_sync), **(config or {})}
+    for future in admin.create_topics([NewTopic(name, partitions, factor, config=settings)]).values():
         future.result(30)
     return name
 

@@ -30,6 +30,15 @@ class Committed:
         with self.lock:
             self.by_key[key].extend(event_ids)
 
+    @classmethod
+    def merged(cls, *batches: Committed) -> Committed:
+        """What several groups of writers committed, one after the other."""
+        merged = cls()
+        for batch in batches:
+            for key, events in batch.by_key.items():
+                merged.add(key, events)
+        return merged
+
     @property
     def count(self) -> int:
         with self.lock:

@@ -1,18 +1,24 @@
-"""A throwaway Apache Kafka broker: one KRaft node (broker and controller) from Kafka's own jars.
+"""A throwaway Apache Kafka: one KRaft node (broker and controller), or a cluster of them, from Kafka's jars.
 
-The jars come from Maven once (`outbox/jvm/poms/kafka.xml`); the broker runs
+The jars come from Maven once (`outbox/jvm/poms/kafka.xml`); each node runs
 as a plain `kafka.Kafka` process with a generated `server.properties` in its
 data directory, so a restart on the same directory keeps its ports, its
-cluster id and every committed record.
+cluster id and every committed record. A cluster is N combined nodes, all
+of them controller voters, with internal topics replicated as production has
+them (3 replicas, 2 in sync); the broker's default replication factor stays
+Kafka's own (1), so whatever creates a topic must ask for its replicas.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import os
 import signal
 import subprocess
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from core.errors import ConfigError, ServiceUnavailable
@@ -25,20 +31,14 @@ from outbox.jvm.java import find_java
 INSTEAD = "or set KAFKA_BOOTSTRAP_SERVERS to use your own cluster"
 WHAT = "Apache Kafka's jars"
 HEAP = "512m"
-# A single node: internal topics have one replica and one partition (quick to create).
+# Internal topics have one partition (quick to create); their replicas follow the cluster's size.
 SETTINGS = {
     "process.roles": "broker,controller",
-    "node.id": "1",
     "controller.listener.names": "CONTROLLER",
     "inter.broker.listener.name": "PLAINTEXT",
     "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-    "offsets.topic.replication.factor": "1",
     "offsets.topic.num.partitions": "1",
-    "transaction.state.log.replication.factor": "1",
-    "transaction.state.log.min.isr": "1",
     "transaction.state.log.num.partitions": "1",
-    "share.coordinator.state.topic.replication.factor": "1",
-    "share.coordinator.state.topic.min.isr": "1",
     "group.initial.rebalance.delay.ms": "0",
     # Abandoned transactions are aborted within a second of their timeout, not ten.
     "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
@@ -47,14 +47,37 @@ SETTINGS = {
 }
 
 
-def server_properties(data_dir: Path, port: int, controller_port: int) -> dict[str, str]:
-    """The broker's settings: PLAINTEXT on port, the controller on controller_port, logs in data_dir."""
+@dataclass(frozen=True)
+class Node:
+    """One node of a KRaft quorum: its id, its client port and its controller port."""
+
+    id: int
+    port: int
+    controller_port: int
+
+
+def replicas(nodes: int) -> tuple[int, int]:
+    """Replicas and min.insync.replicas for topics on a cluster of `nodes`: (3, 2) where it can."""
+    factor = max(1, min(3, nodes))
+    return factor, min(2, max(1, factor - 1))
+
+
+def server_properties(data_dir: Path, node: Node, voters: Sequence[Node]) -> dict[str, str]:
+    """A node's settings: PLAINTEXT on its port, the controller on its controller port, logs in data_dir."""
+    factor, in_sync = str(replicas(len(voters))[0]), str(replicas(len(voters))[1])
     return {
         **SETTINGS,
-        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
-        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "node.id": str(node.id),
+        "controller.quorum.voters": ",".join(f"{v.id}@127.0.0.1:{v.controller_port}" for v in voters),
+        "listeners": f"PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.port}",
         "log.dirs": str(data_dir / "logs"),
+        "offsets.topic.replication.factor": factor,
+        "transaction.state.log.replication.factor": factor,
+        "transaction.state.log.min.isr": in_sync,
+        "share.coordinator.state.topic.replication.factor": factor,
+        "share.coordinator.state.topic.min.isr": in_sync,
+        "min.insync.replicas": in_sync,
     }
 
 
@@ -79,22 +102,64 @@ def cluster_id() -> str:
 
 
 def start(data_dir: Path, port: int, *, die_with_parent: bool) -> Service:
-    """Start the broker on 127.0.0.1:port; wait until it answers metadata requests.
+    """Start a one-node cluster on 127.0.0.1:port; wait until it answers metadata requests.
 
     A data directory the broker already ran in is started again as it was
     (same controller port, same log): that is a broker restart.
     """
-    java = find_java(needed_by="The embedded Kafka broker")
-    classpath = maven.classpath(maven.jars("kafka", what=WHAT, instead=INSTEAD))
-    data_dir.mkdir(parents=True, exist_ok=True)
-    config, log = data_dir / "server.properties", data_dir / "kafka.log"
-    log4j, scratch = data_dir / "log4j2.properties", data_dir / "tmp"
-    scratch.mkdir(exist_ok=True)
+    config = data_dir / "server.properties"
     known = read_properties(config) if config.exists() else {}
     if not known.get("listeners", "").startswith(f"PLAINTEXT://127.0.0.1:{port},"):
-        config.write_text(render(server_properties(data_dir, port, free_port())))
-        log4j.write_text(log4j2.file_config(data_dir / "server.log", {"kafka.request.logger": "warn"}))
-    jvm = [
+        node = Node(1, port, free_port())
+        configure(data_dir, node, [node], cluster_id())
+    proc = launch(data_dir, die_with_parent=die_with_parent)
+    wait_until(lambda: _answers(port), proc, what="Kafka broker", log=data_dir / "server.log", timeout=120)
+    return Service(
+        "kafka", proc.pid, port, data_dir, log_of(data_dir), {"KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{port}"}
+    )
+
+
+def configure(data_dir: Path, node: Node, voters: Sequence[Node], cluster: str) -> None:
+    """Write a node's server.properties and format its storage for `cluster`."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / "server.properties").write_text(render(server_properties(data_dir, node, voters)))
+    (data_dir / "log4j2.properties").write_text(
+        log4j2.file_config(data_dir / "server.log", {"kafka.request.logger": "warn"})
+    )
+    if (data_dir / "logs" / "meta.properties").exists():  # a restart keeps its storage
+        return
+    fmt = [
+        *_jvm(data_dir),
+        "kafka.tools.StorageTool",
+        "format",
+        "-t",
+        cluster,
+        "-c",
+        str(data_dir / "server.properties"),
+    ]
+    result = subprocess.run(fmt, capture_output=True, text=True, timeout=120)
+    if result.returncode != 0:
+        lines = (result.stderr + result.stdout).strip().splitlines() or ["no output"]
+        first = next((line for line in lines if "Exception" in line or "rror" in line), lines[0])
+        raise ConfigError(f"formatting Kafka's storage in {data_dir} failed: {first.strip()}")
+
+
+def launch(data_dir: Path, *, die_with_parent: bool) -> subprocess.Popen[bytes]:
+    """Run the node configured in data_dir (it answers once its quorum has formed)."""
+    argv = [*_jvm(data_dir), "kafka.Kafka", str(data_dir / "server.properties")]
+    return spawn(argv, log_of(data_dir), die_with_parent=signal.SIGKILL if die_with_parent else None)
+
+
+def log_of(data_dir: Path) -> Path:
+    return data_dir / "kafka.log"
+
+
+def _jvm(data_dir: Path) -> list[str]:
+    java = find_java(needed_by="The embedded Kafka broker")
+    classpath = maven.classpath(maven.jars("kafka", what=WHAT, instead=INSTEAD))
+    scratch = data_dir / "tmp"
+    scratch.mkdir(parents=True, exist_ok=True)
+    return [
         str(java.path),
         f"-Xmx{HEAP}",
         f"-Xms{HEAP}",
@@ -102,22 +167,10 @@ def start(data_dir: Path, port: int, *, die_with_parent: bool) -> Service:
         "-Djava.awt.headless=true",
         # Compression codecs unpack native libraries into the temp dir: keep it ours.
         f"-Djava.io.tmpdir={scratch}",
-        f"-Dlog4j2.configurationFile={log4j}",
+        f"-Dlog4j2.configurationFile={data_dir / 'log4j2.properties'}",
         "-cp",
         classpath,
     ]
-    if not (data_dir / "logs" / "meta.properties").exists():  # a restart keeps its storage
-        fmt = [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id(), "-c", str(config)]
-        result = subprocess.run(fmt, capture_output=True, text=True, timeout=120)
-        if result.returncode != 0:
-            lines = (result.stderr + result.stdout).strip().splitlines() or ["no output"]
-            first = next((line for line in lines if "Exception" in line or "rror" in line), lines[0])
-            raise ConfigError(f"formatting Kafka's storage in {data_dir} failed: {first.strip()}")
-    argv = [*jvm, "kafka.Kafka", str(config)]
-    proc = spawn(argv, log, die_with_parent=signal.SIGKILL if die_with_parent else None)
-    wait_until(lambda: _answers(port), proc, what="Kafka broker", log=data_dir / "server.log", timeout=120)
-    bootstrap = f"127.0.0.1:{port}"
-    return Service("kafka", proc.pid, port, data_dir, log, {"KAFKA_BOOTSTRAP_SERVERS": bootstrap})
 
 
 def _answers(port: int) -> bool:
@@ -146,3 +199,59 @@ class Broker:
 
     def stop(self) -> None:
         stop(self.service.pid, signal.SIGKILL)
+
+
+class Cluster:
+    """`size` combined KRaft nodes of one cluster, each of which can be stopped, killed (-9),
+    paused (SIGSTOP), resumed and started again by its node id, as brokers fail in production."""
+
+    def __init__(self, root: Path, size: int = 3) -> None:
+        self.root, self.nodes = root, [Node(i, free_port(), free_port()) for i in range(1, size + 1)]
+        cluster = cluster_id()
+        for node in self.nodes:
+            configure(self._dir(node.id), node, self.nodes, cluster)
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        try:
+            for node in self.nodes:
+                self.procs[node.id] = launch(self._dir(node.id), die_with_parent=True)
+            for node in self.nodes:
+                self._wait(node.id)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(f"127.0.0.1:{node.port}" for node in self.nodes)
+
+    def kill(self, node: int) -> None:
+        stop(self.procs[node].pid, signal.SIGKILL)
+
+    def stop(self, node: int) -> None:
+        """A controlled shutdown: leadership moves first."""
+        stop(self.procs[node].pid, signal.SIGTERM, timeout=60)
+
+    def pause(self, node: int) -> None:
+        os.kill(self.procs[node].pid, signal.SIGSTOP)
+
+    def resume(self, node: int) -> None:
+        os.kill(self.procs[node].pid, signal.SIGCONT)
+
+    def start(self, node: int) -> None:
+        """Start a stopped or killed node again on its own log."""
+        self.procs[node] = launch(self._dir(node), die_with_parent=True)
+        self._wait(node)
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGCONT)  # a paused node dies too
+            stop(proc.pid, signal.SIGKILL)
+
+    def _dir(self, node: int) -> Path:
+        return self.root / f"node{node}"
+
+    def _wait(self, node: int) -> None:
+        port = next(n.port for n in self.nodes if n.id == node)
+        log = self._dir(node) / "server.log"
+        wait_until(lambda: _answers(port), self.procs[node], what=f"Kafka node {node}", log=log, timeout=180)

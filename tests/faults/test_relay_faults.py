@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 import signal
 import time
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,8 @@ from tests.relay_support import (
 def test_kill9_at_each_point_of_a_batch(
     tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, events_topic: str, point: str
 ) -> None:
-    name = unique("relay")
+    # A name with quotes, SQL, non-ASCII and an emoji, in NFD: it must find its own position again.
+    name = unique(unicodedata.normalize("NFD", "we\"ird 'näme' ✓ x;-- 🚀"))
     writers = Writers(outbox_db, events_topic).start(transactions=40, max_delay=0.005)
     writers.join()
     for _ in range(2):  # the second kill hits a relay that restarted from the first one's leftovers
@@ -86,10 +88,7 @@ def test_postgres_restart_mid_run(tmp_path: Path, own_postgres: OwnPostgres, boo
     own_postgres.restart()
     second = Writers(url, topic).start(transactions=25)
     second.join()
-    committed = Committed()
-    for writers in (first, second):
-        for key, ids in writers.committed.by_key.items():
-            committed.add(key, ids)
+    committed = Committed.merged(first.committed, second.committed)
     assert_exactly_once(wait_published(bootstrap, topic, 3, committed.count), committed)
     assert "session ended, retrying" in job.output()
     assert terminate(job) == 0

@@ -37,14 +37,6 @@ def ids(*batches: Committed) -> set[str]:
     return {e for batch in batches for events in batch.by_key.values() for e in events}
 
 
-def together(*batches: Committed) -> Committed:
-    merged = Committed()
-    for batch in batches:
-        for key, events in batch.by_key.items():
-            merged.add(key, events)
-    return merged
-
-
 def lose_the_tail(server: OwnPostgres, topic: str) -> int:
     """Leave WAL that only the (paused) WAL writer would flush: a transaction that took an
     xid and rolled back. A crash now loses its abort record, and its xid is handed out again."""
@@ -86,7 +78,7 @@ def test_a_crash_that_loses_the_wals_tail_loses_no_event(
     pg.start()
     after = write(pg.url, topic)
     records = wait_for_events(bootstrap, topic, ids(before, after))
-    assert_exactly_once(records, together(before, after))
+    assert_exactly_once(records, Committed.merged(before, after))
     assert "went back in time" not in job.output(), "a durable server's crash must not rewind the relay"
     assert terminate(job) == 0
 
@@ -138,9 +130,11 @@ def test_failover_to_a_promoted_replica_loses_no_event(
         third = write(replica.url, topic)
         records = wait_for_events(bootstrap, topic, ids(first, third), timeout=120)
         if sync:
-            assert_exactly_once(records, together(first, second, third))
+            assert_exactly_once(records, Committed.merged(first, second, third))
         else:
-            assert_exactly_once(records, together(first, third), may_repeat=ids(first), phantoms=ids(second))
+            assert_exactly_once(
+                records, Committed.merged(first, third), may_repeat=ids(first), phantoms=ids(second)
+            )
             assert "went back in time" in job.output()
         assert terminate(job) == 0
     finally:
@@ -166,7 +160,9 @@ def test_a_restore_from_a_base_backup_loses_no_event(
     try:
         third = write(restored.url, topic)
         records = wait_for_events(bootstrap, topic, ids(first, third))
-        assert_exactly_once(records, together(first, third), may_repeat=ids(first), phantoms=ids(second))
+        assert_exactly_once(
+            records, Committed.merged(first, third), may_repeat=ids(first), phantoms=ids(second)
+        )
         assert "went back in time" in job.output()
         assert terminate(job) == 0
     finally:
@@ -239,7 +235,7 @@ def test_a_dump_restored_into_another_cluster_is_refused_until_rebased(
         assert "outbox rows will be published again" in rebased.out
         job = start_relay(tmp_path, new.url.raw, bootstrap, name)
         records = wait_for_events(bootstrap, topic, ids(first, second, third))
-        assert_exactly_once(records, together(first, second, third), may_repeat=ids(first))
+        assert_exactly_once(records, Committed.merged(first, second, third), may_repeat=ids(first))
         assert terminate(job) == 0
     finally:
         new.stop()

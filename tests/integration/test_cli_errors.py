@@ -93,7 +93,10 @@ def test_relay_names_the_missing_tables(database, bootstrap) -> None:  # type: i
         env={"DATABASE_URL": database.raw, "KAFKA_BOOTSTRAP_SERVERS": bootstrap},
     )
     assert result.code == 2, result
-    missing = "public.outbox_events, public.relay_dead_letters, public.outbox_identity are missing"
+    missing = (
+        "public.outbox_events, public.relay_dead_letters, public.outbox_identity, public.relay_positions"
+        " are missing"
+    )
     assert f"outbox: error: tables {missing}" in result.err
     assert "outbox db upgrade" in result.err
 

@@ -208,10 +208,7 @@ def test_cleanup_leaves_what_a_slower_relay_of_the_same_outbox_has_not_published
     fast, _ = relay_job(tmp_path, fast_env, unique("fast"))
     second = Writers(outbox_db, topic).start(transactions=20)
     second.join()
-    committed = Committed()
-    for writers in (first, second):
-        for key, events in writers.committed.by_key.items():
-            committed.add(key, events)
+    committed = Committed.merged(first.committed, second.committed)
     assert_exactly_once(wait_published(bootstrap, topic, 3, committed.count), committed)
     time.sleep(2.5)  # two rounds of the fast relay's cleanup
     assert outbox_rows(outbox_db) == committed.count, "cleanup deleted rows the slow relay has not published"
