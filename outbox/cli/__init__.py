@@ -9,6 +9,7 @@ stderr, never as a traceback.
   relay.py   `outbox relay`: its settings table, then the daemon
   relays.py  `outbox relays list|rebase|forget`: the relays an outbox's database records
   verify.py  `outbox verify`: a topic against what was committed
+  options.py options several commands share
 """
 
 from __future__ import annotations

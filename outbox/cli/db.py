@@ -4,30 +4,28 @@ from __future__ import annotations
 
 import argparse
 
-from core.config import OUTBOX_SCHEMA, database_url, schema_name
+from core.config import database_url, schema_name
 from outbox import migrate
+from outbox.cli import options
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     db = commands.add_parser("db", help="migrate the framework's tables")
     actions = db.add_subparsers(dest="action", required=True, metavar="ACTION")
 
-    def common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--url", help="PostgreSQL URL (default: env DATABASE_URL)")
-        p.add_argument("--schema", help=f"schema for the tables (env {OUTBOX_SCHEMA}, default public)")
-        return p
-
-    up = common(actions.add_parser("upgrade", help="migrate up (default: to head)"))
+    up = options.database(actions.add_parser("upgrade", help="migrate up (default: to head)"))
     up.add_argument("revision", nargs="?", default="head")
     up.add_argument("--sql", action="store_true", help="print the SQL instead of running it")
     up.set_defaults(handler=cmd_upgrade)
 
-    down = common(actions.add_parser("downgrade", help="migrate down to REV (`base`: drop all)"))
+    down = options.database(actions.add_parser("downgrade", help="migrate down to REV (`base`: drop all)"))
     down.add_argument("revision")
     down.add_argument("--sql", action="store_true", help="print the SQL (REV must be FROM:TO)")
     down.set_defaults(handler=cmd_downgrade)
 
-    common(actions.add_parser("current", help="show the applied revision")).set_defaults(handler=cmd_current)
+    options.database(actions.add_parser("current", help="show the applied revision")).set_defaults(
+        handler=cmd_current
+    )
 
 
 def cmd_upgrade(args: argparse.Namespace) -> int:

@@ -10,9 +10,10 @@ from typing import Any
 import psycopg
 
 from core import tables
-from core.config import OUTBOX_SCHEMA, database_url, schema_name
+from core.config import database_url, schema_name
 from core.errors import OutboxError
 from core.postgres import connect, reason
+from outbox.cli import options
 from outbox.relay import registry
 from outbox.relay.position import Shard
 
@@ -21,15 +22,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     relays = commands.add_parser("relays", help="list, rebase or forget the relays of an outbox")
     actions = relays.add_subparsers(dest="action", required=True, metavar="ACTION")
 
-    def common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--url", help="PostgreSQL URL (default: env DATABASE_URL)")
-        p.add_argument("--schema", help=f"schema of the outbox (env {OUTBOX_SCHEMA}, default public)")
-        return p
-
-    common(
+    options.database(
         actions.add_parser("list", help="each relay shard: position base, mark, running or not")
     ).set_defaults(handler=cmd_list)
-    rebase = common(
+    rebase = options.database(
         actions.add_parser(
             "rebase",
             help="after a restore into another cluster: every relay publishes every row left again",
@@ -46,7 +42,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="also a relay the database has no record of (shard I of N; default 0/1); repeatable",
     )
     rebase.set_defaults(handler=cmd_rebase)
-    forget = common(
+    forget = options.database(
         actions.add_parser("forget", help="drop a retired relay, so cleanup stops waiting for it")
     )
     forget.add_argument("name")

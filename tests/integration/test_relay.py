@@ -13,6 +13,7 @@ from core.config import DatabaseUrl
 from outbox import migrate
 from outbox.dev.kafka import Broker
 from outbox.writer import Event, add_event, add_events
+from tests.cli import outbox
 from tests.helpers import create_topic, read_committed, unique, wait_for
 from tests.relay_support import (
     ACTIVE,
@@ -215,7 +216,13 @@ def test_cleanup_leaves_what_a_slower_relay_of_the_same_outbox_has_not_published
     resume.touch()
     assert_exactly_once(wait_published(own_broker.bootstrap, topic, 3, committed.count), committed)
     wait_for(lambda: outbox_rows(outbox_db) == 0, 30, "cleanup once both relays published")
+    listed = outbox("relays", "list", env={"DATABASE_URL": outbox_db.raw})
+    assert listed.code == 0 and listed.out.count("running") == 2, listed
     assert terminate(fast) == 0 and terminate(slow) == 0
+    slow_name = next(line.split("\t")[0] for line in listed.out.splitlines() if line.startswith("slow"))
+    assert outbox("relays", "forget", slow_name, env={"DATABASE_URL": outbox_db.raw}).code == 0
+    listed = outbox("relays", "list", env={"DATABASE_URL": outbox_db.raw})
+    assert [line.split("\t")[2] for line in listed.out.splitlines()] == ["stopped"], listed
 
 
 def test_the_positions_topic_is_made_compacted_and_an_uncompacted_one_is_named(
