@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
+from typing import NamedTuple
+from urllib.parse import parse_qsl, unquote
 
 from core.errors import ConfigError
 
@@ -40,33 +41,33 @@ class DatabaseUrl:
                 ' (or run `eval "$(outbox dev up)"` for a local one)'
             )
         value = value.strip()
-        try:
-            parts = urlsplit(value)
-        except ValueError as exc:
-            raise ConfigError(f"{source} is malformed ({exc}): {redact_url(value)}") from None
-        if parts.scheme not in _SCHEMES:
+        uri = _split(value)
+        if uri.scheme not in _SCHEMES:
             raise ConfigError(
-                f"{source} must start with postgresql:// (got {parts.scheme or 'no scheme'!r}):"
+                f"{source} must start with postgresql:// (got {uri.scheme or 'no scheme'!r}):"
                 f" {redact_url(value)}"
             )
-        # libpq takes several hosts (host1:5432,host2:5432), as HA setups use with
-        # target_session_attrs=read-write: each one must be a host with an optional port.
-        hosts = parts.netloc.rpartition("@")[2].split(",")
-        if hosts == [""]:
-            raise ConfigError(f"{source} names no host: {redact_url(value)}")
-        for host in hosts:
-            if not _HOST.match(host):
-                raise ConfigError(
-                    f"{source} is malformed (host {redact_url(host)!r} is not host[:port];"
-                    f" several hosts are joined by ','): {redact_url(value)}"
-                )
-        if not parts.path.strip("/"):
-            raise ConfigError(f"{source} names no database (add /dbname): {redact_url(value)}")
-        return cls(value)
-
-    @property
-    def _parts(self) -> SplitResult:
-        return urlsplit(self.raw)
+        hosts = uri.hosts.split(",")
+        if "@" in uri.hosts + uri.path:
+            problem = ""  # no host or database name holds an '@': a password does
+        elif hosts == [""]:
+            problem = "names no host"
+        elif (bad := next((host for host in hosts if not _HOST.match(host)), None)) is not None:
+            # libpq takes several hosts (host1:5432,host2:5432), as HA setups use with
+            # target_session_attrs=read-write: each one a host with an optional port.
+            problem = f"is malformed (host {bad!r} is not host[:port]; several hosts are joined by ',')"
+        elif not uri.path.strip("/"):
+            problem = "names no database (add /dbname)"
+        elif (key := _unknown_parameter(uri.query)) is not None:
+            problem = f"is malformed (query parameter {key!r} is not a libpq setting)"
+        else:
+            return cls(value)
+        if not problem or "@" in uri.query:
+            # An '@' libpq did not read as the end of the user info: the password holds a raw '@',
+            # '/', '?' or '#', which libpq and every other URL reader split differently.
+            problem = "is malformed: its user or password holds a raw '@', '/', '?' or '#'; percent-encode it"
+            problem += " (@ as %40, / as %2F, ? as %3F, # as %23)"
+        raise ConfigError(f"{source} {problem}: {redact_url(value)}")
 
     @property
     def libpq(self) -> str:
@@ -79,17 +80,22 @@ class DatabaseUrl:
         return "postgresql+psycopg" + self.raw[self.raw.index("://") :]
 
     @property
+    def _written_password(self) -> str:
+        userinfo = _split(self.raw).userinfo or ""
+        return userinfo.partition(":")[2]
+
+    @property
     def password(self) -> str | None:
-        pw = self._parts.password
-        return unquote(pw) if pw else None
+        return unquote(self._written_password) or None
 
     @property
     def secrets(self) -> set[str]:
         """Every secret the URL carries, as written and decoded: its password, ?password=, ?sslpassword=."""
-        found = {self._parts.password or "", self.password or ""}
-        for key, value in parse_qsl(self._parts.query, keep_blank_values=True):
+        found = {self._written_password, self.password or ""}
+        query = _split(self.raw).query
+        for key, value in parse_qsl(query, keep_blank_values=True):
             if key.lower() in SECRET_PARAMETERS:
-                found |= {value, *re.findall(rf"(?i)(?:^|&){key}=([^&]*)", self._parts.query)}
+                found |= {value, *re.findall(rf"(?i)(?:^|&){key}=([^&]*)", query)}
         return {secret for secret in found if secret}
 
     @property
@@ -111,9 +117,45 @@ class DatabaseUrl:
         return f"DatabaseUrl({self.safe!r})"
 
 
+def _unknown_parameter(query: str) -> str | None:
+    """The first key of a URL query that libpq would refuse (it knows a fixed set), if any."""
+    from psycopg import pq
+
+    known = {option.keyword.decode() for option in pq.Conninfo.get_defaults()}
+    keys = (item.partition("=")[0] for item in query.split("&") if item)
+    return next((key for key in keys if key not in known), None)
+
+
+class _Uri(NamedTuple):
+    scheme: str
+    userinfo: str | None
+    hosts: str
+    path: str
+    query: str
+
+
+def _split(value: str) -> _Uri:
+    """A URL read as libpq reads it: the user info ends at the first '@' met before any '/',
+    the hosts at the next '/' or '?'. (Python's urlsplit reads it otherwise when a password
+    holds a raw '@', '/', '?' or '#', and libpq is what connects.)"""
+    scheme, sep, rest = value.partition("://")
+    if not sep:
+        return _Uri("", None, "", "", "")
+    userinfo = None
+    cut = re.search(r"[@/]", rest)
+    if cut is not None and cut.group() == "@":
+        userinfo, rest = rest[: cut.start()], rest[cut.end() :]
+    end = re.search(r"[/?]", rest)
+    hosts, tail = (rest[: end.start()], rest[end.start() :]) if end else (rest, "")
+    path, _, query = tail.partition("?")
+    return _Uri(scheme.lower(), userinfo, hosts, path, query)
+
+
 # libpq settings whose values are secrets, in a URL's query or a key=value connection string.
 SECRET_PARAMETERS = ("password", "sslpassword")
-_USERINFO_PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@/\s]*@")
+# Up to the last '@': a password may hold raw '/', '@', '?', '#' or spaces (a malformed URL),
+# and masking too much is the safe mistake.
+_USERINFO_PASSWORD = re.compile(r"(://[^:/@\s]*:).*@")
 _SECRET_SETTING = re.compile(
     r"(?i)((?:^|[?&\s])(?:" + "|".join(SECRET_PARAMETERS) + r")\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s]*)"
 )

@@ -75,6 +75,10 @@ secret_text = st.text(
     min_size=1,
     max_size=20,
 ).map(lambda s: "Zq9" + s)
+# What people paste into a URL unencoded: the characters a URL gives meaning to, and spaces.
+raw_secret_text = st.text(alphabet=st.sampled_from("/@?#% :;&=+abcXYZ019"), min_size=1, max_size=20).map(
+    lambda s: "Zq9" + s + "Kw7"
+)  # marked at both ends: a leaked head or tail shows
 
 
 @given(secret=secret_text, form=st.sampled_from(["userinfo", "query", "sslpassword", "conninfo"]))
@@ -93,3 +97,21 @@ def test_no_secret_survives_masking_in_any_form(secret: str, form: str) -> None:
         message = f"connection to {text} failed: password {secret!r} ({quoted}) refused"
         for shown in (url.safe, str(url), repr(url), url.scrub(message)):
             assert secret not in shown and quoted not in shown, shown
+
+
+@given(secret=raw_secret_text)
+def test_a_raw_password_is_refused_or_masked_never_shown(secret: str) -> None:
+    """A password pasted unencoded ('/', '@', '?', '#', spaces): one line naming the remedy, or a URL
+    that masks it; in no case the password, whole or in part, in what is printed."""
+    text = f"postgresql://app:{secret}@db:5432/shop"
+    assert secret not in redact_url(text)
+    try:
+        url = DatabaseUrl.parse(text)
+    except ConfigError as refused:
+        shown = [str(refused)]
+        assert "percent-encode" in shown[0] or "malformed" in shown[0]
+    else:
+        # a driver's error can only echo the password libpq was given
+        shown = [url.safe, str(url), repr(url), url.scrub(f"connection to {text} failed for {url.password}")]
+    for line in shown:
+        assert "Zq9" not in line and "Kw7" not in line, line
