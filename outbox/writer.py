@@ -95,14 +95,27 @@ def add_events(conn: Any, events: Iterable[Event], *, schema: str | None = None)
 
 def _psycopg(conn: Any) -> psycopg.Connection:
     """The psycopg connection under `conn`, inside an open transaction."""
-    if isinstance(conn, psycopg.Connection):
-        if conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
-            raise OutboxError(
-                "add_event needs an open transaction (this connection is in autocommit mode): call it"
-                " inside `with conn.transaction():` so the event commits with your change"
-            )
-        return conn
-    try:  # SQLAlchemy: a Session gives its Connection; a Connection its DBAPI connection.
+    alchemy = not isinstance(conn, psycopg.Connection)
+    driver = _driver(conn) if alchemy else conn
+    # In autocommit mode each statement commits alone: the event would commit even if the
+    # change it belongs to then fails. Only an explicit transaction block is fine.
+    if driver.autocommit and driver.info.transaction_status == TransactionStatus.IDLE:
+        how = (
+            "use a connection in a transaction (`with engine.begin() as conn:`, not"
+            " isolation_level='AUTOCOMMIT')"
+            if alchemy
+            else "call it inside `with conn.transaction():`"
+        )
+        raise OutboxError(
+            f"add_event needs an open transaction (this connection is in autocommit mode): {how}"
+            " so the event commits with your change"
+        )
+    return driver
+
+
+def _driver(conn: Any) -> psycopg.Connection:
+    """The psycopg connection under a SQLAlchemy Session or Connection."""
+    try:  # a Session gives its Connection; a Connection its DBAPI connection.
         connection = conn.connection() if callable(getattr(conn, "connection", None)) else conn
         driver = connection.connection.driver_connection
     except AttributeError:

@@ -61,6 +61,20 @@ def test_autocommit_without_a_transaction_is_refused(db: DatabaseUrl, pg: psycop
     assert outbox_rows(pg) == []
 
 
+def test_a_sqlalchemy_autocommit_connection_is_refused(db: DatabaseUrl, pg: psycopg.Connection) -> None:
+    """Else the event commits on its own, and stays when the business change after it fails."""
+    engine = sa.create_engine(db.sqlalchemy, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            with pytest.raises(OutboxError, match=r"autocommit mode.*engine\.begin"):
+                add_event(conn, "orders", "x")
+            with pytest.raises(sa.exc.IntegrityError):
+                conn.execute(sa.text("INSERT INTO orders VALUES (NULL, 'fails')"))
+    finally:
+        engine.dispose()
+    assert outbox_rows(pg) == []
+
+
 def test_sqlalchemy_connection_and_session(db: DatabaseUrl, pg: psycopg.Connection) -> None:
     engine = sa.create_engine(db.sqlalchemy)
     try:
