@@ -82,7 +82,9 @@ def plan(schema: T.StructType, table: Table, spec: SinkSpec) -> Plan:
     conversions = {n: conversion(n, fields[n], table) for n in columns}
 
     def raw(name: str) -> str | None:
-        return name if isinstance(fields.get(name), T.BinaryType) and name not in columns else None
+        """Kafka's binary key or value, also when a column of the table of that name is written from it:
+        a tombstone is a null value whatever the table calls its columns."""
+        return name if isinstance(fields.get(name), T.BinaryType) else None
 
     no_equality = frozenset(
         n for n in columns if table.columns[n].base in ("json", "xml") or table.columns[n].category == "G"

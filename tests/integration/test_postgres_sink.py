@@ -58,6 +58,20 @@ def test_versions_never_move_backwards(spark, db, pg) -> None:  # type: ignore[n
     assert ledger(pg) == {0: 6}
 
 
+@pytest.mark.parametrize("tasks", [True, False], ids=["in-tasks", "on-driver"])
+def test_tombstones_delete_from_a_table_with_a_value_column(spark, db, pg, tasks) -> None:  # type: ignore[no-untyped-def]
+    """Key-value tables often have a `value` column: the Kafka value written there is still what
+    says a record is a tombstone."""
+    pg.execute(
+        "CREATE TABLE kv (event_id uuid PRIMARY KEY, n bigint, amount numeric, version int, value bytea)"
+    )
+    kept, gone = str(uuid.uuid4()), str(uuid.uuid4())
+    batches = [[event(kept, 1), event(gone, 2)], [(gone.encode(), None)]]
+    apply_batches(spark, PostgresSink("kv", url=db.raw), batches, tasks=tasks)
+    rows = pg.execute("SELECT event_id::text, n, value IS NOT NULL FROM kv").fetchall()
+    assert rows == [(kept, 1, True)]
+
+
 def test_insert_mode_keeps_the_first_event(spark, db, pg) -> None:  # type: ignore[no-untyped-def]
     a = str(uuid.uuid4())
 
