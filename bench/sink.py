@@ -197,8 +197,8 @@ def spark_runs(
             batch.write.format("noop").mode("append").save()
 
         # stringtype=unspecified lets PostgreSQL turn the event id string into uuid.
-        jdbc_url = f"jdbc:postgresql://{url.libpq.split('@', 1)[1]}?stringtype=unspecified"
-        user = url.libpq.split("://", 1)[1].split("@", 1)[0].split(":", 1)[0]
+        jdbc_url = f"jdbc:postgresql://{url.raw.split('@', 1)[1]}?stringtype=unspecified"
+        user = url.raw.split("://", 1)[1].split("@", 1)[0].split(":", 1)[0]
 
         def jdbc(table: str, _frame):  # type: ignore[no-untyped-def]
             def each(batch, _: int) -> None:  # type: ignore[no-untyped-def]

@@ -11,7 +11,7 @@ import os
 import re
 from dataclasses import dataclass
 from typing import NamedTuple
-from urllib.parse import parse_qsl, unquote
+from urllib.parse import parse_qsl, quote, unquote, urlencode
 
 from core.errors import ConfigError
 
@@ -22,6 +22,8 @@ OUTBOX_DEV_DIR = "OUTBOX_DEV_DIR"
 
 DEFAULT_SCHEMA = "public"
 
+# Set on every connection the framework opens (DatabaseUrl.libpq).
+SESSION = {"client_encoding": "UTF8", "options": "-c TimeZone=UTC"}
 _SCHEMES = {"postgresql", "postgres", "postgresql+psycopg"}
 _HOST_PORT = re.compile(r"^\[?[A-Za-z0-9_.:-]+\]?:\d{1,5}$")
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.%-]+)(:\d{1,5})?$")
@@ -71,13 +73,23 @@ class DatabaseUrl:
 
     @property
     def libpq(self) -> str:
-        """The URL as libpq and psycopg take it."""
-        return "postgresql" + self.raw[self.raw.index("://") :]
+        """The URL as libpq and psycopg take it, with the session settings every connection of
+        the framework needs (SESSION): UTF-8 is what it sends, UTC what its times without a
+        zone mean, whatever the database's encoding and time zone."""
+        base, _, query = ("postgresql" + self.raw[self.raw.index("://") :]).partition("?")
+        pairs = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k not in SESSION]
+        given = dict(parse_qsl(query)).get("options", "")
+        pairs = [(k, v) for k, v in pairs if k != "options"]
+        pairs += [
+            ("client_encoding", SESSION["client_encoding"]),
+            ("options", f"{given} {SESSION['options']}".strip()),
+        ]
+        return f"{base}?{urlencode(pairs, quote_via=quote)}"
 
     @property
     def sqlalchemy(self) -> str:
-        """The URL with the psycopg 3 driver named, as SQLAlchemy needs it."""
-        return "postgresql+psycopg" + self.raw[self.raw.index("://") :]
+        """The URL with the psycopg 3 driver named, as SQLAlchemy needs it (session settings included)."""
+        return "postgresql+psycopg" + self.libpq[len("postgresql") :]
 
     @property
     def _written_password(self) -> str:

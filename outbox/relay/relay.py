@@ -4,8 +4,10 @@ All I/O sits in OutboxTable (Postgres) and Publisher (Kafka); the choice of
 rows and of the next position is `position.advance`. Any failure of either
 service ends the session: the Kafka transaction is aborted, the lock is let
 go with the connection, and a new session starts from the position committed
-in Kafka. Never trusting in-memory state across a failure is what keeps
-"commit timed out, did it land?" from becoming a duplicate or a gap.
+in Kafka, as far as the database still knows it (`resume.resume`). Never
+trusting in-memory state across a failure is what keeps "commit timed out,
+did it land?" from becoming a duplicate or a gap. (A refused record is no such
+failure: its transaction was aborted, so Kafka stands where the loop does.)
 """
 
 from __future__ import annotations

@@ -63,19 +63,19 @@ def apply_batch(
 Counts = tuple[int, int, int, int, int]  # present, fresh, upserted, deleted, dead
 
 
-def apply_rows(
-    conn: psycopg.Connection, st: Statements, params: dict[str, Any], *, one_per_key: bool = False
-) -> Counts:
+def apply_rows(conn: psycopg.Connection, st: Statements, params: dict[str, Any]) -> Counts:
     """Apply the staged rows of `params["attempts"]` inside the open transaction, ledger included.
 
-    one_per_key: the caller knows no key has two rows, so no need to ask PostgreSQL.
+    Whether a key has two rows is asked of PostgreSQL, on the staged rows in the
+    table's own types: keys that differ as text may be one value there (a uuid in
+    upper and lower case, citext, '1' and '01' into a number).
     """
     fail = st.spec.on_error == "fail"
     # Enough memory to number a batch's events in one in-memory sort, not in temp files.
     conn.execute("SET LOCAL work_mem = '256MB'")
     if fail and (bad := conn.execute(st.first_error(), params).fetchone()):
         raise SinkError(f"sink {st.spec.name}: cannot write {bad[0]}[{bad[1]}]@{bad[2]}: {bad[3]}")
-    if one_per_key or conn.execute(st.rounds(), params).fetchone()[0] <= 1:  # type: ignore[index]
+    if conn.execute(st.rounds(), params).fetchone()[0] <= 1:  # type: ignore[index]
         try:
             with conn.transaction():
                 return conn.execute(st.apply(), params).fetchone()  # type: ignore[return-value]

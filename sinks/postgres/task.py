@@ -89,7 +89,7 @@ def apply_task(job: TaskJob, rows: list[pa.RecordBatch], attempt: int) -> Outcom
                 copied = time.perf_counter()
                 conn.execute(st.claim(), params)
                 conn.execute(st.lock(), params)
-                counts = apply_rows(conn, st, params, one_per_key=one_per_key(held, job.stage.keys))
+                counts = apply_rows(conn, st, params)
         except SinkError as exc:  # rolled back: the driver fails the batch with this line
             return replace(NOTHING, refused=str(exc))
     return Outcome(counts, seconds=(copied - start, time.perf_counter() - copied))
@@ -99,13 +99,6 @@ def positions(rows: pa.Table) -> tuple[list[str], list[int]]:
     """The topic-partitions the task holds, as two parallel lists for the ledger statements."""
     pairs = rows.group_by(["_topic", "_partition"]).aggregate([]).to_pydict()
     return pairs["_topic"], pairs["_partition"]
-
-
-def one_per_key(rows: pa.Table, keys: tuple[int, ...]) -> bool:
-    """Whether no key has two rows here (counting rows that will be dead letters: a safe no)."""
-    names = [rows.column_names[k] for k in keys]
-    counts = rows.select(names).group_by(names).aggregate([([], "count_all")])
-    return counts.num_rows == rows.num_rows
 
 
 def with_retries(attempt: Callable[[], Outcome], budget: float) -> Outcome:

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 import uuid
+from collections.abc import Iterator
 from decimal import Decimal
 
+import psycopg
 import pytest
 from psycopg import sql
 
+from core.config import DatabaseUrl
 from core.errors import ConfigError
 from outbox import migrate
 from sinks.postgres import Outbox, PostgresSink, parse_json
 from sinks.postgres.refusal import SinkError
-from tests.helpers import produce_transaction, transactional_producer
+from tests.helpers import produce_transaction, transactional_producer, unique
 from tests.sink_support import KAFKA, ORDERS, SCHEMA, apply_batches, event, ledger, log_ends, run, table
 from tests.source_support import stream
 
@@ -70,6 +74,65 @@ def test_tombstones_delete_from_a_table_with_a_value_column(spark, db, pg, tasks
     apply_batches(spark, PostgresSink("kv", url=db.raw), batches, tasks=tasks)
     rows = pg.execute("SELECT event_id::text, n, value IS NOT NULL FROM kv").fetchall()
     assert rows == [(kept, 1, True)]
+
+
+@pytest.fixture
+def latin1_new_york(server_url: DatabaseUrl) -> Iterator[DatabaseUrl]:
+    """A migrated database in LATIN1 whose time zone is not UTC, as some servers have them."""
+    name = unique("latin1")
+    with psycopg.connect(server_url.libpq, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "CREATE DATABASE {} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"
+            ).format(sql.Identifier(name))
+        )
+        conn.execute(
+            sql.SQL("ALTER DATABASE {} SET TimeZone = 'America/New_York'").format(sql.Identifier(name))
+        )
+    url = DatabaseUrl.parse(f"{server_url.raw.rpartition('/')[0]}/{name}")
+    migrate.upgrade(url, "public")
+    yield url
+    with psycopg.connect(server_url.libpq, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.mark.parametrize("tasks", [True, False], ids=["in-tasks", "on-driver"])
+def test_text_and_times_arrive_as_sent_whatever_the_databases_encoding_and_time_zone(  # type: ignore[no-untyped-def]
+    spark, latin1_new_york, tasks
+) -> None:
+    """Sent as UTF-8 CSV and UTC times: a LATIN1 database stored 'café' as 'cafÃ©', and a server in
+    New York read a time without a zone as New York's."""
+    url = latin1_new_york
+    with psycopg.connect(url.raw, autocommit=True) as conn:  # the URL as given: the database's own settings
+        conn.execute(
+            "CREATE TABLE notes (event_id uuid PRIMARY KEY, note text, at timestamptz, day timestamptz)"
+        )
+    a = str(uuid.uuid4())
+    body = {"event_id": a, "note": "café", "at": "2026-01-01T00:00:00", "day": "2026-01-01"}
+    schema = "event_id string, note string, at timestamp_ntz, day date"
+    apply_batches(
+        spark, PostgresSink("notes", url=url.raw), [[(a.encode(), json.dumps(body).encode())]], schema, tasks
+    )
+    with psycopg.connect(url.libpq) as conn:
+        row = conn.execute("SELECT note, at, day FROM notes").fetchone()
+    utc = dt.UTC
+    assert row == ("café", dt.datetime(2026, 1, 1, tzinfo=utc), dt.datetime(2026, 1, 1, tzinfo=utc))
+
+
+@pytest.mark.parametrize("tasks", [True, False], ids=["in-tasks", "on-driver"])
+def test_keys_that_differ_as_text_but_are_one_value_in_postgresql(spark, db, pg, tasks) -> None:  # type: ignore[no-untyped-def]
+    """A uuid in lower and in upper case is one key: applied one after the other, in one batch
+    (not refused as 'ON CONFLICT ... cannot affect row a second time', not a delete lost)."""
+    upserted, deleted = str(uuid.uuid4()), str(uuid.uuid4())
+    batch = [
+        event(upserted, 1),
+        event(upserted.upper(), 2),
+        event(deleted, 3),
+        (deleted.upper().encode(), None),
+    ]
+    writer = apply_batches(spark, PostgresSink("orders", url=db.raw), [batch], tasks=tasks)
+    assert table(pg) == {upserted: (2, Decimal("1.00"), None)}
+    assert writer.last.dead == 0 and writer.last.deleted == 1 and ledger(pg) == {0: 4}
 
 
 def test_insert_mode_keeps_the_first_event(spark, db, pg) -> None:  # type: ignore[no-untyped-def]

@@ -3,6 +3,7 @@ from urllib.parse import quote
 import hypothesis.strategies as st
 import pytest
 from hypothesis import given
+from psycopg.conninfo import conninfo_to_dict
 
 from core.config import DatabaseUrl, parse_bootstrap, redact_url, schema_name
 from core.errors import ConfigError
@@ -10,8 +11,23 @@ from core.errors import ConfigError
 
 def test_url_forms_convert_between_drivers() -> None:
     url = DatabaseUrl.parse("postgres://u:pw@db:5432/app")
-    assert url.libpq == "postgresql://u:pw@db:5432/app"
-    assert url.sqlalchemy == "postgresql+psycopg://u:pw@db:5432/app"
+    session = "?client_encoding=UTF8&options=-c%20TimeZone%3DUTC"
+    assert url.libpq == "postgresql://u:pw@db:5432/app" + session
+    assert url.sqlalchemy == "postgresql+psycopg://u:pw@db:5432/app" + session
+
+
+def test_every_connection_speaks_utf8_in_utc_whatever_the_url_says() -> None:
+    url = DatabaseUrl.parse(
+        "postgresql://u@db/app?client_encoding=LATIN1&options=-c%20work_mem%3D1MB&sslmode=disable"
+    )
+    assert conninfo_to_dict(url.libpq) == {
+        "user": "u",
+        "host": "db",
+        "dbname": "app",
+        "sslmode": "disable",
+        "client_encoding": "UTF8",
+        "options": "-c work_mem=1MB -c TimeZone=UTC",
+    }
 
 
 @pytest.mark.parametrize(
@@ -36,7 +52,7 @@ def test_bad_urls_are_rejected_with_the_reason(value: str | None, message: str) 
 def test_several_hosts_as_ha_setups_give_them() -> None:
     raw = "postgresql://u:pw@db1:5432,db2:5433,[::1]/app?target_session_attrs=read-write"
     url = DatabaseUrl.parse(raw)
-    assert url.libpq == raw and url.safe == raw.replace(":pw@", ":***@")
+    assert url.libpq.startswith(raw) and url.safe == raw.replace(":pw@", ":***@")
 
 
 def test_password_never_printed() -> None:

@@ -96,7 +96,7 @@ def test_compose_header_shows_the_host_settings_it_publishes() -> None:
         == listeners(SERVICES["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"])["EXTERNAL"]
     )
     url = config.DatabaseUrl.parse(exports["DATABASE_URL"])
-    assert url.libpq.endswith("@localhost:5432/postgres")
+    assert url.raw.endswith("@localhost:5432/postgres")
 
 
 def test_relay_service_is_named_and_serves_health_where_compose_looks() -> None:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sinks.postgres.task import NOTHING, Outcome, one_per_key, positions, with_retries
+from sinks.postgres.task import NOTHING, Outcome, positions, with_retries
 
 row = st.tuples(st.sampled_from(["a", "b", None]), st.integers(0, 3), st.sampled_from(["t1", "t2"]))
 rows = st.lists(row)
@@ -31,13 +31,6 @@ def table(picked: list[tuple]) -> pa.Table:
 def test_the_topic_partitions_held_are_each_pair_once(picked: list[tuple]) -> None:
     topics, partitions = positions(table(picked))
     assert sorted(zip(topics, partitions, strict=True)) == sorted({(t, p) for _, p, t in picked})
-
-
-@settings(deadline=None)
-@given(rows)
-def test_one_per_key_only_when_no_key_repeats(picked: list[tuple]) -> None:
-    keys = [(k, p) for k, p, _ in picked]
-    assert one_per_key(table(picked), (0, 1)) == (len(set(keys)) == len(keys))
 
 
 def test_errors_of_the_moment_start_over_and_are_counted_and_others_are_not() -> None:
