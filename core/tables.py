@@ -20,6 +20,8 @@ OUTBOX_IDENTITY = "outbox_identity"
 RELAY_DEAD_LETTERS = "relay_dead_letters"
 RELAY_POSITIONS = "relay_positions"
 SINK_PROGRESS = "sink_progress"
+SINK_BATCHES = "sink_batches"
+SINK_TOPICS = "sink_topics"
 SINK_DEAD_LETTERS = "sink_dead_letters"
 
 # What a writer of outbox rows supplies; id, txid and created_at come from their defaults.

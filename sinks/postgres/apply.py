@@ -46,8 +46,14 @@ class BatchResult:
 
 
 def apply_batch(
-    conn: psycopg.Connection, st: Statements, batch_id: int, attempts: list[int], staged: int
+    conn: psycopg.Connection,
+    st: Statements,
+    batch_id: int,
+    attempts: list[int],
+    staged: int,
+    record: dict[str, Any] | None = None,
 ) -> BatchResult:
+    """record: the parameters of `st.record_batch()`, committed with the batch (continuity.py)."""
     params: dict[str, Any] = {"sink": st.spec.name, "attempts": attempts}
     with conn.transaction():
         present, fresh, upserted, deleted, dead = apply_rows(conn, st, params)
@@ -57,6 +63,8 @@ def apply_batch(
                 " PostgreSQL restarted?); nothing was applied, the batch replays when the query restarts"
             )
         conn.execute(st.drop_stage())
+        if record:
+            conn.execute(st.record_batch(), record)
     return BatchResult(batch_id, staged, fresh, upserted, deleted, dead)
 
 

@@ -18,8 +18,10 @@ from pyspark.sql.streaming import StreamingQuery
 from core import tables
 from core.config import database_url, schema_name
 from core.postgres import connect
+from sinks.ledger import Ledger
 from sinks.postgres.apply import BatchResult, apply_batch
 from sinks.postgres.catalog import describe
+from sinks.postgres.continuity import LastBatch, lost, lost_batches, query_id
 from sinks.postgres.placement import ApplyIn, Route, choose, read_plan
 from sinks.postgres.plan import Conversion, Plan, plan
 from sinks.postgres.refusal import SinkError
@@ -127,6 +129,7 @@ class Staged:
     rows: int
     conn: psycopg.Connection  # holds the sink's advisory lock until the batch is applied
     seconds: float  # the staging job took
+    query: str | None  # the streaming query's id, recorded with the batch
 
 
 class BatchWriter:
@@ -137,7 +140,10 @@ class BatchWriter:
         self.route = choose(*read_plan(frame), spec.apply_in)
         with connect(spec.url) as conn:
             tables.require(
-                conn, spec.url, spec.ledger_schema, (tables.SINK_PROGRESS, tables.SINK_DEAD_LETTERS)
+                conn,
+                spec.url,
+                spec.ledger_schema,
+                (tables.SINK_PROGRESS, tables.SINK_DEAD_LETTERS, tables.SINK_BATCHES, tables.SINK_TOPICS),
             )
             self.plan = plan(frame.schema, describe(conn, spec.schema, spec.table), spec)
             self.statements = Statements(spec, self.plan)
@@ -157,10 +163,27 @@ class BatchWriter:
     # -- in the tasks ----------------------------------------------------------------------------------
 
     def apply_in_tasks(self, batch: DataFrame, batch_id: int) -> BatchResult:
-        """Each task applies its topic-partitions' rows in a transaction of its own, ledger included."""
-        with self.exclusive():
-            done = self.tasks(batch).collect()
-        return self.summarize(batch_id, done)
+        """Each task applies its topic-partitions' rows in a transaction of its own, ledger included.
+
+        The batch is recorded once every task committed, in a later commit: a
+        database that still shows it still holds every task's commit.
+        """
+        query = query_id(batch)
+        with self.exclusive() as conn:
+            self._check_continuity(conn, query, batch_id)
+            result = self.summarize(batch_id, self.tasks(batch).collect())
+            if query:
+                self._record_after_tasks(conn, query, batch_id)
+        return result
+
+    def _record_after_tasks(self, conn: psycopg.Connection, query: str, batch_id: int) -> None:
+        """Record the batch; if PostgreSQL restarted under the batch (its tasks retried), on a new session."""
+        record = (self.statements.record_batch(), self._batch(query, batch_id))
+        try:
+            conn.execute(*record)
+        except psycopg.OperationalError:
+            with connect(self.spec.url, autocommit=True) as again:
+                again.execute(*record)
 
     def tasks(self, batch: DataFrame) -> DataFrame:
         """The batch's tasks, one result row each once its transaction committed; lazy until collected."""
@@ -178,11 +201,11 @@ class BatchWriter:
         return self.last
 
     @contextmanager
-    def exclusive(self) -> Iterator[None]:
+    def exclusive(self) -> Iterator[psycopg.Connection]:
         """Hold the sink's advisory lock: one query writes a sink at a time."""
         with connect(self.spec.url, autocommit=True) as conn:
             self._lock(conn)
-            yield
+            yield conn
 
     # -- staged, then on the driver ----------------------------------------------------------------------
 
@@ -192,10 +215,11 @@ class BatchWriter:
         Takes the sink's advisory lock until `apply` ends: two queries writing one
         sink would share its stage table, so the second one fails at once instead.
         """
-        start = time.perf_counter()
+        start, query = time.perf_counter(), query_id(batch)
         conn = connect(self.spec.url, autocommit=True)
         try:
             self._lock(conn)
+            self._check_continuity(conn, query, batch_id)
         except BaseException:
             conn.close()  # the stage table is the other writer's: leave it alone
             raise
@@ -208,13 +232,20 @@ class BatchWriter:
             _drop_stage(conn, self.statements)
             raise
         attempts, rows = [t.attempt for t in tasks], sum(t.staged for t in tasks)
-        return Staged(batch_id, attempts, rows, conn, time.perf_counter() - start)
+        return Staged(batch_id, attempts, rows, conn, time.perf_counter() - start, query)
 
     def apply(self, staged: Staged) -> BatchResult:
         """Apply a staged batch in one transaction with the ledger; a replay changes nothing."""
         start = time.perf_counter()
         try:
-            result = apply_batch(staged.conn, self.statements, staged.batch_id, staged.attempts, staged.rows)
+            result = apply_batch(
+                staged.conn,
+                self.statements,
+                staged.batch_id,
+                staged.attempts,
+                staged.rows,
+                self._batch(staged.query, staged.batch_id) if staged.query else None,
+            )
         except BaseException:
             _drop_stage(staged.conn, self.statements)  # a failed batch leaves nothing behind
             raise
@@ -233,6 +264,17 @@ class BatchWriter:
             names=self.plan.columns,
             token=0,
         )
+
+    def _check_continuity(self, conn: psycopg.Connection, query: str | None, batch_id: int) -> None:
+        """Refuse the batch if the database lost batches before it (continuity.py)."""
+        row = conn.execute(self.statements.last_batch(), {"sink": self.spec.name}).fetchone()
+        gone = lost(LastBatch(*row) if row else None, query, batch_id)
+        if gone:
+            ledger = Ledger(self.spec.url, self.spec.ledger_schema, self.spec.name)
+            raise lost_batches(self.spec.name, gone, batch_id, ledger.positions())
+
+    def _batch(self, query: str, batch_id: int) -> dict[str, Any]:
+        return {"sink": self.spec.name, "query": query, "batch": batch_id}
 
     def _lock(self, conn: psycopg.Connection) -> None:
         locked = conn.execute(f"SELECT pg_try_advisory_lock({_LOCK_KEY})", [self.spec.name]).fetchone()

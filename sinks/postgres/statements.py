@@ -41,6 +41,7 @@ class Names:
     progress: sql.Identifier
     dead: sql.Identifier
     outbox: sql.Identifier
+    batches: sql.Identifier
 
     @classmethod
     def of(cls, spec: SinkSpec, *, in_task: bool = False) -> Names:
@@ -54,6 +55,7 @@ class Names:
             progress=sql.Identifier(ledger, tables.SINK_PROGRESS),
             dead=sql.Identifier(ledger, tables.SINK_DEAD_LETTERS),
             outbox=sql.Identifier(ledger, tables.OUTBOX_EVENTS),
+            batches=sql.Identifier(ledger, tables.SINK_BATCHES),
         )
 
 
@@ -128,6 +130,22 @@ class Statements:
                 "SELECT _topic, _partition, _offset, _error FROM {} WHERE _error IS NOT NULL"
                 " AND _attempt = ANY(%(attempts)s) ORDER BY _topic, _partition, _offset LIMIT 1"
             ).format(self.names.stage)
+        )
+
+    # -- the batch record (continuity.py) ---------------------------------------------------------------
+
+    def last_batch(self) -> sql.Composable:
+        return bindable(
+            sql.SQL("SELECT query_id, batch_id FROM {} WHERE sink = %(sink)s").format(self.names.batches)
+        )
+
+    def record_batch(self) -> sql.Composable:
+        return bindable(
+            sql.SQL(
+                "INSERT INTO {} AS b (sink, query_id, batch_id) VALUES (%(sink)s, %(query)s, %(batch)s)"
+                " ON CONFLICT (sink) DO UPDATE SET query_id = EXCLUDED.query_id,"
+                " batch_id = EXCLUDED.batch_id, updated_at = now()"
+            ).format(self.names.batches)
         )
 
     # -- applying ----------------------------------------------------------------------------------------

@@ -1,0 +1,63 @@
+"""Whether PostgreSQL still holds every batch that Spark's checkpoint counts as applied.
+
+Spark moves its checkpoint past a batch once the sink returns. PostgreSQL can
+lose that batch's commits afterwards: a failover to an asynchronous replica, a
+restore, a crash of a server without fsync. Spark would go on from its
+checkpoint and those events would never be read again. So each batch records
+(query, batch id) in its own commit, and the next batch checks that the
+database still shows the one before it. WAL keeps commits in order: if that
+record survived, every earlier commit of the sink did too.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame
+
+from sinks.ledger import Positions
+from sinks.postgres.refusal import SinkError
+
+
+@dataclass(frozen=True)
+class LastBatch:
+    query: str  # Spark's query id, kept in the checkpoint across restarts
+    batch: int
+
+
+def lost(last: LastBatch | None, query: str | None, batch: int) -> range:
+    """The batches of `query` before `batch` that the database no longer shows; empty if none.
+
+    Spark starts batch N only once N-1 returned, so the database must show N-1,
+    or N itself when N is replayed after a crash. Another query (a new
+    checkpoint) counts its batches from 0 again: nothing to compare.
+    """
+    if last is None or query is None or last.query != query:
+        return range(0)
+    return range(last.batch + 1, batch)
+
+
+def query_id(batch: DataFrame) -> str | None:
+    """The id of the streaming query running `batch`; None outside one (or where Spark does not say)."""
+    try:
+        return batch.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
+    except PySparkException:  # Spark Connect has no SparkContext
+        return None
+
+
+def lost_batches(sink: str, gone: range, batch: int, ledger: Positions) -> SinkError:
+    """The one line for a database that went back: what is missing and how to read it again."""
+    first, last = gone[0], gone[-1]
+    which = f"batch {first}" if first == last else f"batches {first}-{last}"
+    offsets: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in sorted(ledger.items()):
+        offsets.setdefault(topic, {})[str(partition)] = offset
+    return SinkError(
+        f"sink {sink}: PostgreSQL no longer holds {which}, which Spark's checkpoint counts as applied"
+        " (it went back in time: a failover to an asynchronous replica, a restore, or a crash without"
+        f" fsync); nothing of batch {batch} was applied. To read the lost events again, restart the query"
+        f" with a new checkpointLocation and kafka_rc's option ledger.sink={sink}, which starts where the"
+        f" ledger stands, or with startingOffsets='{json.dumps(offsets, separators=(',', ':'))}'"
+    )
