@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from core.errors import ConfigError, ServiceUnavailable
@@ -53,6 +53,24 @@ class Cluster:
             raise ServiceUnavailable(
                 f"cannot reach Kafka at {self.options.bootstrap_servers}: {exc.args[0].str()}"
             ) from None
+
+    def topic_ids(self, topics: Iterable[str]) -> dict[str, str]:
+        """Kafka's id of each topic that exists: a topic created again under its name has another."""
+        names = sorted(set(topics))
+        if not names:
+            return {}
+        futures = self.admin.describe_topics(TopicCollection(names), request_timeout=self.timeout)
+        ids = {}
+        for name, future in futures.items():
+            try:
+                ids[name] = str(future.result().topic_id)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    where = self.options.bootstrap_servers
+                    raise ServiceUnavailable(
+                        f"cannot describe topic {name} on {where}: {exc.args[0].str()}"
+                    ) from None
+        return ids
 
     def earliest(self, partitions: Iterable[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
         return self._list_offsets(partitions, OffsetSpec.earliest())

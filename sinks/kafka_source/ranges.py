@@ -15,6 +15,8 @@ from sinks.kafka_source.options import EARLIEST, LATEST
 
 Offsets = dict[str, dict[str, int]]
 TopicPartitionKey = tuple[str, int]
+TopicIds = dict[str, str]  # Kafka's topic id per topic name
+IDS = "#topicIds"  # the offsets' entry for the topics' ids ('#' is not allowed in a topic's name)
 
 
 @dataclass(frozen=True)
@@ -27,15 +29,64 @@ class Range:
     end: int
 
 
-def to_offsets(positions: Mapping[TopicPartitionKey, int]) -> Offsets:
+def to_offsets(positions: Mapping[TopicPartitionKey, int], ids: Mapping[str, str] | None = None) -> Offsets:
+    """Positions, and the ids of their topics: a topic recreated under its name has another id."""
     out: Offsets = {}
     for (topic, partition), offset in sorted(positions.items()):
         out.setdefault(topic, {})[str(partition)] = int(offset)
+    if ids:
+        out[IDS] = {t: ids[t] for t in sorted(out) if t in ids}  # type: ignore[dict-item]
     return out
 
 
 def from_offsets(offsets: Mapping[str, Mapping[str, int]]) -> dict[TopicPartitionKey, int]:
-    return {(t, int(p)): int(o) for t, parts in offsets.items() for p, o in parts.items()}
+    return {(t, int(p)): int(o) for t, parts in offsets.items() if t != IDS for p, o in parts.items()}
+
+
+def topic_ids(offsets: Mapping[str, Mapping[str, object]]) -> TopicIds:
+    """The topic ids recorded with `offsets` (none in checkpoints written before they were)."""
+    return {t: str(i) for t, i in offsets.get(IDS, {}).items()}
+
+
+def reconcile(
+    begin: Mapping[TopicPartitionKey, int],
+    known: Mapping[str, str],
+    ids: Mapping[str, str],
+    earliest: Mapping[TopicPartitionKey, int],
+    latest: Mapping[TopicPartitionKey, int],
+) -> tuple[dict[TopicPartitionKey, int], list[str]]:
+    """Where each partition can begin now, and what was lost on the way (Spark's failOnDataLoss cases).
+
+    known: the topic ids `begin` was read under; ids: the topics' ids now. A
+    topic recreated under its name, a log that now ends before `begin`
+    (truncated), a log that now starts after it (retention deleted records
+    never read): each begins again at its earliest offset, and is a loss.
+    """
+    recreated = sorted({t for t, _ in begin if t in known and t in ids and known[t] != ids[t]})
+    losses = [
+        f"topic {t} was deleted and created again (topic id {known[t]}, now {ids[t]}):"
+        " the offsets read so far are of the old topic"
+        for t in recreated
+    ]
+    out = {tp: earliest[tp] for tp in earliest if tp[0] in recreated}
+    for tp, offset in sorted(begin.items()):
+        topic, partition = tp
+        if topic in recreated:
+            continue
+        if tp in latest and offset > latest[tp]:
+            losses.append(
+                f"{topic}-{partition} now ends at offset {latest[tp]}, before offset {offset} already read:"
+                " its log was truncated, or the topic created again"
+            )
+            offset = earliest[tp]
+        elif tp in earliest and offset < earliest[tp]:
+            losses.append(
+                f"offsets {offset}-{earliest[tp] - 1} of {topic}-{partition} were deleted before they"
+                " were read (retention?)"
+            )
+            offset = earliest[tp]
+        out[tp] = offset
+    return out, losses
 
 
 def resolve(
@@ -95,22 +146,10 @@ def ranges(start: Mapping[TopicPartitionKey, int], end: Mapping[TopicPartitionKe
 
 
 def overlay(
-    start: Mapping[TopicPartitionKey, int],
-    recorded: Mapping[TopicPartitionKey, int],
-    latest: Mapping[TopicPartitionKey, int],
+    start: Mapping[TopicPartitionKey, int], recorded: Mapping[TopicPartitionKey, int]
 ) -> dict[TopicPartitionKey, int]:
-    """Start where the sink's ledger says, where it says anything; check it is plausible."""
-    out = dict(start)
-    for tp, offset in recorded.items():
-        if tp not in latest:
-            continue  # a topic no longer subscribed
-        if offset > latest[tp]:
-            raise ConfigError(
-                f"the ledger says offsets of {tp[0]}-{tp[1]} up to {offset} were applied, but the"
-                f" partition ends at {latest[tp]}: was the topic recreated? (fix or delete the ledger rows)"
-            )
-        out[tp] = offset
-    return out
+    """Start where the sink's ledger says, where it says anything of a partition read now."""
+    return {tp: recorded.get(tp, offset) for tp, offset in start.items()}
 
 
 def split(rngs: list[Range], min_partitions: int | None) -> list[Range]:

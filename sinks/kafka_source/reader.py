@@ -42,17 +42,18 @@ def read_range(
     poll_timeout_s: float,
     fail_on_data_loss: bool,
 ) -> Iterator[pa.RecordBatch]:
-    consumer = Consumer(client_settings({**config, "auto.offset.reset": "error"}, "consumer"))
+    # Records gone from the broker (retention) stop the read, or are skipped: librdkafka
+    # moves to the earliest offset left, and what lies before the range is dropped.
+    reset = "error" if fail_on_data_loss else "earliest"
+    consumer = Consumer(client_settings({**config, "auto.offset.reset": reset}, "consumer"))
     try:
         consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
-        yield from _drain(consumer, rng, poll_timeout_s, fail_on_data_loss)
+        yield from _drain(consumer, rng, poll_timeout_s)
     finally:
         consumer.close()
 
 
-def _drain(
-    consumer: Consumer, rng: Range, poll_timeout_s: float, fail_on_data_loss: bool
-) -> Iterator[pa.RecordBatch]:
+def _drain(consumer: Consumer, rng: Range, poll_timeout_s: float) -> Iterator[pa.RecordBatch]:
     tp = TopicPartition(rng.topic, rng.partition)
     rows: list[Message] = []
     position = rng.start
@@ -63,8 +64,9 @@ def _drain(
         if messages:
             failed = [m for m in messages if m.error() is not None]
             if failed:
-                _raise_unless_skippable(failed, rng, position, fail_on_data_loss)
-                messages = [m for m in messages if m.error() is None]
+                _raise(failed, rng, position)
+        if messages and messages[0].offset() < rng.start:  # after a reset to the earliest offset
+            messages = [m for m in messages if m.offset() >= rng.start]
         if messages:
             # One partition's messages arrive in offset order: only the last one can cross `end`.
             last = messages[-1].offset()
@@ -93,18 +95,14 @@ def _drain(
         yield to_arrow(rows, rng)
 
 
-def _raise_unless_skippable(
-    failed: list[Message], rng: Range, position: int, fail_on_data_loss: bool
-) -> None:
-    for message in failed:
-        error = message.error()
-        if error.code() != KafkaError._AUTO_OFFSET_RESET:
-            raise ServiceUnavailable(f"{rng.topic}-{rng.partition}: {error.str()}")
-        if fail_on_data_loss:
-            raise DataLossError(
-                f"{rng.topic}-{rng.partition}: offset {position} is no longer on the broker"
-                " (removed by retention?); set failOnDataLoss=false to skip what is gone"
-            )
+def _raise(failed: list[Message], rng: Range, position: int) -> None:
+    error = failed[0].error()
+    if error.code() == KafkaError._AUTO_OFFSET_RESET:
+        raise DataLossError(
+            f"{rng.topic}-{rng.partition}: offset {position} is no longer on the broker"
+            " (removed by retention?); set failOnDataLoss=false to skip what is gone"
+        )
+    raise ServiceUnavailable(f"{rng.topic}-{rng.partition}: {error.str()}")
 
 
 def to_arrow(messages: list[Message], rng: Range) -> pa.RecordBatch:

@@ -6,6 +6,7 @@ Planning (which partitions, which offsets) happens on the driver through
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -24,11 +25,14 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from core.errors import ConfigError, OutboxError
+from core.errors import ConfigError, DataLossError, OutboxError
 from sinks.kafka_source import ranges
 from sinks.kafka_source.cluster import Cluster
 from sinks.kafka_source.options import SourceOptions, parse
 from sinks.kafka_source.reader import read_range
+from sinks.ledger import recreated, recreated_error
+
+log = logging.getLogger("sinks.kafka_source")
 
 FORMAT = "kafka_rc"
 SCHEMA = (
@@ -59,12 +63,38 @@ def starting_positions(
     tps: list[ranges.TopicPartitionKey],
     earliest: dict[ranges.TopicPartitionKey, int],
     latest: dict[ranges.TopicPartitionKey, int],
+    ids: ranges.TopicIds,
 ) -> dict[ranges.TopicPartitionKey, int]:
-    """startingOffsets, overlaid with the sink's ledger when `ledger.sink` is set."""
+    """startingOffsets, overlaid with the sink's ledger when `ledger.sink` is set.
+
+    The ledger's offsets of a topic created again since count for nothing: its
+    new records are read from the earliest (failOnDataLoss=false), or the query
+    stops with the line that says so.
+    """
     start = ranges.resolve(options.starting, tps, earliest, latest, option="startingOffsets")
-    if options.ledger is None:
-        return start
-    return ranges.overlay(start, options.ledger.positions(), latest)
+    if options.ledger is not None:
+        recorded, recorded_ids = options.ledger.read()
+        for topic in (new := recreated(recorded_ids, ids)):
+            error = recreated_error(options.ledger.sink, topic, recorded_ids[topic], ids[topic])
+            if options.fail_on_data_loss:
+                raise error
+            log.warning("%s; reading it from its earliest offset", str(error).split(": the sink")[0])
+        start = {tp: earliest[tp] if tp[0] in new else offset for tp, offset in start.items()}
+        start = ranges.overlay(start, {tp: o for tp, o in recorded.items() if tp[0] not in new})
+    start, losses = ranges.reconcile(start, {}, {}, earliest, latest)
+    judge(losses, options, warn=True)
+    return start
+
+
+def judge(losses: list[str], options: SourceOptions, *, warn: bool) -> None:
+    """Stop at the first loss, or (failOnDataLoss=false) log each and go on, as Spark's source does."""
+    if losses and options.fail_on_data_loss:
+        raise DataLossError(
+            f"{losses[0]}; records may have been lost. To go on from the earliest offsets still there,"
+            " set the source option failOnDataLoss=false"
+        )
+    for loss in losses if warn else ():
+        log.warning("%s; going on from the earliest offset still there (failOnDataLoss=false)", loss)
 
 
 def _input_partitions(
@@ -92,7 +122,8 @@ class KafkaBatchReader(DataSourceReader):
         cluster = Cluster(self.options)
         tps = cluster.partitions()
         earliest, latest = cluster.earliest(tps), cluster.latest(tps)
-        start = starting_positions(self.options, tps, earliest, latest)
+        ids = cluster.topic_ids(t for t, _ in tps)
+        start = starting_positions(self.options, tps, earliest, latest, ids)
         end = ranges.resolve(self.options.ending, tps, earliest, latest, option="endingOffsets")
         # Never past the Last Stable Offset, whatever endingOffsets says.
         end = {tp: min(offset, latest[tp]) for tp, offset in end.items()}
@@ -117,7 +148,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict:
         tps = self.cluster.partitions()
         earliest, latest = self.cluster.earliest(tps), self.cluster.latest(tps)
-        return ranges.to_offsets(starting_positions(self.options, tps, earliest, latest))
+        ids = self.cluster.topic_ids(t for t, _ in tps)
+        return ranges.to_offsets(starting_positions(self.options, tps, earliest, latest, ids), ids)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_offsets_per_trigger:
@@ -133,20 +165,26 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         gone = sorted({t for t, _ in begin} - {t for t, _ in tps})
         if gone:
             raise unsubscribed(gone, self.cluster.topics(), self.options)
-        new = [tp for tp in tps if tp not in begin]
-        if new:  # partitions added while running start at their earliest offset
-            begin.update(self.cluster.earliest(new))
-        latest = self.cluster.latest(tps)
+        ids = self.cluster.topic_ids(t for t, _ in tps)
+        earliest, latest = self.cluster.earliest(tps), self.cluster.latest(tps)
+        begin, losses = ranges.reconcile(begin, ranges.topic_ids(start), ids, earliest, latest)
+        judge(losses, self.options, warn=True)
+        # Partitions added while running start at their earliest offset.
+        begin.update({tp: earliest[tp] for tp in tps if tp not in begin})
         if self._target is not None:
             latest = {tp: min(off, self._target.get(tp, begin[tp])) for tp, off in latest.items()}
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        return ranges.to_offsets(ranges.cap(begin, latest, max_rows))
+        return ranges.to_offsets(ranges.cap(begin, latest, max_rows), ids)
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        """The ranges from `start` to `end`, where `start` still holds (`latestOffset` judged it)."""
         begin, stop = ranges.from_offsets(start), ranges.from_offsets(end)
-        new = [tp for tp in stop if tp not in begin]
-        if new:
-            begin.update(self.cluster.earliest(new))
+        earliest = self.cluster.earliest(stop)
+        begin, losses = ranges.reconcile(
+            begin, ranges.topic_ids(start), ranges.topic_ids(end), earliest, stop
+        )
+        judge(losses, self.options, warn=False)
+        begin.update({tp: earliest[tp] for tp in stop if tp not in begin})
         return _input_partitions(self.options, begin, stop)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

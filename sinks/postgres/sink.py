@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -29,6 +29,7 @@ from sinks.postgres.spec import Mode, OnError, Outbox, SinkSpec
 from sinks.postgres.stage import RESULT_SCHEMA, StageJob, stager
 from sinks.postgres.statements import Statements
 from sinks.postgres.task import COUNTS, TASK_RESULT, TIMES, TaskJob, applier
+from sinks.postgres.topics import TopicCheck, source_options
 
 log = logging.getLogger("sinks.postgres")
 
@@ -50,6 +51,11 @@ class PostgresSink:
     minPartitions, narrow steps only); otherwise staged and applied on the
     driver. "tasks" refuses, at start, a frame it cannot prove. "driver" always
     stages.
+
+    Before each batch the sink asks the frame's Kafka source which topics its
+    ledger's offsets are of (topics.py). `kafka`: librdkafka settings to add
+    for that, where Spark's own source is configured for the Java client
+    (credentials, for one).
     """
 
     def __init__(
@@ -67,6 +73,7 @@ class PostgresSink:
         name: str | None = None,
         ledger_schema: str | None = None,
         apply_in: ApplyIn = "auto",
+        kafka: Mapping[str, str] | None = None,
     ) -> None:
         self.spec = SinkSpec(
             url=database_url(url),
@@ -82,6 +89,7 @@ class PostgresSink:
             apply_in=apply_in,
         )
         self.delete = delete
+        self.kafka = dict(kafka or {})
         self._writer: BatchWriter | None = None
 
     @property
@@ -101,7 +109,7 @@ class PostgresSink:
 
     def writer(self, frame: DataFrame) -> BatchWriter:
         """A foreachBatch function for `frame`, checked against the table now, not mid-stream."""
-        return BatchWriter(self.spec, frame, self.delete)
+        return BatchWriter(self.spec, frame, self.delete, self.kafka)
 
     def start(
         self,
@@ -135,9 +143,13 @@ class Staged:
 class BatchWriter:
     """Applies each micro-batch: in the tasks where the frame allows it, else staged then on the driver."""
 
-    def __init__(self, spec: SinkSpec, frame: DataFrame, delete: Delete) -> None:
+    def __init__(
+        self, spec: SinkSpec, frame: DataFrame, delete: Delete, kafka: Mapping[str, str] | None = None
+    ) -> None:
         self.spec = spec
-        self.route = choose(*read_plan(frame), spec.apply_in)
+        root, position = read_plan(frame)
+        self.route = choose(root, position, spec.apply_in)
+        self._topics = TopicCheck(source_options(root, kafka or {}), spec.name, spec.ledger_schema)
         with connect(spec.url) as conn:
             tables.require(
                 conn,
@@ -170,7 +182,7 @@ class BatchWriter:
         """
         query = query_id(batch)
         with self.exclusive() as conn:
-            self._check_continuity(conn, query, batch_id)
+            self._check(conn, query, batch_id)
             result = self.summarize(batch_id, self.tasks(batch).collect())
             if query:
                 self._record_after_tasks(conn, query, batch_id)
@@ -219,7 +231,7 @@ class BatchWriter:
         conn = connect(self.spec.url, autocommit=True)
         try:
             self._lock(conn)
-            self._check_continuity(conn, query, batch_id)
+            self._check(conn, query, batch_id)
         except BaseException:
             conn.close()  # the stage table is the other writer's: leave it alone
             raise
@@ -265,13 +277,15 @@ class BatchWriter:
             token=0,
         )
 
-    def _check_continuity(self, conn: psycopg.Connection, query: str | None, batch_id: int) -> None:
-        """Refuse the batch if the database lost batches before it (continuity.py)."""
+    def _check(self, conn: psycopg.Connection, query: str | None, batch_id: int) -> None:
+        """Before a batch: the database lost no batch before it (continuity.py), and the ledger's
+        offsets are of the topics Kafka has now (topics.py)."""
         row = conn.execute(self.statements.last_batch(), {"sink": self.spec.name}).fetchone()
         gone = lost(LastBatch(*row) if row else None, query, batch_id)
         if gone:
             ledger = Ledger(self.spec.url, self.spec.ledger_schema, self.spec.name)
             raise lost_batches(self.spec.name, gone, batch_id, ledger.positions())
+        self._topics(conn)
 
     def _batch(self, query: str, batch_id: int) -> dict[str, Any]:
         return {"sink": self.spec.name, "query": query, "batch": batch_id}

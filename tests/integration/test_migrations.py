@@ -13,6 +13,8 @@ TABLES = {
     "relay_dead_letters",
     "relay_positions",
     "outbox_identity",
+    "sink_batches",
+    "sink_topics",
     "outbox_alembic_version",
 }
 

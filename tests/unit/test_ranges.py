@@ -94,10 +94,46 @@ def test_read_uncommitted_needs_the_loud_opt_in() -> None:
 
 
 def test_overlay_starts_where_the_ledger_says() -> None:
-    start, latest = {A0: 0, A1: 0}, {A0: 50, A1: 50}
-    assert ranges.overlay(start, {A0: 20, ("gone", 0): 5}, latest) == {A0: 20, A1: 0}
-    with pytest.raises(ConfigError, match="a-1 up to 60 were applied, but the partition ends at 50"):
-        ranges.overlay(start, {A1: 60}, latest)
+    assert ranges.overlay({A0: 0, A1: 0}, {A0: 20, ("gone", 0): 5}) == {A0: 20, A1: 0}
+
+
+def test_offsets_carry_topic_ids_and_old_checkpoints_have_none() -> None:
+    encoded = ranges.to_offsets({A0: 5, B0: 1}, {"a": "id-a", "b": "id-b", "c": "id-c"})
+    assert encoded[ranges.IDS] == {"a": "id-a", "b": "id-b"}
+    assert ranges.from_offsets(encoded) == {A0: 5, B0: 1}
+    assert ranges.topic_ids(encoded) == {"a": "id-a", "b": "id-b"}
+    assert ranges.topic_ids({"a": {"0": 5}}) == {}
+
+
+def test_reconcile_keeps_what_is_there() -> None:
+    begin = {A0: 5, A1: 7}
+    assert ranges.reconcile(begin, {"a": "x"}, {"a": "x"}, {A0: 0, A1: 0}, {A0: 9, A1: 7}) == (begin, [])
+    assert ranges.reconcile(begin, {}, {"a": "x"}, {A0: 0, A1: 0}, {A0: 9, A1: 7}) == (begin, [])
+
+
+def test_reconcile_reads_a_recreated_topic_from_its_start_all_its_partitions() -> None:
+    begin, losses = ranges.reconcile(
+        {A0: 1000, B0: 3},
+        {"a": "old", "b": "b"},
+        {"a": "new", "b": "b"},
+        {A0: 0, A1: 0, B0: 0},
+        {A0: 1200, A1: 4, B0: 3},
+    )
+    assert begin == {A0: 0, A1: 0, B0: 3}
+    assert losses == [
+        "topic a was deleted and created again (topic id old, now new):"
+        " the offsets read so far are of the old topic"
+    ]
+
+
+def test_reconcile_names_a_truncated_log_and_records_retention_deleted_unread() -> None:
+    begin, losses = ranges.reconcile({A0: 60, A1: 2}, {}, {}, {A0: 0, A1: 10}, {A0: 50, A1: 20})
+    assert begin == {A0: 0, A1: 10}
+    assert losses == [
+        "a-0 now ends at offset 50, before offset 60 already read: its log was truncated, or the topic"
+        " created again",
+        "offsets 2-9 of a-1 were deleted before they were read (retention?)",
+    ]
 
 
 def test_split_reaches_min_partitions_sized_by_backlog() -> None:

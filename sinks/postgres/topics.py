@@ -1,0 +1,145 @@
+"""Which topics the sink's ledger offsets are of, checked with Kafka before every batch.
+
+A topic deleted and created again under its name starts over at offset 0, and
+a truncated log (an unclean leader election) writes new records at offsets
+already applied: either way the ledger would skip them as applied. The sink
+keeps each topic's Kafka topic id beside its offsets and compares it, and the
+ledger's offsets with the log's ends, before it applies a batch. With the
+source's failOnDataLoss (true by default) a difference stops the query with
+one line; with failOnDataLoss=false the sink forgets the offsets that are no
+longer of this log, logs it, and goes on, as the source does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from core import tables
+from core.errors import DataLossError
+from core.sqltext import bindable
+from sinks.kafka_source.cluster import Cluster
+from sinks.kafka_source.options import SourceOptions, parse
+from sinks.ledger import Positions, positions, recreated, recreated_error, topic_ids
+from sinks.postgres.placement import Node
+
+log = logging.getLogger("sinks.postgres")
+
+# What librdkafka understands of Spark's kafka source's (Java client) settings.
+_SHARED_SETTINGS = ("security.protocol", "sasl.mechanism")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the ledger must forget, what ids to record, and the losses to report."""
+
+    topics: tuple[str, ...] = ()  # created again: forget all their offsets
+    partitions: tuple[tuple[str, int], ...] = ()  # truncated: forget their offsets
+    record: dict[str, str] = field(default_factory=dict)
+    losses: tuple[DataLossError, ...] = ()
+
+
+def judge(
+    sink: str,
+    recorded: Mapping[str, str],
+    ids: Mapping[str, str],
+    ledger: Positions,
+    ends: Mapping[tuple[str, int], int],
+) -> Verdict:
+    """Compare the ledger (offsets, topic ids) with Kafka now (ids, log ends)."""
+    again = recreated(recorded, ids)
+    truncated = sorted(tp for tp, o in ledger.items() if tp[0] not in again and tp in ends and o > ends[tp])
+    losses = [recreated_error(sink, t, recorded[t], ids[t]) for t in again] + [
+        DataLossError(
+            f"{t}-{p} now ends at offset {ends[t, p]}, but sink {sink} has applied it up to offset"
+            f" {ledger[t, p]}: the log was truncated (an unclean leader election?), and records written"
+            " again at those offsets would be skipped. To apply them, set the source option"
+            " failOnDataLoss=false (the sink then forgets that partition's offsets, and says so)"
+        )
+        for t, p in truncated
+    ]
+    record = {t: i for t, i in ids.items() if recorded.get(t) != i}
+    return Verdict(tuple(again), tuple(truncated), record, tuple(losses))
+
+
+def source_options(root: Node | None, kafka: Mapping[str, str]) -> SourceOptions | None:
+    """The frame's Kafka source as librdkafka settings; None where the plan shows none."""
+    node = root
+    while node is not None and node.source not in ("kafka_rc", "kafka"):
+        node = node.children[0] if node.children else None
+    if node is None:
+        return None
+    if node.source == "kafka_rc":
+        found = parse(node.options)
+        return replace(found, kafka={**found.kafka, **kafka})
+    opts = node.options
+    assigned = tuple(json.loads(opts["assign"])) if "assign" in opts else ()
+    topics = tuple(t.strip() for t in opts.get("subscribe", "").split(",") if t.strip()) or assigned
+    shared = {k: opts[f"kafka.{k}"] for k in _SHARED_SETTINGS if f"kafka.{k}" in opts}
+    return SourceOptions(
+        bootstrap_servers=opts["kafka.bootstrap.servers"],
+        topics=topics,
+        pattern=opts.get("subscribepattern"),
+        fail_on_data_loss=opts.get("failondataloss", "true").lower() != "false",
+        kafka={**shared, **kafka},
+    )
+
+
+class TopicCheck:
+    """The check of one sink's ledger against the frame's Kafka source, run before each batch."""
+
+    def __init__(self, options: SourceOptions | None, sink: str, schema: str) -> None:
+        self.options, self.sink, self.schema = options, sink, schema
+        self.cluster = Cluster(options) if options else None
+
+    def __call__(self, conn: psycopg.Connection[Any]) -> None:
+        if self.cluster is None or self.options is None:
+            return
+        ledger, recorded = positions(conn, self.schema, self.sink), topic_ids(conn, self.schema, self.sink)
+        subscribed = set(self.options.topics)
+        if self.options.pattern is not None:
+            subscribed = {t for t in self.cluster.topics() if self.options.matches(t)}
+        ids = self.cluster.topic_ids(subscribed | {t for t, _ in ledger})
+        kept = [tp for tp in ledger if ids.get(tp[0], "") == recorded.get(tp[0])]
+        verdict = judge(self.sink, recorded, ids, ledger, self.cluster.latest(kept))
+        if verdict.losses and self.options.fail_on_data_loss:
+            raise verdict.losses[0]
+        for loss in verdict.losses:
+            log.warning("%s; forgetting them (failOnDataLoss=false)", str(loss).split(". To apply")[0])
+        if verdict.record or verdict.topics or verdict.partitions:
+            with conn.transaction():
+                self._write(conn, verdict)
+
+    def _write(self, conn: psycopg.Connection[Any], verdict: Verdict) -> None:
+        progress = sql.Identifier(self.schema, tables.SINK_PROGRESS)
+        names = sql.Identifier(self.schema, tables.SINK_TOPICS)
+        conn.execute(
+            bindable(
+                sql.SQL(
+                    "DELETE FROM {} WHERE sink = %(sink)s AND (topic = ANY(%(topics)s)"
+                    " OR (topic, kafka_partition) IN (SELECT * FROM unnest(%(t)s::text[], %(p)s::int[])))"
+                ).format(progress)
+            ),
+            {
+                "sink": self.sink,
+                "topics": list(verdict.topics),
+                "t": [t for t, _ in verdict.partitions],
+                "p": [p for _, p in verdict.partitions],
+            },
+        )
+        conn.execute(
+            bindable(
+                sql.SQL(
+                    "INSERT INTO {} AS n (sink, topic, topic_id) SELECT %(sink)s, t, i"
+                    " FROM unnest(%(t)s::text[], %(i)s::text[]) AS r (t, i) ON CONFLICT (sink, topic)"
+                    " DO UPDATE SET topic_id = EXCLUDED.topic_id, updated_at = now()"
+                ).format(names)
+            ),
+            {"sink": self.sink, "t": list(verdict.record), "i": list(verdict.record.values())},
+        )

@@ -1,0 +1,58 @@
+"""The sink's comparison of its ledger with Kafka: topics created again, logs truncated, ids recorded."""
+
+from __future__ import annotations
+
+from sinks.postgres.placement import Node
+from sinks.postgres.topics import judge, source_options
+
+
+def test_the_same_topics_need_nothing_and_new_ones_are_recorded() -> None:
+    verdict = judge("s", {"a": "1"}, {"a": "1", "b": "2"}, {("a", 0): 10}, {("a", 0): 12})
+    assert verdict.losses == () and verdict.topics == () and verdict.partitions == ()
+    assert verdict.record == {"b": "2"}
+
+
+def test_a_topic_created_again_is_forgotten_and_recorded_under_its_new_id() -> None:
+    verdict = judge("s", {"a": "1"}, {"a": "9"}, {("a", 0): 1000, ("a", 1): 5}, {})
+    assert verdict.topics == ("a",) and verdict.record == {"a": "9"}
+    (loss,) = verdict.losses
+    assert str(loss).startswith(
+        "topic a was deleted and created again since sink s applied it (topic id 1, now 9)"
+    )
+    assert "failOnDataLoss=false" in str(loss)
+
+
+def test_a_log_that_ends_before_the_ledger_was_truncated() -> None:
+    verdict = judge("s", {"a": "1"}, {"a": "1"}, {("a", 0): 50, ("a", 1): 5}, {("a", 0): 40, ("a", 1): 5})
+    assert verdict.partitions == (("a", 0),) and verdict.topics == ()
+    assert "a-0 now ends at offset 40, but sink s has applied it up to offset 50" in str(verdict.losses[0])
+
+
+def test_a_deleted_topic_not_created_again_is_left_alone() -> None:
+    verdict = judge("s", {"a": "1"}, {}, {("a", 0): 50}, {})
+    assert verdict == judge("s", {}, {}, {}, {})
+
+
+def test_the_source_is_found_under_the_frames_steps_with_its_settings() -> None:
+    rc = Node(
+        "StreamingRelationV2",
+        source="kafka_rc",
+        options={"kafka.bootstrap.servers": "h:1", "subscribe": "a,b"},
+    )
+    found = source_options(Node("Project", (Node("Filter", (rc,)),)), {"sasl.password": "x"})
+    assert found is not None and found.topics == ("a", "b") and found.kafka == {"sasl.password": "x"}
+    spark = Node(
+        "StreamingRelationV2",
+        source="kafka",
+        options={
+            "kafka.bootstrap.servers": "h:1",
+            "assign": '{"t": [0, 1]}',
+            "failondataloss": "false",
+            "kafka.sasl.jaas.config": "java only",
+            "kafka.security.protocol": "SASL_SSL",
+        },
+    )
+    found = source_options(spark, {})
+    assert found is not None and found.topics == ("t",) and not found.fail_on_data_loss
+    assert found.kafka == {"security.protocol": "SASL_SSL"}
+    assert source_options(Node("LocalRelation"), {}) is None
