@@ -23,6 +23,7 @@ SINK_PROGRESS = "sink_progress"
 SINK_BATCHES = "sink_batches"
 SINK_TOPICS = "sink_topics"
 SINK_DEAD_LETTERS = "sink_dead_letters"
+SINK_STAGE_PREFIX = "sink_stage_"  # + a digest of the sink's name: one staged batch's rows
 
 # What a writer of outbox rows supplies; id, txid and created_at come from their defaults.
 OUTBOX_COLUMNS = ("event_id", "topic", "key", "value", "header_keys", "header_values")

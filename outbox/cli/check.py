@@ -1,6 +1,7 @@
 """`outbox check`: can this machine reach what the framework needs?
 
-One line per item, so a platform team can run it as a readiness probe.
+One line per item, so a platform team can run it as a readiness probe: FAIL
+items make it exit 1; WARN items are for a person to look at.
 """
 
 from __future__ import annotations
@@ -8,10 +9,27 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from core.config import bootstrap_servers, database_url, schema_name
+from core import tables
+from core.config import DatabaseUrl, bootstrap_servers, database_url, schema_name
 from core.errors import OutboxError
+from core.postgres import connect
 from core.probe import check_kafka, check_postgres
 from outbox import migrate
+
+
+class Notice(Exception):
+    """Something for a person to look at, not a failure: printed as WARN."""
+
+
+def leftover_stages(url: DatabaseUrl, schema: str) -> list[str]:
+    """Sinks' stage tables in `schema`: each lives only while a staged batch is applied."""
+    with connect(url) as conn:
+        rows = conn.execute(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relkind = 'r' AND starts_with(c.relname, %s) ORDER BY 1",
+            [schema, tables.SINK_STAGE_PREFIX],
+        )
+        return [name for (name,) in rows]
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -40,6 +58,17 @@ def cmd_check(args: argparse.Namespace) -> int:
             )
         return f"schema {schema!r} at head ({revs.head})"
 
+    def stages() -> str:
+        url, schema = database_url(args.url), schema_name(args.schema)
+        left = leftover_stages(url, schema)
+        if not left:
+            return f"none left in schema {schema!r}"
+        raise Notice(
+            f"{len(left)} in schema {schema!r} ({', '.join(left)}), left by staged batches that were"
+            " killed (or by a query staging now); a sink drops its own when it next starts: drop"
+            " those of sinks that are gone"
+        )
+
     def kafka() -> str:
         servers = bootstrap_servers(args.bootstrap_servers)
         return f"Kafka at {servers} ({check_kafka(servers)} broker(s))"
@@ -53,6 +82,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     checks: list[tuple[str, Callable[[], str]]] = [
         ("postgres", postgres),
         ("migrations", migrations),
+        ("stage tables", stages),
         ("kafka", kafka),
     ]
     if not args.no_java:
@@ -61,6 +91,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     for name, check in checks:
         try:
             print(f"ok   {name}: {check()}")
+        except Notice as exc:
+            print(f"WARN {name}: {exc}")
         except OutboxError as exc:
             failed += 1
             print(f"FAIL {name}: {exc}")

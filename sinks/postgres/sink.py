@@ -162,6 +162,7 @@ class BatchWriter:
             in_task = Statements(spec, self.plan, in_task=True)
             self._stage_job = self._job(conn, self.statements)
             self._task_job = TaskJob(self._job(conn, in_task), in_task)
+            self._drop_stale_stage(conn)
         self.delete = _delete_rule(delete, self.plan)
         self.last: BatchResult | None = None
         log.info("sink %s %s", spec.name, self.route)
@@ -286,6 +287,11 @@ class BatchWriter:
             ledger = Ledger(self.spec.url, self.spec.ledger_schema, self.spec.name)
             raise lost_batches(self.spec.name, gone, batch_id, ledger.positions())
         self._topics(conn)
+
+    def _drop_stale_stage(self, conn: psycopg.Connection) -> None:
+        """Drop the stage table a killed staged batch left, unless a live query holds the sink."""
+        if conn.execute(f"SELECT pg_try_advisory_xact_lock({_LOCK_KEY})", [self.spec.name]).fetchone()[0]:  # type: ignore[index]
+            conn.execute(self.statements.drop_stage())
 
     def _batch(self, query: str, batch_id: int) -> dict[str, Any]:
         return {"sink": self.spec.name, "query": query, "batch": batch_id}

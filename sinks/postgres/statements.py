@@ -48,7 +48,9 @@ class Names:
         """in_task: the stage is the task's own temp table, not the batch's table shared by tasks."""
         digest = hashlib.sha1(spec.name.encode()).hexdigest()[:16]
         ledger = spec.ledger_schema
-        stage = sql.Identifier(*(("pg_temp", "sink_task") if in_task else (ledger, f"sink_stage_{digest}")))
+        stage = sql.Identifier(
+            *(("pg_temp", "sink_task") if in_task else (ledger, tables.SINK_STAGE_PREFIX + digest))
+        )
         return cls(
             target=sql.Identifier(spec.schema, spec.table),
             stage=stage,

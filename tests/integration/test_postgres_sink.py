@@ -18,6 +18,7 @@ from core.errors import ConfigError
 from outbox import migrate
 from sinks.postgres import Outbox, PostgresSink, parse_json
 from sinks.postgres.refusal import SinkError
+from tests.cli import outbox
 from tests.helpers import produce_transaction, transactional_producer, unique
 from tests.sink_support import KAFKA, ORDERS, SCHEMA, apply_batches, event, ledger, log_ends, run, table
 from tests.source_support import stream
@@ -524,3 +525,30 @@ def test_the_result_does_not_depend_on_where_batches_split(spark, db, pg) -> Non
     assert table(pg, "orders_split") == expected
     dead = pg.execute("SELECT sink, kafka_offset FROM sink_dead_letters ORDER BY sink").fetchall()
     assert dead == [("public.orders", 4), ("public.orders_split", 4)]
+
+
+def test_a_stage_left_by_a_killed_batch_is_listed_then_dropped_when_its_sink_starts(  # type: ignore[no-untyped-def]
+    spark, db, pg, bootstrap
+) -> None:
+    batch = spark.createDataFrame(
+        [(str(uuid.uuid4()), 1, None, b"{}", "t", 0, 0)], f"event_id string, n long, {KAFKA}"
+    )
+    killed = PostgresSink("orders", url=db.raw).writer(batch)
+    killed.stage(batch, 0).conn.close()  # the driver dies between staging and applying
+    live = PostgresSink("orders", url=db.raw, name="live").writer(batch)
+    staging = live.stage(batch, 0)  # another query, mid-batch
+    stages = [w.statements.names.stage.as_string(pg).split(".")[1].strip('"') for w in (killed, live)]
+
+    def check() -> str:
+        env = {"DATABASE_URL": db.raw, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
+        result = outbox("check", "--no-java", env=env)
+        assert result.code == 0, result.out
+        return next(line for line in result.out.splitlines() if "stage tables" in line)
+
+    assert check().startswith(
+        f"WARN stage tables: 2 in schema 'public' ({', '.join(sorted(stages))}), left by"
+    )
+    PostgresSink("orders", url=db.raw).writer(batch)  # the killed sink starts again
+    assert check().startswith(f"WARN stage tables: 1 in schema 'public' ({stages[1]}), left by")
+    live.apply(staging)  # the live query's stage was not touched
+    assert check() == "ok   stage tables: none left in schema 'public'"
