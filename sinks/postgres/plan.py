@@ -24,10 +24,12 @@ KAFKA_COLUMNS = frozenset(
 # Set by parse_json on a row whose value did not parse as its schema: the sink dead-letters it.
 ERROR_COLUMN = "_error"
 
-# How a column reaches COPY: Arrow as is, bytea hex, a PostgreSQL array literal, or JSON text.
-Conversion = Literal["native", "hex", "array", "json"]
+# How a column reaches COPY: Arrow as is, bytea hex, a PostgreSQL array literal, JSON text, or
+# a fraction (decimal, float) into an integer column: its integral values as integers.
+Conversion = Literal["native", "hex", "array", "json", "integral"]
 
 _NUMERIC = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType, T.DecimalType)
+_INTEGERS = {"int2", "int4", "int8"}
 _DATETIME = (T.TimestampType, T.TimestampNTZType, T.DateType)
 _JSON = {"json", "jsonb"}
 
@@ -108,6 +110,11 @@ def conversion(name: str, kind: T.DataType, table: Table) -> Conversion:
     column = table.columns[name]
     if isinstance(kind, T.StringType | T.VarcharType | T.CharType):
         return "native"
+    fraction = isinstance(kind, T.FloatType | T.DoubleType) or (
+        isinstance(kind, T.DecimalType) and kind.scale
+    )
+    if fraction and column.base in _INTEGERS:
+        return "integral"
     if isinstance(kind, _NUMERIC) and column.category in "NS":
         return "native"
     if isinstance(kind, T.BooleanType) and column.category in "BS":

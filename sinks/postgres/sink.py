@@ -346,6 +346,10 @@ def _convert(column: Column, how: Conversion) -> Column:
         return F.concat(F.lit("\\x"), F.hex(column))
     if how == "json":
         return F.to_json(column)
+    if how == "integral":  # 3.00 is written as 3; 2.5 stays as it is, and the table refuses it
+        return F.when(column == F.floor(column), column.cast("decimal(38,0)").cast("string")).otherwise(
+            column.cast("string")
+        )
     if how == "array":  # a PostgreSQL array literal: {"a","b\"c",NULL}
 
         def quote(x: Column) -> Column:

@@ -108,16 +108,26 @@ def test_text_and_times_arrive_as_sent_whatever_the_databases_encoding_and_time_
         conn.execute(
             "CREATE TABLE notes (event_id uuid PRIMARY KEY, note text, at timestamptz, day timestamptz)"
         )
-    a = str(uuid.uuid4())
+    a, b = str(uuid.uuid4()), str(uuid.uuid4())
     body = {"event_id": a, "note": "café", "at": "2026-01-01T00:00:00", "day": "2026-01-01"}
+    euro = {"event_id": b, "note": "5 €", "at": "2026-01-01T00:00:00", "day": "2026-01-01"}  # not in LATIN1
     schema = "event_id string, note string, at timestamp_ntz, day date"
-    apply_batches(
-        spark, PostgresSink("notes", url=url.raw), [[(a.encode(), json.dumps(body).encode())]], schema, tasks
-    )
+    batch = [(a.encode(), json.dumps(body).encode()), (b.encode(), json.dumps(euro).encode())]
+    apply_batches(spark, PostgresSink("notes", url=url.raw), [batch], schema, tasks)
     with psycopg.connect(url.libpq) as conn:
-        row = conn.execute("SELECT note, at, day FROM notes").fetchone()
+        rows = conn.execute("SELECT note, at, day FROM notes").fetchall()
+        dead = conn.execute("SELECT kafka_offset, error, value FROM sink_dead_letters").fetchall()
     utc = dt.UTC
-    assert row == ("café", dt.datetime(2026, 1, 1, tzinfo=utc), dt.datetime(2026, 1, 1, tzinfo=utc))
+    assert rows == [("café", dt.datetime(2026, 1, 1, tzinfo=utc), dt.datetime(2026, 1, 1, tzinfo=utc))]
+    # What the database cannot hold is refused, named, and kept whole: never stored as something else.
+    assert dead == [
+        (
+            1,
+            'character with byte sequence 0xe2 0x82 0xac in encoding "UTF8" has no equivalent in encoding'
+            ' "LATIN1"',
+            json.dumps(euro).encode(),
+        )
+    ]
 
 
 @pytest.mark.parametrize("tasks", [True, False], ids=["in-tasks", "on-driver"])
@@ -552,3 +562,33 @@ def test_a_stage_left_by_a_killed_batch_is_listed_then_dropped_when_its_sink_sta
     assert check().startswith(f"WARN stage tables: 1 in schema 'public' ({stages[1]}), left by")
     live.apply(staging)  # the live query's stage was not touched
     assert check() == "ok   stage tables: none left in schema 'public'"
+
+
+@pytest.mark.parametrize("tasks", [True, False], ids=["in-tasks", "on-driver"])
+def test_fractions_into_integer_columns_write_their_integral_values_and_dead_letter_the_rest(  # type: ignore[no-untyped-def]
+    spark, db, pg, tasks: bool
+) -> None:
+    """JSON numbers often parse as decimal or double: 3.00 into a bigint is 3, 2.5 is refused by the table."""
+    pg.execute("CREATE TABLE counts (event_id text PRIMARY KEY, qty bigint, small smallint)")
+    records = [
+        ("whole", {"event_id": "whole", "qty": "3.00", "small": 4.0}),
+        ("huge", {"event_id": "huge", "qty": "9007199254740993.00", "small": -7.0}),
+        ("half", {"event_id": "half", "qty": "2.50", "small": 1.0}),
+        ("float", {"event_id": "float", "qty": "1", "small": 1.5}),
+        ("too-big", {"event_id": "too-big", "qty": "1", "small": 70000.0}),
+    ]
+    rows = [(k.encode(), json.dumps(v).encode(), "t", 0, offset) for offset, (k, v) in enumerate(records)]
+    raw = spark.createDataFrame(rows, KAFKA)
+    schema = "event_id string, qty decimal(20,2), small double"
+    events = parse_json(raw.coalesce(1) if tasks else raw.repartition(2), schema, key_column="event_id")
+    writer = PostgresSink("counts", url=db.raw).writer(events)
+    assert writer.route.tasks == tasks
+    writer(events, 0)
+
+    written = dict(pg.execute("SELECT event_id, (qty, small) FROM counts").fetchall())
+    assert written == {"whole": ("3", "4"), "huge": ("9007199254740993", "-7")}
+    dead = dict(pg.execute("SELECT kafka_offset, error FROM sink_dead_letters").fetchall())
+    assert sorted(dead) == [2, 3, 4]
+    assert 'invalid input syntax for type bigint: "2.50"' in dead[2]
+    assert 'invalid input syntax for type smallint: "1.5"' in dead[3]
+    assert "out of range for type smallint" in dead[4]
