@@ -87,6 +87,8 @@ def source_options(root: Node | None, kafka: Mapping[str, str]) -> SourceOptions
         topics=topics,
         pattern=opts.get("subscribepattern"),
         fail_on_data_loss=opts.get("failondataloss", "true").lower() != "false",
+        # Spark's source reads uncommitted unless told: the ledger may then be past the LSO.
+        read_uncommitted=opts.get("kafka.isolation.level", "read_uncommitted") != "read_committed",
         kafka={**shared, **kafka},
     )
 
