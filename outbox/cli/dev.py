@@ -1,4 +1,4 @@
-"""`outbox dev up | down | status`: throwaway PostgreSQL and Kafka on this machine.
+"""`outbox dev up | down | status | broker`: throwaway PostgreSQL and Kafka on this machine.
 
 `up` prints `export NAME=value` lines, so `eval "$(outbox dev up)"` points
 every other command, the demo and the tests at the services it started.
@@ -34,6 +34,13 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     up.add_argument("--pg-port", type=int, help="PostgreSQL port (default: a free one)")
     up.add_argument("--kafka-port", type=int, help="Kafka port (default: a free one)")
     up.add_argument(
+        "--brokers",
+        type=int,
+        default=os.environ.get("OUTBOX_DEV_BROKERS", "1"),
+        help="Kafka nodes: 1, or a cluster such as 3 where topics get 3 replicas, 2 in sync"
+        " (env OUTBOX_DEV_BROKERS, default 1)",
+    )
+    up.add_argument(
         "--durable",
         action="store_true",
         help="PostgreSQL with fsync and synchronous commits on, as production runs it (default: off, fast)",
@@ -45,6 +52,17 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     with_dir(actions.add_parser("status", help="print export lines; exit 1 if not running")).set_defaults(
         handler=cmd_status
     )
+    broker = with_dir(
+        actions.add_parser("broker", help="stop, kill -9, pause, resume or start one Kafka node")
+    )
+    broker.add_argument(
+        "broker_action",
+        choices=["stop", "kill", "pause", "resume", "start"],
+        metavar="ACTION",
+        help="stop (controlled), kill (-9), pause (SIGSTOP), resume (SIGCONT) or start",
+    )
+    broker.add_argument("node", type=int, help="the node's id, 1..N")
+    broker.set_defaults(handler=cmd_broker)
 
 
 def export_lines(status: Status) -> list[str]:
@@ -59,9 +77,14 @@ def export_lines(status: Status) -> list[str]:
 
 def cmd_up(args: argparse.Namespace) -> int:
     status = Stack(args.dir).up(
-        ports={"postgres": args.pg_port, "kafka": args.kafka_port}, durable=args.durable
+        ports={"postgres": args.pg_port, "kafka": args.kafka_port}, durable=args.durable, brokers=args.brokers
     )
     print("\n".join(export_lines(status)))
+    return 0
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    print(f"# {Stack(args.dir).broker(args.broker_action, args.node)}")
     return 0
 
 

@@ -4,9 +4,8 @@ The jars come from Maven once (`outbox/jvm/poms/kafka.xml`); each node runs
 as a plain `kafka.Kafka` process with a generated `server.properties` in its
 data directory, so a restart on the same directory keeps its ports, its
 cluster id and every committed record. A cluster is N combined nodes, all
-of them controller voters, with internal topics replicated as production has
-them (3 replicas, 2 in sync); the broker's default replication factor stays
-Kafka's own (1), so whatever creates a topic must ask for its replicas.
+of them controller voters, with every topic replicated as production has them
+(3 replicas, 2 in sync), internal ones and those created without a factor.
 """
 
 from __future__ import annotations
@@ -44,6 +43,8 @@ SETTINGS = {
     "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
     "num.network.threads": "2",
     "num.io.threads": "4",
+    "background.threads": "2",
+    "num.replica.fetchers": "1",
 }
 
 
@@ -78,6 +79,7 @@ def server_properties(data_dir: Path, node: Node, voters: Sequence[Node]) -> dic
         "share.coordinator.state.topic.replication.factor": factor,
         "share.coordinator.state.topic.min.isr": in_sync,
         "min.insync.replicas": in_sync,
+        "default.replication.factor": factor,
     }
 
 
@@ -201,57 +203,100 @@ class Broker:
         stop(self.service.pid, signal.SIGKILL)
 
 
+def start_cluster(root: Path, size: int, port: int | None = None, *, die_with_parent: bool) -> list[Service]:
+    """`size` combined nodes of one new cluster in root/node1..N, node 1 on `port` if given.
+
+    Each node's Service exports the whole cluster's bootstrap servers.
+    """
+    nodes = [Node(i, (port if i == 1 and port else free_port()), free_port()) for i in range(1, size + 1)]
+    cluster = cluster_id()
+    for node in nodes:
+        configure(root / f"node{node.id}", node, nodes, cluster)
+    bootstrap = ",".join(f"127.0.0.1:{node.port}" for node in nodes)
+    services: list[Service] = []
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for node in nodes:
+            data_dir = root / f"node{node.id}"
+            procs.append(launch(data_dir, die_with_parent=die_with_parent))
+            env = {"KAFKA_BOOTSTRAP_SERVERS": bootstrap}
+            services.append(
+                Service(f"kafka-{node.id}", procs[-1].pid, node.port, data_dir, log_of(data_dir), env)
+            )
+        for service, proc in zip(services, procs, strict=True):
+            wait_for_node(service, proc)
+    except BaseException:
+        for service in services:
+            stop(service.pid, signal.SIGKILL)
+        raise
+    return services
+
+
+def node_id(service: Service) -> int:
+    return int(read_properties(service.data_dir / "server.properties")["node.id"])
+
+
+def wait_for_node(service: Service, proc: subprocess.Popen[bytes]) -> None:
+    """Until the node answers metadata requests (a node of a cluster: once its quorum formed)."""
+    what = f"Kafka node {node_id(service)}"
+    log = service.data_dir / "server.log"
+    wait_until(lambda: _answers(service.port), proc, what=what, log=log, timeout=180)
+
+
+# What each broker action does to a node's process: the signal, and whether to wait for it to end.
+ACTIONS = {
+    "stop": (signal.SIGTERM, True),  # a controlled shutdown: leadership moves first
+    "kill": (signal.SIGKILL, True),  # a crash
+    "pause": (signal.SIGSTOP, False),  # a stall: alive to the OS, silent to the cluster
+    "resume": (signal.SIGCONT, False),
+}
+
+
+def act(service: Service, action: str) -> None:
+    """stop, kill, pause or resume one node's process."""
+    sig, wait = ACTIONS[action]
+    if wait:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(service.pid, signal.SIGCONT)  # a paused node must run to stop
+        stop(service.pid, sig, timeout=60)
+    else:
+        os.kill(service.pid, sig)
+
+
+def restart_node(service: Service, *, die_with_parent: bool) -> Service:
+    """Start a stopped or killed node again on its own log; wait until it answers."""
+    proc = launch(service.data_dir, die_with_parent=die_with_parent)
+    started = Service(service.name, proc.pid, service.port, service.data_dir, service.log, service.env)
+    wait_for_node(started, proc)
+    return started
+
+
 class Cluster:
     """`size` combined KRaft nodes of one cluster, each of which can be stopped, killed (-9),
     paused (SIGSTOP), resumed and started again by its node id, as brokers fail in production."""
 
     def __init__(self, root: Path, size: int = 3) -> None:
-        self.root, self.nodes = root, [Node(i, free_port(), free_port()) for i in range(1, size + 1)]
-        cluster = cluster_id()
-        for node in self.nodes:
-            configure(self._dir(node.id), node, self.nodes, cluster)
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}
-        try:
-            for node in self.nodes:
-                self.procs[node.id] = launch(self._dir(node.id), die_with_parent=True)
-            for node in self.nodes:
-                self._wait(node.id)
-        except BaseException:
-            self.close()
-            raise
+        self.services = {node_id(s): s for s in start_cluster(root, size, die_with_parent=True)}
 
     @property
     def bootstrap(self) -> str:
-        return ",".join(f"127.0.0.1:{node.port}" for node in self.nodes)
+        return next(iter(self.services.values())).env["KAFKA_BOOTSTRAP_SERVERS"]
 
     def kill(self, node: int) -> None:
-        stop(self.procs[node].pid, signal.SIGKILL)
+        act(self.services[node], "kill")
 
     def stop(self, node: int) -> None:
-        """A controlled shutdown: leadership moves first."""
-        stop(self.procs[node].pid, signal.SIGTERM, timeout=60)
+        act(self.services[node], "stop")
 
     def pause(self, node: int) -> None:
-        os.kill(self.procs[node].pid, signal.SIGSTOP)
+        act(self.services[node], "pause")
 
     def resume(self, node: int) -> None:
-        os.kill(self.procs[node].pid, signal.SIGCONT)
+        act(self.services[node], "resume")
 
     def start(self, node: int) -> None:
-        """Start a stopped or killed node again on its own log."""
-        self.procs[node] = launch(self._dir(node), die_with_parent=True)
-        self._wait(node)
+        self.services[node] = restart_node(self.services[node], die_with_parent=True)
 
     def close(self) -> None:
-        for proc in self.procs.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGCONT)  # a paused node dies too
-            stop(proc.pid, signal.SIGKILL)
-
-    def _dir(self, node: int) -> Path:
-        return self.root / f"node{node}"
-
-    def _wait(self, node: int) -> None:
-        port = next(n.port for n in self.nodes if n.id == node)
-        log = self._dir(node) / "server.log"
-        wait_until(lambda: _answers(port), self.procs[node], what=f"Kafka node {node}", log=log, timeout=180)
+        for service in self.services.values():
+            act(service, "kill")

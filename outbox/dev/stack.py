@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.config import DATABASE_URL, KAFKA_BOOTSTRAP_SERVERS
+from core.errors import ConfigError
 from outbox.dev import kafka, postgres
 from outbox.dev.process import choose_port, cmdline_contains, pid_alive, stop
 from outbox.dev.service import Service
@@ -85,6 +86,9 @@ class Stack:
 
     # -- commands -------------------------------------------------------------
 
+    def _running(self) -> dict[str, Service]:
+        return {n: s for n, s in self._load().items() if self._is_ours_and_alive(s)}
+
     def status(self) -> Status:
         status = Status(given=self.given())
         for name, service in self._load().items():
@@ -100,33 +104,63 @@ class Stack:
         ports: Mapping[str, int | None] | None = None,
         die_with_parent: bool = False,
         durable: bool = False,
+        brokers: int = 1,
     ) -> Status:
         """Start what is wanted and not already running; clean up what a killed run left.
 
         durable: PostgreSQL with fsync and synchronous commits on, as production runs it.
+        brokers: Kafka as one node, or as a cluster of that many (services kafka-1..N).
         """
+        if brokers < 1:
+            raise ConfigError(f"--brokers must be at least 1, got {brokers}")
         ports = ports or {}
-        services = {n: s for n, s in self._load().items() if self._is_ours_and_alive(s)}
+        services = self._running()
         if not services:
             self._kill_leftovers()
-        missing = [name for name in self.wanted() if name not in services]
+        missing = [name for name in self.wanted() if kind(name) not in map(kind, services)]
         # All ports are checked before anything starts: a bad flag starts nothing.
         chosen = {name: choose_port(ports.get(name), _PORT_FLAGS[name]) for name in missing}
         for name, port in chosen.items():
             data_dir = self.root / name
             shutil.rmtree(data_dir, ignore_errors=True)
-            extra = {"durable": durable} if name == "postgres" else {}
-            services[name] = _STARTERS[name](data_dir, port, die_with_parent=die_with_parent, **extra)
+            if name == "kafka" and brokers > 1:
+                nodes = kafka.start_cluster(data_dir, brokers, port, die_with_parent=die_with_parent)
+                services.update({node.name: node for node in nodes})
+            else:
+                extra = {"durable": durable} if name == "postgres" else {}
+                services[name] = _STARTERS[name](data_dir, port, die_with_parent=die_with_parent, **extra)
             self._save(services)
         self._save(services)
         return Status(running=services, given=self.given())
+
+    def broker(self, action: str, node: int) -> str:
+        """stop, kill, pause, resume or start one Kafka node by its id; returns what was done."""
+        known = self._load()
+        name = f"kafka-{node}" if f"kafka-{node}" in known else "kafka" if node == 1 else ""
+        if name not in known:
+            nodes = sorted(kafka.node_id(s) for n, s in known.items() if kind(n) == "kafka")
+            raise ConfigError(f"no Kafka node {node} here (nodes: {nodes or 'none; run `outbox dev up`'})")
+        service = known[name]
+        alive = self._is_ours_and_alive(service)
+        if action == "start":
+            if alive:
+                raise ConfigError(f"Kafka node {node} is running (pid {service.pid})")
+            known[name] = kafka.restart_node(service, die_with_parent=False)
+            self._save(known)
+            return f"started Kafka node {node} (pid {known[name].pid})"
+        if not alive:
+            raise ConfigError(f"Kafka node {node} is not running (`outbox dev broker start {node}`)")
+        kafka.act(service, action)
+        return f"{action}: Kafka node {node} (pid {service.pid})"
 
     def down(self) -> list[str]:
         """Stop everything under the root and delete it. Returns what was running."""
         stopped = []
         for name, service in self._load().items():
             if self._is_ours_and_alive(service):
-                stop(service.pid, _STOP_SIGNALS[name])
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(service.pid, signal.SIGCONT)  # a paused node must run to stop
+                stop(service.pid, _STOP_SIGNALS[kind(name)])
                 stopped.append(name)
         self._kill_leftovers()
         shutil.rmtree(self.root, ignore_errors=True)
@@ -142,6 +176,11 @@ class Stack:
                 continue
             if any(cmdline_contains(int(entry.name), needle) for needle in needles):
                 stop(int(entry.name))
+
+
+def kind(name: str) -> str:
+    """A service's kind: the nodes kafka-1..N of a cluster are all `kafka`."""
+    return name.split("-")[0]
 
 
 @contextlib.contextmanager

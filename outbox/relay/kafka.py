@@ -11,7 +11,8 @@ transaction: whatever is read then is the truth.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from confluent_kafka import (
     KafkaError,
@@ -22,6 +23,7 @@ from confluent_kafka import (
 
 from core.errors import ConfigError, Fenced, OutboxError, ServiceUnavailable
 from core.kafka import client_settings
+from outbox.relay.outcomes import FENCED_CODES, Action, Call, classify, outcome
 from outbox.relay.pause import BEFORE_COMMIT, BEFORE_PRODUCE, MID_TRANSACTION, Pause
 from outbox.relay.poison import SIZE_CODES, Poison, explain, is_poison, missing_topic
 from outbox.relay.position import Identity, Position
@@ -43,9 +45,6 @@ PRODUCER_DEFAULTS: Mapping[str, object] = {
     # delivered record would cost as much as a third of the producer's throughput.
     "delivery.report.only.error": True,
 }
-_FENCED = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})
-
-
 # Errors that mean "the cluster cannot be reached" and leave the real cause in the client's log.
 _UNREACHABLE = frozenset(
     {KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE}
@@ -57,7 +56,7 @@ def kafka_failure(exc: KafkaException, bootstrap: str = "", cause: str | None = 
     error = exc.args[0]
     if not isinstance(error, KafkaError):
         return ServiceUnavailable(f"Kafka at {bootstrap}: {error}")
-    if error.code() in _FENCED:
+    if error.code() in FENCED_CODES:
         return Fenced("fenced: another instance with this relay name and shard took over")
     if error.code() in _UNREACHABLE and cause:
         return ServiceUnavailable(f"cannot reach Kafka at {bootstrap}: {cause}")
@@ -83,6 +82,7 @@ class Publisher:
             raise ConfigError(f"-X {clash[0]} is set by the relay itself and cannot be overridden")
         self.bootstrap, self.relay = bootstrap, relay
         self.exactly_once, self.timeout, self.pause = exactly_once, timeout, pause
+        self.retry_for = 2 * timeout  # how long a call the outcome table retries is asked again
         self.settings = {**PRODUCER_DEFAULTS, **kafka}
         self.positions = PositionStore(positions_topic, self.settings, bootstrap, timeout)
         self._producer: Producer | None = None
@@ -105,7 +105,8 @@ class Publisher:
             # Unreachable brokers are told in seconds, not after init_transactions' full wait.
             self._producer.list_topics(timeout=min(self.timeout, 10))
             if self.exactly_once:
-                self._producer.init_transactions(self.timeout)
+                producer = self._producer
+                self._call(Call.INIT, lambda: producer.init_transactions(self.timeout))
         except KafkaException as exc:
             self._producer.poll(0)  # error callbacks run from poll: the cause arrives now
             raise kafka_failure(exc, self.bootstrap, self._cause) from None
@@ -137,19 +138,28 @@ class Publisher:
             raise Poison(row.id, missing_topic(row.topic))
 
     def publish(self, rows: Sequence[Row], position: Position) -> None:
-        """Publish rows and then the position: one Kafka transaction (or, at least once, two flushes)."""
+        """Publish rows and then the position: one Kafka transaction (or, at least once, two flushes).
+
+        A failed call is handled as the outcome table says (outcomes.py): every
+        failure ends the session, after an abort only where nothing can have been
+        committed; the next session's producer fences this one and reads the
+        position back from Kafka.
+        """
         producer = self.producer
         self._failures = []
         self._hold(BEFORE_PRODUCE)
-        if self.exactly_once:
-            producer.begin_transaction()
+        call = Call.BEGIN
         try:
+            if self.exactly_once:
+                producer.begin_transaction()
+            call = Call.PRODUCE
             half = len(rows) // 2
             self._produce_rows(producer, rows[:half])
             self._hold(MID_TRANSACTION)
             self._produce_rows(producer, rows[half:])
             if not self.exactly_once:
                 self._flush(producer, rows)
+            call = Call.POSITION
             producer.produce(
                 self.positions.topic,
                 key=self.relay.position_key,
@@ -157,20 +167,42 @@ class Publisher:
                 on_delivery=self._delivered,
             )
             self._hold(BEFORE_COMMIT)
+            call = Call.COMMIT
             if self.exactly_once:
-                producer.commit_transaction(self.timeout)
+                self._call(Call.COMMIT, lambda: producer.commit_transaction(self.timeout))
             else:
                 self._flush(producer, rows)
         except Poison:
             self.abort()
             raise
         except KafkaException as exc:
-            # A refused record fails the whole transaction; its delivery report says which one.
-            producer.poll(0)
-            self.abort()
-            self._raise_poison(rows)
+            producer.poll(0)  # delivery reports: a refused record fails the whole transaction
+            action = outcome(call, classify(exc.args[0]))
+            if action is Action.ABORT:
+                self.abort()
+                self._raise_poison(rows)
+            elif call is Call.COMMIT and action is Action.RETRY:
+                log.warning(
+                    "the commit's outcome is still unknown after %.0fs (%s): a new producer will settle it,"
+                    " and the position is read back from Kafka",
+                    self.retry_for,
+                    exc.args[0].str(),
+                )
             raise kafka_failure(exc, self.bootstrap, self._cause) from None
         self._raise_poison(rows)
+
+    def _call(self, call: Call, run: Callable[[], object]) -> None:
+        """Run one transactional call, and again while the outcome table says retry, for `retry_for`."""
+        deadline = time.monotonic() + self.retry_for
+        while True:
+            try:
+                run()
+                return
+            except KafkaException as exc:
+                error = exc.args[0]
+                if outcome(call, classify(error)) is not Action.RETRY or time.monotonic() >= deadline:
+                    raise
+                log.warning("%s: %s; asking again", call.value, error.str())
 
     def _hold(self, point: str) -> None:
         """At a fault test's pause point, once what was produced so far had time to reach the broker
@@ -230,10 +262,11 @@ class Publisher:
             raise Poison(row_id, reason, ambiguous=code in SIZE_CODES and len(too_large) > 1)
 
     def abort(self) -> None:
-        """Abort the open transaction, if any; errors here only mean it is gone already."""
+        """Abort the open transaction, if any. If that fails too, the next producer settles it."""
         if self.exactly_once and self._producer is not None:
+            producer = self._producer
             try:
-                self._producer.abort_transaction(self.timeout)
+                self._call(Call.ABORT, lambda: producer.abort_transaction(self.timeout))
             except KafkaException as exc:
                 log.debug("abort_transaction: %s", exc.args[0].str())
 

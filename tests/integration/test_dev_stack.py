@@ -97,3 +97,54 @@ def test_up_durable_runs_postgresql_as_production_does(tmp_path: Path) -> None:
         assert settings == {"fsync": "on", "synchronous_commit": "on"}
     finally:
         assert outbox("dev", "down", "--dir", str(root)).code == 0
+
+
+def test_up_with_three_brokers_forms_one_replicated_cluster_whose_nodes_fail_on_demand(
+    tmp_path: Path,
+) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from tests.helpers import produce_transaction, transactional_producer, wait_for
+
+    root = tmp_path / "dev"
+    up = outbox("dev", "up", "--brokers", "3", "--dir", str(root), env={"DATABASE_URL": "postgresql://x@h/d"})
+    assert up.code == 0, up
+    bootstrap = exports(up.out)["KAFKA_BOOTSTRAP_SERVERS"]
+    try:
+        assert len(bootstrap.split(",")) == 3 and check_kafka(bootstrap) == 3
+        assert len([p for p in our_processes(root) if cmdline_contains(p, "kafka.Kafka")]) == 3
+        # Every topic is replicated as production has it: one created without a factor, and the
+        # transaction log a transactional producer brings into being.
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin.create_topics([NewTopic("plain", 2)])["plain"].result(30)
+        produce_transaction(transactional_producer(bootstrap), "plain", [(b"k", b"v")])
+        topics = admin.list_topics(timeout=30).topics
+        for name in ("plain", "__transaction_state"):
+            assert {len(p.replicas) for p in topics[name].partitions.values()} == {3}, name
+
+        def brokers(n: int) -> None:
+            wait_for(
+                lambda: len(admin.list_topics(timeout=10).brokers) == n, 60, f"{n} brokers in the metadata"
+            )
+
+        def broker(action: str, node: str) -> str:
+            result = outbox("dev", "broker", action, node, "--dir", str(root))
+            assert result.code == 0, result
+            return result.out
+
+        assert "kill: Kafka node 2" in broker("kill", "2")
+        brokers(2)
+        again = outbox("dev", "broker", "kill", "2", "--dir", str(root))
+        assert again.err == "outbox: error: Kafka node 2 is not running (`outbox dev broker start 2`)\n"
+        assert "started Kafka node 2" in broker("start", "2")
+        brokers(3)
+        broker("pause", "3")
+        status = outbox("dev", "status", "--dir", str(root))
+        assert status.code == 0, "a paused node is alive"
+        broker("resume", "3")
+        unknown = outbox("dev", "broker", "kill", "7", "--dir", str(root))
+        assert unknown.err == "outbox: error: no Kafka node 7 here (nodes: [1, 2, 3])\n"
+    finally:
+        down = outbox("dev", "down", "--dir", str(root))
+    assert down.code == 0 and "stopped: kafka-1, kafka-2, kafka-3" in down.out, down
+    assert our_processes(root) == []
