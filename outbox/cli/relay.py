@@ -100,6 +100,14 @@ SETTINGS = (
         "HOST:PORT for /metrics and /healthz, or off",
     ),
     Setting(
+        "--kafka-timeout",
+        "OUTBOX_RELAY_KAFKA_TIMEOUT",
+        "30",
+        "seconds a transactional call (init, commit, abort) waits for Kafka before it counts as timed"
+        " out; a commit then is asked again for twice as long before a new producer settles it",
+        float,
+    ),
+    Setting(
         "--max-retries",
         "OUTBOX_RELAY_MAX_RETRIES",
         "10",
@@ -204,6 +212,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
         exactly_once=args.delivery == "exactly-once",
         max_retries=args.max_retries,
         synchronous_commit=args.synchronous_commit,
+        kafka_timeout=args.kafka_timeout,
     )
     # Set by SIGTERM or SIGINT, also one that came while the relay was still starting.
     stop = STOP

@@ -24,7 +24,7 @@ from confluent_kafka import (
 from core.errors import ConfigError, Fenced, OutboxError, ServiceUnavailable
 from core.kafka import client_settings
 from outbox.relay.outcomes import FENCED_CODES, Action, Call, classify, outcome
-from outbox.relay.pause import BEFORE_COMMIT, BEFORE_PRODUCE, MID_TRANSACTION, Pause
+from outbox.relay.pause import BEFORE_COMMIT, BEFORE_POSITION, BEFORE_PRODUCE, MID_TRANSACTION, Pause
 from outbox.relay.poison import SIZE_CODES, Poison, explain, is_poison, missing_topic
 from outbox.relay.position import Identity, Position
 from outbox.relay.positions import PositionStore
@@ -159,6 +159,7 @@ class Publisher:
             self._produce_rows(producer, rows[half:])
             if not self.exactly_once:
                 self._flush(producer, rows)
+            self._hold(BEFORE_POSITION)
             call = Call.POSITION
             producer.produce(
                 self.positions.topic,

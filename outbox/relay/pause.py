@@ -12,6 +12,7 @@ Pause = Callable[[str], None]
 
 BEFORE_PRODUCE = "before-produce"  # rows fetched, Kafka transaction not begun
 MID_TRANSACTION = "mid-transaction"  # half the rows produced
+BEFORE_POSITION = "before-position"  # every row produced, the position not yet
 BEFORE_COMMIT = "before-commit"  # every record and the position produced, not committed
 BEFORE_CLEANUP = "before-cleanup"  # committed; the published rows not yet deleted
-POINTS = (BEFORE_PRODUCE, MID_TRANSACTION, BEFORE_COMMIT, BEFORE_CLEANUP)
+POINTS = (BEFORE_PRODUCE, MID_TRANSACTION, BEFORE_POSITION, BEFORE_COMMIT, BEFORE_CLEANUP)

@@ -60,11 +60,14 @@ class RelaySettings:
     max_retries: int = 10
     halt_retry: float = 30.0
     synchronous_commit: str = "on"
+    kafka_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", relay_name(self.name))
         if self.batch_size < 1:
             raise OutboxError("--batch-size must be at least 1")
+        if self.kafka_timeout <= 0:
+            raise OutboxError(f"--kafka-timeout must be positive, got {self.kafka_timeout}")
         if self.on_poison not in (HALT, DEAD_LETTER):
             raise OutboxError(f"--on-poison must be {HALT} or {DEAD_LETTER}, got {self.on_poison!r}")
 
@@ -154,7 +157,13 @@ class Relay:
                 return
             relay = Identity(s.name, table.outbox_id(), s.shard)
             publisher = Publisher(
-                s.bootstrap, s.kafka, relay, s.positions_topic, exactly_once=s.exactly_once, pause=self.pause
+                s.bootstrap,
+                s.kafka,
+                relay,
+                s.positions_topic,
+                exactly_once=s.exactly_once,
+                timeout=s.kafka_timeout,
+                pause=self.pause,
             )
             self.metrics.active.set(1)
             try:

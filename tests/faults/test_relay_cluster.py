@@ -1,7 +1,18 @@
-"""The relay on a three-broker cluster (RF 3, min.insync 2): what it keeps in Kafka outlives a broker."""
+"""The relay on a three-broker cluster (RF 3, min.insync 2) while brokers fail as they do in production.
+
+Partition leaders and the transaction coordinator move when a broker dies or
+stalls, and a commit's answer can be lost (issue 26). Writers keep committing
+outbox events through every fault. Each case then checks every record with
+two readers: ours (read_committed, `published`) and Kafka's own console
+consumer (read_committed), each for no duplicate, none missing, per-key
+order; and `outbox verify` against the outbox table, for duplicates and
+missing events.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,38 +21,109 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 from core.config import DatabaseUrl
 from outbox.dev.kafka import Cluster
+from outbox.jvm import kafka_tools
+from outbox.relay.pause import BEFORE_COMMIT, BEFORE_POSITION, MID_TRANSACTION
 from outbox.relay.relay import POSITIONS_TOPIC
-from tests.helpers import create_topic, unique
+from tests.cli import outbox
+from tests.helpers import Job, create_topic, unique, wait_for
 from tests.relay_support import (
     ACTIVE,
     Committed,
     Writers,
     assert_exactly_once,
+    published,
     relay_job,
     terminate,
     wait_published,
 )
 
+PARTITIONS = 3
+# Calls time out in 5 s, so a stall of 12 s outlasts a commit's first answer.
+FAST = ("--kafka-timeout", "5", "-X", "request.timeout.ms=5000", "--no-cleanup")
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    started = Cluster(tmp_path / "kafka", size=3)
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    started = Cluster(tmp_path_factory.mktemp("cluster") / "kafka", size=3)
     yield started
     started.close()
 
 
+@pytest.fixture
+def healthy(cluster: Cluster) -> Iterator[Cluster]:
+    """The shared cluster, every node running when the test starts and again when it ends."""
+    yield cluster
+    for node, service in cluster.services.items():
+        with contextlib.suppress(ProcessLookupError):
+            cluster.resume(node)
+        if not _alive(service.pid):
+            cluster.start(node)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def leader(bootstrap: str, topic: str, partition: int) -> int:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    return int(admin.list_topics(topic, timeout=30).topics[topic].partitions[partition].leader)
+
+
+def coordinator(bootstrap: str, url: DatabaseUrl, name: str) -> int:
+    """The node coordinating the relay's transactional id, as Kafka's own tool describes it."""
+    outbox_id = _outbox_id(url)
+    transactional_id = f"outbox-relay.{name}.{outbox_id}.0-of-1"
+    [row] = kafka_tools.transactions(bootstrap, "describe", "--transactional-id", transactional_id)
+    return int(row["CoordinatorId"])
+
+
+def _outbox_id(url: DatabaseUrl) -> str:
+    import psycopg
+
+    with psycopg.connect(url.libpq) as conn:
+        return str(conn.execute("SELECT id::text FROM outbox_identity").fetchone()[0])  # type: ignore[index]
+
+
+def check_every_record(bootstrap: str, topic: str, committed: Committed, url: DatabaseUrl) -> None:
+    """Both readers, each record: all committed events once, per key in commit order, nothing else."""
+    ours = wait_published(bootstrap, topic, PARTITIONS, committed.count, timeout=180)
+    assert_exactly_once(ours, committed)
+    theirs = [
+        (r.partition, r.offset, r.key or "", r.headers["event_id"])
+        for r in kafka_tools.console_consume(bootstrap, topic)
+    ]
+    assert_exactly_once(theirs, committed)
+    assert sorted(theirs) == sorted(ours)
+    source = f"SELECT event_id::text FROM outbox_events WHERE topic = '{topic}'"
+    verify = outbox(
+        "verify", topic, "--bootstrap-servers", bootstrap, "--source-sql", source, "--url", url.raw, "--json"
+    )
+    assert verify.code == 0, verify.out
+    assert f'"records": {committed.count}' in verify.out.splitlines()[-1]
+
+
+def start(
+    tmp_path: Path, url: DatabaseUrl, bootstrap: str, name: str, pause_at: str = "none"
+) -> tuple[Job, Path]:
+    env = {"DATABASE_URL": url.raw, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
+    return relay_job(tmp_path, env, name, *FAST, pause_at=pause_at)
+
+
 def test_the_positions_outlive_the_broker_that_led_them(
-    tmp_path: Path, outbox_db: DatabaseUrl, cluster: Cluster
+    tmp_path: Path, outbox_db: DatabaseUrl, healthy: Cluster
 ) -> None:
     """Created with the broker's default replication (1 on a stock broker), the positions died with
     their one broker, and the relay either stalled or published its outbox again."""
-    bootstrap, name = cluster.bootstrap, unique("relay")
-    topic = create_topic(bootstrap, unique("events"), partitions=3)
-    env = {"DATABASE_URL": outbox_db.raw, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
+    bootstrap, name = healthy.bootstrap, unique("relay")
+    topic = create_topic(bootstrap, unique("events"), partitions=PARTITIONS)
     first = Writers(outbox_db, topic).start(transactions=20)
     first.join()
-    job, _ = relay_job(tmp_path, env, name, "--no-cleanup")  # every row stays, to be republished if lost
-    assert_exactly_once(wait_published(bootstrap, topic, 3, first.committed.count), first.committed)
+    job, _ = start(tmp_path, outbox_db, bootstrap, name)
+    assert_exactly_once(wait_published(bootstrap, topic, PARTITIONS, first.committed.count), first.committed)
     assert terminate(job) == 0
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -49,12 +131,121 @@ def test_the_positions_outlive_the_broker_that_led_them(
     resource = ConfigResource(ConfigResource.Type.TOPIC, POSITIONS_TOPIC)
     config = admin.describe_configs([resource])[resource].result(30)
     assert len(partition.replicas) == 3 and config["min.insync.replicas"].value == "2"
-    cluster.kill(partition.leader)
+    healthy.kill(partition.leader)
 
     second = Writers(outbox_db, topic).start(transactions=20)
     second.join()
-    job, _ = relay_job(tmp_path, env, name, "--no-cleanup")
+    job, _ = start(tmp_path, outbox_db, bootstrap, name)
     job.wait_for_output(ACTIVE, 120)
-    committed = Committed.merged(first.committed, second.committed)
-    assert_exactly_once(wait_published(bootstrap, topic, 3, committed.count, timeout=120), committed)
+    check_every_record(bootstrap, topic, Committed.merged(first.committed, second.committed), outbox_db)
     assert terminate(job) == 0
+
+
+def test_a_kill_of_the_leader_of_a_partition_being_written(
+    tmp_path: Path, outbox_db: DatabaseUrl, healthy: Cluster
+) -> None:
+    bootstrap, name = healthy.bootstrap, unique("relay")
+    topic = create_topic(bootstrap, unique("events"), partitions=PARTITIONS)
+    writers = Writers(outbox_db, topic).start()
+    job, _ = start(tmp_path, outbox_db, bootstrap, name)
+    try:
+        wait_for(lambda: len(published(bootstrap, topic, PARTITIONS)) > 50, 90, "publishing under way")
+        node = leader(bootstrap, topic, 0)
+        healthy.kill(node)
+        wait_for(lambda: leader(bootstrap, topic, 0) != node, 60, "a new leader of partition 0")
+        time.sleep(3)  # writes go on through the new leader
+        healthy.start(node)
+        time.sleep(2)
+    finally:
+        writers.stop.set()
+        writers.join()
+    check_every_record(bootstrap, topic, writers.committed, outbox_db)
+    assert terminate(job) == 0
+
+
+@pytest.mark.parametrize(
+    ("fault", "phase"),
+    [
+        ("kill", BEFORE_COMMIT),
+        ("pause", MID_TRANSACTION),
+        ("pause", BEFORE_POSITION),
+        ("pause", BEFORE_COMMIT),
+    ],
+)
+def test_the_transaction_coordinator_dies_or_stalls_mid_transaction(
+    tmp_path: Path, outbox_db: DatabaseUrl, healthy: Cluster, fault: str, phase: str
+) -> None:
+    """kill -9 of the relay's coordinator, found with kafka-transactions, or SIGSTOP of it for longer
+    than the relay's calls wait (the delayed-EndTxn case of KAFKA-17754), at each phase of a batch."""
+    bootstrap, name = healthy.bootstrap, unique("relay")
+    topic = create_topic(bootstrap, unique("events"), partitions=PARTITIONS)
+    first = Writers(outbox_db, topic).start(transactions=10)
+    first.join()
+    job, resume = start(tmp_path, outbox_db, bootstrap, name, pause_at=phase)
+    writers = Writers(outbox_db, topic).start()
+    try:
+        job.wait_for_output(f"paused at {phase}", 90)
+        node = coordinator(bootstrap, outbox_db, name)
+        if fault == "kill":
+            healthy.kill(node)
+        else:
+            healthy.pause(node)
+        resume.touch()  # the batch goes on against a coordinator that is gone or silent
+        time.sleep(12)
+        if fault == "kill":
+            healthy.start(node)
+        else:
+            healthy.resume(node)
+        time.sleep(3)
+    finally:
+        writers.stop.set()
+        writers.join()
+    check_every_record(bootstrap, topic, Committed.merged(first.committed, writers.committed), outbox_db)
+    assert terminate(job) == 0
+
+
+def test_rolling_restarts_then_rolling_kills_under_load(
+    tmp_path: Path, outbox_db: DatabaseUrl, healthy: Cluster
+) -> None:
+    bootstrap, name = healthy.bootstrap, unique("relay")
+    topic = create_topic(bootstrap, unique("events"), partitions=PARTITIONS)
+    writers = Writers(outbox_db, topic).start()
+    job, _ = start(tmp_path, outbox_db, bootstrap, name)
+    try:
+        job.wait_for_output(ACTIVE, 90)
+        for stop in (healthy.stop, healthy.kill):
+            for node in sorted(healthy.services):
+                stop(node)
+                time.sleep(2)
+                healthy.start(node)
+    finally:
+        writers.stop.set()
+        writers.join()
+    check_every_record(bootstrap, topic, writers.committed, outbox_db)
+    assert terminate(job) == 0
+
+
+def test_below_min_insync_the_relay_waits_with_one_line_and_resumes_by_itself(
+    tmp_path: Path, outbox_db: DatabaseUrl, healthy: Cluster
+) -> None:
+    bootstrap, name = healthy.bootstrap, unique("relay")
+    topic = create_topic(bootstrap, unique("events"), partitions=PARTITIONS)
+    job, _ = start(tmp_path, outbox_db, bootstrap, name)
+    first = Writers(outbox_db, topic).start(transactions=10)
+    first.join()
+    assert_exactly_once(wait_published(bootstrap, topic, PARTITIONS, first.committed.count), first.committed)
+    down = sorted(healthy.services)[:2]
+    for node in down:
+        healthy.kill(node)
+    second = Writers(outbox_db, topic).start(transactions=10)
+    second.join()
+    job.wait_for_output("session ended, retrying", 120)
+    time.sleep(5)
+    for node in down:
+        healthy.start(node)
+    committed = Committed.merged(first.committed, second.committed)
+    check_every_record(bootstrap, topic, committed, outbox_db)
+    assert terminate(job) == 0
+    retries = [line for line in job.output().splitlines() if "session ended, retrying" in line]
+    assert retries, job.output()
+    print(retries[0])

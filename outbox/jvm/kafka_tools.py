@@ -1,0 +1,87 @@
+"""Apache Kafka's own command-line tools, run from their published jars (`poms/kafka-tools.xml`).
+
+The console consumer is the reader this project did not write: the fault
+tests check with it, read_committed, what `outbox verify` checks. Its output
+is one line per record, `Partition:P<TAB>Offset:O<TAB>headers<TAB>key<TAB>value`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from core.errors import ServiceUnavailable
+from outbox.jvm import log4j2, maven
+from outbox.jvm.java import find_java
+
+WHAT = "Apache Kafka's command-line tools"
+CONSOLE_CONSUMER = "org.apache.kafka.tools.consumer.ConsoleConsumer"
+TRANSACTIONS = "org.apache.kafka.tools.TransactionsCommand"
+
+
+@dataclass(frozen=True)
+class ConsoleRecord:
+    partition: int
+    offset: int
+    headers: dict[str, str]
+    key: str | None
+    value: str | None
+
+
+def run(main_class: str, args: Sequence[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """One of Kafka's tools; its own logging goes to a file that is deleted after, not to stdout."""
+    java = find_java(needed_by=WHAT)
+    classpath = maven.classpath(maven.jars("kafka-tools", what=WHAT))
+    with tempfile.TemporaryDirectory(prefix="kafka-tools-") as scratch:
+        config = Path(scratch) / "log4j2.properties"
+        config.write_text(log4j2.file_config(Path(scratch) / "tool.log", {"org.apache.kafka": "warn"}))
+        argv = [str(java.path), f"-Dlog4j2.configurationFile={config}", "-cp", classpath, main_class, *args]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+
+
+def console_consume(bootstrap: str, topic: str, *, idle_ms: int = 5_000) -> list[ConsoleRecord]:
+    """Every committed record of `topic`, read_committed from the beginning, until none came for idle_ms."""
+    printed = [f"print.{what}=true" for what in ("partition", "offset", "headers", "key")]
+    args = [
+        *("--bootstrap-server", bootstrap, "--topic", topic, "--from-beginning"),
+        *("--isolation-level", "read_committed", "--timeout-ms", str(idle_ms)),
+        *(arg for prop in [*printed, "key.separator=\t"] for arg in ("--property", prop)),
+    ]
+    done = run(CONSOLE_CONSUMER, args)
+    if "Processed a total of" not in done.stderr:
+        raise ServiceUnavailable(f"the console consumer failed on {topic}: {done.stderr.strip()[:500]}")
+    return [parse(line) for line in done.stdout.splitlines() if line.startswith("Partition:")]
+
+
+def parse(line: str) -> ConsoleRecord:
+    partition, offset, headers, key, value = line.split("\t", 4)
+    pairs = [] if headers == "NO_HEADERS" else [h.split(":", 1) for h in headers.split(",")]
+    return ConsoleRecord(
+        int(partition.removeprefix("Partition:")),
+        int(offset.removeprefix("Offset:")),
+        {k: v for k, v in pairs},
+        None if key == "null" else key,
+        None if value == "null" else value,
+    )
+
+
+def transactions(bootstrap: str, *args: str) -> list[dict[str, str]]:
+    """`kafka-transactions` (TransactionsCommand) with `args`; its table, one dict per row."""
+    done = run(TRANSACTIONS, ["--bootstrap-server", bootstrap, *args], timeout=120)
+    if done.returncode != 0:
+        raise ServiceUnavailable(f"kafka-transactions {' '.join(args)}: {done.stderr.strip()[:500]}")
+    return table(done.stdout)
+
+
+def table(text: str) -> list[dict[str, str]]:
+    """The tools' tables: a header line, then rows, columns separated by tabs (or runs of spaces)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return []
+    split = (lambda line: line.split("\t")) if "\t" in lines[0] else str.split
+    header = [h.strip() for h in split(lines[0])]
+    rows = [dict(zip(header, (c.strip() for c in split(line)), strict=False)) for line in lines[1:]]
+    return [{k: v for k, v in row.items() if k} for row in rows]  # a trailing tab is no column
