@@ -14,8 +14,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# BROKERS=3: the loop on a three-node Kafka cluster (RF 3, min.insync 2), its nodes killed in turn.
+BROKERS ?= 1
+
 demo: $(STAMP)
-	$(PY) -m demos.loop $(DEMO_FLAGS)
+	$(PY) -m demos.loop --brokers $(BROKERS) $(DEMO_FLAGS)
 
 demo-smoke: $(STAMP)
 	$(PY) -m demos.smoke

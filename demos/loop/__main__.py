@@ -28,7 +28,7 @@ from core.errors import OutboxError
 from core.probe import check_kafka
 from demos.loop.run import Loop, Settings
 from demos.loop.show import Display, chart, table
-from outbox.dev.kafka import Broker
+from outbox.dev.kafka import Broker, Cluster
 from outbox.dev.process import free_port
 from outbox.dev.stack import running
 from outbox.jvm.java import find_java
@@ -74,7 +74,14 @@ def parser() -> argparse.ArgumentParser:
         "--broker-restarts",
         type=_at_least(0),
         default=1,
-        help="kill -9 and restart of the broker (default 1)",
+        help="kill -9 and restart of the broker, or of a cluster's next node (default 1)",
+    )
+    p.add_argument(
+        "--brokers",
+        type=_at_least(1),
+        default=1,
+        help="Kafka nodes: 1, or a cluster (3: RF 3, min.insync 2) whose nodes are killed in turn"
+        " (default 1; `make demo BROKERS=3`)",
     )
     p.add_argument("--no-chaos", action="store_true", help="kill nothing: a quiet run")
     p.add_argument("--seed", type=int, default=None, help="random seed for the input and the kill times")
@@ -127,13 +134,19 @@ def main(argv: list[str] | None = None) -> int:
             url = DatabaseUrl.parse(os.environ.get("DATABASE_URL") or started["DATABASE_URL"])
             if given_kafka:
                 check_kafka(given_kafka)
-            broker = given_kafka or Broker(args.dir / "kafka", free_port())
+            broker = given_kafka or (
+                Cluster(args.dir / "kafka", size=args.brokers)
+                if args.brokers > 1
+                else Broker(args.dir / "kafka", free_port())
+            )
             try:
                 with Display(console, args.events, {c: n for c, n in kills.items() if n}) as display:
                     outcome = Loop(settings, url, broker, args.dir, display).run()
             finally:
                 if isinstance(broker, Broker):
                     broker.stop()
+                elif isinstance(broker, Cluster):
+                    broker.close()
     except OutboxError as exc:
         console.print(f"demo: error: {exc}", style="red", markup=False)
         return 2

@@ -31,7 +31,7 @@ from demos.loop.fill import Filler
 from demos.loop.show import Display, Timeline
 from demos.loop.verdict import Out, Verdict, committed_events, judge
 from outbox import migrate
-from outbox.dev.kafka import Broker
+from outbox.dev.kafka import Broker, Cluster, replicas
 from outbox.dev.process import spawn
 from outbox.dev.process import tail as tail_of
 
@@ -184,11 +184,16 @@ class Sampler(threading.Thread):
 
 class Loop:
     def __init__(
-        self, settings: Settings, url: DatabaseUrl, kafka: str | Broker, work: Path, display: Display
+        self,
+        settings: Settings,
+        url: DatabaseUrl,
+        kafka: str | Broker | Cluster,
+        work: Path,
+        display: Display,
     ) -> None:
         self.s, self.url, self.work, self.display = settings, url, work, display
-        self.broker = kafka if isinstance(kafka, Broker) else None
-        self.bootstrap = kafka.bootstrap if isinstance(kafka, Broker) else kafka
+        self.broker = None if isinstance(kafka, str) else kafka
+        self.bootstrap = kafka if isinstance(kafka, str) else kafka.bootstrap
         self.timeline = Timeline()
         self.killed = dict.fromkeys(settings.kills, 0)
         self.exits = 0
@@ -211,7 +216,8 @@ class Loop:
         admin = AdminClient(client_settings({"bootstrap.servers": self.bootstrap}, "admin"))
         stamp = f"{int(time.time())}"
         self.input, self.output = f"{INPUT}.{stamp}", f"{OUTPUT}.{stamp}"
-        topics = [NewTopic(t, self.s.partitions, 1) for t in (self.input, self.output)]
+        brokers = len(admin.list_topics(timeout=30).brokers)
+        topics = [NewTopic(t, self.s.partitions, replicas(brokers)[0]) for t in (self.input, self.output)]
         for future in admin.create_topics(topics).values():
             future.result(30)
 
@@ -360,8 +366,15 @@ class Loop:
             if self.broker is None:
                 return True
             self.timeline.kills.append((self.now(), "broker"))
-            self.display.say("kill -9 the Kafka broker; restarting it on the same log")
-            self.broker.restart(signal.SIGKILL)
+            if isinstance(self.broker, Cluster):  # each node in turn
+                nodes = sorted(self.broker.services)
+                node = nodes[self.killed["broker"] % len(nodes)]
+                self.display.say(f"kill -9 Kafka node {node} of {len(nodes)}; restarting it on its log")
+                self.broker.kill(node)
+                self.broker.start(node)
+            else:
+                self.display.say("kill -9 the Kafka broker; restarting it on the same log")
+                self.broker.restart(signal.SIGKILL)
             self.killed["broker"] += 1
             return True
         child = children[component]
