@@ -3,12 +3,13 @@
 Every failure a user can fix is an OutboxError and is printed as one line on
 stderr, never as a traceback.
 
-  dev.py     `outbox dev up|down|env`: local PostgreSQL and Kafka
+  dev.py     `outbox dev up|down|status|broker`: local PostgreSQL and Kafka (one node or a cluster)
   db.py      `outbox db upgrade|downgrade|current`
   check.py   `outbox check`: can this host reach and use everything?
   relay.py   `outbox relay`: its settings table, then the daemon
   relays.py  `outbox relays list|rebase|forget`: the relays an outbox's database records
   verify.py  `outbox verify`: a topic against what was committed
+  transactions.py `outbox transactions`: open and hanging transactions on a topic
   options.py options several commands share
 """
 
@@ -20,7 +21,7 @@ import sys
 from collections.abc import Sequence
 
 from core.errors import OutboxError
-from outbox.cli import check, db, dev, relay, relays, verify
+from outbox.cli import check, db, dev, relay, relays, transactions, verify
 from outbox.stopping import release_stop_signals
 
 EXIT_USER_ERROR = 2
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     relay.register(commands)
     relays.register(commands)
     verify.register(commands)
+    transactions.register(commands)
     return parser
 
 

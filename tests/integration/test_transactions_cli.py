@@ -1,0 +1,55 @@
+"""`outbox transactions TOPIC` names the transaction that holds a topic's last stable offset back."""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+from pathlib import Path
+
+from tests.cli import outbox
+from tests.helpers import Job, create_topic, unique, wait_for
+
+STUCK = """
+import sys, time
+from confluent_kafka import Producer
+bootstrap, topic, tid = sys.argv[1:4]
+p = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid, "transaction.timeout.ms": 15000})
+p.init_transactions(30)
+p.begin_transaction()
+p.produce(topic, key=b"k", value=b"v", partition=1)
+p.flush(30)
+print("open", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_producer_stopped_mid_transaction_is_named_until_its_transaction_times_out(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    topic = create_topic(bootstrap, unique("held"), partitions=2)
+    tid = f"stuck-{uuid.uuid4().hex[:8]}"
+    script = tmp_path / "stuck.py"
+    script.write_text(STUCK)
+    producer = Job([str(script), bootstrap, topic, tid], tmp_path / "stuck.log", {})
+    try:
+        producer.wait_for_output("open", 60)
+        os.kill(producer.process.pid, signal.SIGSTOP)  # alive, silent: its transaction stays open
+
+        def listed() -> str:
+            result = outbox("transactions", topic, "--bootstrap-servers", bootstrap, "--older-than", "1")
+            assert result.code in (0, 1), result
+            return result.out
+
+        out = listed()
+        assert out.startswith(f"LONG-OPEN {tid} (producer "), out
+        assert f"on {topic}-1, open" in out
+        assert out.splitlines()[-1] == f"{topic}: 1 open transaction(s), 1 open 1 s or longer, 0 hanging"
+    finally:
+        producer.kill9()
+    # Its coordinator aborts it at its transaction.timeout.ms (15 s): nothing is left open.
+    wait_for(
+        lambda: listed().endswith(f"{topic}: 0 open transaction(s), 0 open 1 s or longer, 0 hanging\n"),
+        90,
+        "the abort",
+    )
