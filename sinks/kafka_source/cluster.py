@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable
 
 from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCollection, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
 
 from core.errors import ConfigError, ServiceUnavailable
 from core.kafka import client_settings
@@ -78,15 +78,29 @@ class Cluster:
     def latest(self, partitions: Iterable[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
         return self._list_offsets(partitions, OffsetSpec.latest())
 
+    def high_watermarks(self, partitions: Iterable[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
+        """The ends of the logs, open transactions' records included."""
+        return self._list_offsets(partitions, OffsetSpec.latest(), uncommitted=True)
+
+    def max_transaction_timeout(self, default: float = 900.0) -> float:
+        """Seconds the brokers let a transaction live (transaction.max.timeout.ms); `default` if unsaid."""
+        try:
+            broker = str(next(iter(self._metadata().brokers)))
+            resource = ConfigResource(ConfigResource.Type.BROKER, broker)
+            entry = self.admin.describe_configs([resource])[resource].result(self.timeout)
+            return int(entry["transaction.max.timeout.ms"].value) / 1000
+        except (KafkaException, KeyError, StopIteration, ValueError, TypeError):
+            return default
+
     def _list_offsets(
-        self, partitions: Iterable[TopicPartitionKey], spec: OffsetSpec
+        self, partitions: Iterable[TopicPartitionKey], spec: OffsetSpec, *, uncommitted: bool = False
     ) -> dict[TopicPartitionKey, int]:
         wanted = {TopicPartition(t, p): spec for t, p in partitions}
         if not wanted:
             return {}
         isolation = (
             IsolationLevel.READ_UNCOMMITTED
-            if self.options.read_uncommitted
+            if self.options.read_uncommitted or uncommitted
             else IsolationLevel.READ_COMMITTED
         )
         deadline = time.monotonic() + self.timeout

@@ -28,6 +28,7 @@ _OURS = {
     "failondataloss",
     "polltimeoutms",
     "minpartitions",
+    "stallwarnms",
     "ledger.sink",
     "ledger.url",
     "ledger.schema",
@@ -50,6 +51,8 @@ class SourceOptions:
     poll_timeout_s: float = 120.0
     read_uncommitted: bool = False
     min_partitions: int | None = None
+    # Warn when a partition's LSO stands behind its high watermark this long (None: the broker's limit).
+    stall_warn_s: float | None = None
     # Start from the exactly-once sink's ledger instead of startingOffsets.
     ledger: Ledger | None = None
     kafka: dict[str, str] = field(default_factory=dict)
@@ -129,6 +132,7 @@ def parse(options: Mapping[str, str]) -> SourceOptions:
         poll_timeout_s=(_positive_int("pollTimeoutMs", opts.get("polltimeoutms")) or 120_000) / 1000,
         read_uncommitted=_bool(READ_UNCOMMITTED_OPT_IN, opts.get(READ_UNCOMMITTED_OPT_IN.lower(), "false")),
         min_partitions=_positive_int("minPartitions", opts.get("minpartitions")),
+        stall_warn_s=(_positive_int("stallWarnMs", opts.get("stallwarnms")) or 0) / 1000 or None,
         ledger=ledger,
         kafka=kafka,
     )

@@ -7,6 +7,7 @@ Planning (which partitions, which offsets) happens on the driver through
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -30,11 +31,13 @@ from sinks.kafka_source import ranges
 from sinks.kafka_source.cluster import Cluster
 from sinks.kafka_source.options import SourceOptions, parse
 from sinks.kafka_source.reader import read_range
+from sinks.kafka_source.stalls import Stall, gaps, watch
 from sinks.ledger import recreated, recreated_error
 
 log = logging.getLogger("sinks.kafka_source")
 
 FORMAT = "kafka_rc"
+UNCOMMITTED = "#uncommitted"  # progress: records past the LSO, per topic and partition
 SCHEMA = (
     "key binary, value binary, topic string, partition int, offset long, timestamp timestamp,"
     " timestampType int, headers array<struct<key:string,value:binary>>"
@@ -138,6 +141,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = options
         self._cluster: Cluster | None = None
         self._target: dict[ranges.TopicPartitionKey, int] | None = None  # Trigger.AvailableNow
+        self._stalls: dict[ranges.TopicPartitionKey, Stall] = {}
+        self._stall_limit: float | None = None
+        self._report: dict | None = None
 
     @property
     def cluster(self) -> Cluster:
@@ -167,6 +173,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise unsubscribed(gone, self.cluster.topics(), self.options)
         ids = self.cluster.topic_ids(t for t, _ in tps)
         earliest, latest = self.cluster.earliest(tps), self.cluster.latest(tps)
+        self._watch(latest, ids)
         begin, losses = ranges.reconcile(begin, ranges.topic_ids(start), ids, earliest, latest)
         judge(losses, self.options, warn=True)
         # Partitions added while running start at their earliest offset.
@@ -175,6 +182,23 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             latest = {tp: min(off, self._target.get(tp, begin[tp])) for tp, off in latest.items()}
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         return ranges.to_offsets(ranges.cap(begin, latest, max_rows), ids)
+
+    def _watch(self, lso: dict[ranges.TopicPartitionKey, int], ids: ranges.TopicIds) -> None:
+        """Open transactions' hold on the LSO: in the progress (`latestOffset`), warned once when long."""
+        if self.options.read_uncommitted:
+            return
+        hw = self.cluster.high_watermarks(lso)
+        if self._stall_limit is None:
+            self._stall_limit = self.options.stall_warn_s or self.cluster.max_transaction_timeout()
+        self._stalls, warnings = watch(self._stalls, lso, hw, time.monotonic(), self._stall_limit)
+        for warning in warnings:
+            log.warning(warning)
+        self._report = {**ranges.to_offsets(lso, ids), UNCOMMITTED: gaps(lso, hw)}
+
+    def reportLatestOffset(self) -> dict | None:
+        """The partitions' last stable offsets, and under "#uncommitted" the records an open
+        transaction still holds back: shown as the source's latestOffset in the query's progress."""
+        return self._report
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         """The ranges from `start` to `end`, where `start` still holds (`latestOffset` judged it)."""

@@ -1,4 +1,4 @@
-"""`outbox transactions TOPIC` names the transaction that holds a topic's last stable offset back."""
+"""A transaction left open: `outbox transactions TOPIC` names it, and kafka_rc shows what it holds back."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tests.cli import outbox
 from tests.helpers import Job, create_topic, unique, wait_for
+from tests.source_support import stream_to_memory
 
 STUCK = """
 import sys, time
@@ -24,8 +25,8 @@ time.sleep(3600)
 """
 
 
-def test_a_producer_stopped_mid_transaction_is_named_until_its_transaction_times_out(
-    bootstrap: str, tmp_path: Path
+def test_a_producer_stopped_mid_transaction_is_named_until_its_transaction_times_out(  # type: ignore[no-untyped-def]
+    spark, bootstrap: str, tmp_path: Path
 ) -> None:
     topic = create_topic(bootstrap, unique("held"), partitions=2)
     tid = f"stuck-{uuid.uuid4().hex[:8]}"
@@ -45,6 +46,17 @@ def test_a_producer_stopped_mid_transaction_is_named_until_its_transaction_times
         assert out.startswith(f"LONG-OPEN {tid} (producer "), out
         assert f"on {topic}-1, open" in out
         assert out.splitlines()[-1] == f"{topic}: 1 open transaction(s), 1 open 1 s or longer, 0 hanging"
+
+        # kafka_rc's progress shows the record the open transaction holds back on partition 1.
+        query, _ = stream_to_memory(
+            spark, bootstrap, topic, tmp_path / "chk", available_now=False, stallWarnMs="1000"
+        )
+        try:
+            wait_for(lambda: query.lastProgress is not None, 60, "a progress report")
+            latest = query.lastProgress["sources"][0]["latestOffset"]
+            assert '"#uncommitted": {"' + topic + '": {"1": 1}}' in latest, latest
+        finally:
+            query.stop()
     finally:
         producer.kill9()
     # Its coordinator aborts it at its transaction.timeout.ms (15 s): nothing is left open.
