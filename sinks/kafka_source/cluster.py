@@ -59,18 +59,24 @@ class Cluster:
         names = sorted(set(topics))
         if not names:
             return {}
-        futures = self.admin.describe_topics(TopicCollection(names), request_timeout=self.timeout)
-        ids = {}
-        for name, future in futures.items():
+        deadline = time.monotonic() + self.timeout
+        while True:
+            futures = self.admin.describe_topics(TopicCollection(names), request_timeout=self.timeout)
+            ids: dict[str, str] = {}
             try:
-                ids[name] = str(future.result().topic_id)
+                for name, future in futures.items():
+                    try:
+                        ids[name] = str(future.result().topic_id)
+                    except KafkaException as exc:
+                        if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                            raise
+                return ids
             except KafkaException as exc:
-                if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                error = exc.args[0]
+                if not error.retriable() or time.monotonic() > deadline:
                     where = self.options.bootstrap_servers
-                    raise ServiceUnavailable(
-                        f"cannot describe topic {name} on {where}: {exc.args[0].str()}"
-                    ) from None
-        return ids
+                    raise ServiceUnavailable(f"cannot describe topics on {where}: {error.str()}") from None
+            time.sleep(0.2)
 
     def earliest(self, partitions: Iterable[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
         return self._list_offsets(partitions, OffsetSpec.earliest())
