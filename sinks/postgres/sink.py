@@ -18,7 +18,7 @@ from pyspark.sql.streaming import StreamingQuery
 from core import tables
 from core.config import database_url, schema_name
 from core.postgres import connect
-from sinks.ledger import Ledger
+from sinks.ledger import positions
 from sinks.postgres.apply import BatchResult, apply_batch
 from sinks.postgres.catalog import describe
 from sinks.postgres.continuity import LastBatch, lost, lost_batches, query_id
@@ -284,8 +284,8 @@ class BatchWriter:
         row = conn.execute(self.statements.last_batch(), {"sink": self.spec.name}).fetchone()
         gone = lost(LastBatch(*row) if row else None, query, batch_id)
         if gone:
-            ledger = Ledger(self.spec.url, self.spec.ledger_schema, self.spec.name)
-            raise lost_batches(self.spec.name, gone, batch_id, ledger.positions())
+            ledger = positions(conn, self.spec.ledger_schema, self.spec.name)
+            raise lost_batches(self.spec.name, gone, batch_id, ledger)
         self._topics(conn)
 
     def _drop_stale_stage(self, conn: psycopg.Connection) -> None:
