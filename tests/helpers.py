@@ -46,6 +46,13 @@ def create_topic(bootstrap: str, name: str, partitions: int = 1, config: dict[st
     settings = {"min.insync.replicas": str(in_sync), **(config or {})}
     for future in admin.create_topics([NewTopic(name, partitions, factor, config=settings)]).values():
         future.result(30)
+
+    def led() -> bool:  # on a cluster, a broker may learn of the topic a moment later
+        topic = admin.list_topics(name, timeout=10).topics.get(name)
+        ready = topic is not None and topic.error is None and len(topic.partitions) == partitions
+        return ready and all(p.leader >= 0 for p in topic.partitions.values())
+
+    wait_for(led, 30, f"topic {name} led on every partition")
     return name
 
 

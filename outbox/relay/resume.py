@@ -71,7 +71,7 @@ def _choose(kafka: Position | None, mark: Mark | None, system: str, rebase: str)
             "rebased by `outbox relays rebase`: publishing every row left in the outbox again",
         )
     if kafka is None:
-        if mark is None:
+        if mark is None or mark.base == Position().base:  # nothing published yet: a first batch failed
             return Resumed(Position())
         return Resumed(
             Position(),

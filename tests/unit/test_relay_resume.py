@@ -22,6 +22,12 @@ def test_a_relay_that_never_ran_starts_at_the_beginning() -> None:
     assert resumed.position == Position(system=SYSTEM) and resumed.warning is None
 
 
+def test_a_relay_whose_first_batch_never_committed_starts_at_the_beginning_without_alarm() -> None:
+    """Its mark was written, its Kafka commit failed: Kafka has no position, as it should."""
+    resumed = start(None, Mark(Position().base, "900:900:", 1, SYSTEM))
+    assert resumed.position == Position(system=SYSTEM) and resumed.warning is None
+
+
 def test_a_durable_position_is_taken_as_kafka_has_it() -> None:
     kafka = Position("800:805:801", "900:900:", 42, mark=7, system=SYSTEM)
     for number in (7, 8):  # 8: a mark written for a delta whose Kafka commit then failed
