@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -141,26 +142,48 @@ def test_the_positions_outlive_the_broker_that_led_them(
     assert terminate(job) == 0
 
 
-def test_a_kill_of_the_leader_of_a_partition_being_written(
-    tmp_path: Path, outbox_db: DatabaseUrl, healthy: Cluster
-) -> None:
-    bootstrap, name = healthy.bootstrap, unique("relay")
-    topic = create_topic(bootstrap, unique("events"), partitions=PARTITIONS)
-    writers = Writers(outbox_db, topic).start()
-    job, _ = start(tmp_path, outbox_db, bootstrap, name)
+@dataclass(frozen=True)
+class Load:
+    topic: str
+    name: str  # the relay's
+    job: Job
+    resume: Path  # touched: a relay held at its pause point goes on
+
+
+@contextlib.contextmanager
+def under_load(
+    tmp_path: Path, url: DatabaseUrl, bootstrap: str, pause_at: str = "none", before: int = 0
+) -> Iterator[Load]:
+    """A relay publishing a new topic while writers commit; `before` transactions come first.
+
+    On leaving, the writers stop, and every record is checked (check_every_record).
+    """
+    topic, name = create_topic(bootstrap, unique("events"), partitions=PARTITIONS), unique("relay")
+    first = Writers(url, topic).start(transactions=before)
+    first.join()
+    job, resume = start(tmp_path, url, bootstrap, name, pause_at=pause_at)
+    writers = Writers(url, topic).start()
     try:
-        wait_for(lambda: len(published(bootstrap, topic, PARTITIONS)) > 50, 90, "publishing under way")
-        node = leader(bootstrap, topic, 0)
-        healthy.kill(node)
-        wait_for(lambda: leader(bootstrap, topic, 0) != node, 60, "a new leader of partition 0")
-        time.sleep(3)  # writes go on through the new leader
-        healthy.start(node)
-        time.sleep(2)
+        yield Load(topic, name, job, resume)
     finally:
         writers.stop.set()
         writers.join()
-    check_every_record(bootstrap, topic, writers.committed, outbox_db)
+    check_every_record(bootstrap, topic, Committed.merged(first.committed, writers.committed), url)
     assert terminate(job) == 0
+
+
+def test_a_kill_of_the_leader_of_a_partition_being_written(
+    tmp_path: Path, outbox_db: DatabaseUrl, healthy: Cluster
+) -> None:
+    bootstrap = healthy.bootstrap
+    with under_load(tmp_path, outbox_db, bootstrap) as load:
+        wait_for(lambda: len(published(bootstrap, load.topic, PARTITIONS)) > 50, 90, "publishing under way")
+        node = leader(bootstrap, load.topic, 0)
+        healthy.kill(node)
+        wait_for(lambda: leader(bootstrap, load.topic, 0) != node, 60, "a new leader of partition 0")
+        time.sleep(3)  # writes go on through the new leader
+        healthy.start(node)
+        time.sleep(2)
 
 
 @pytest.mark.parametrize(
@@ -177,52 +200,27 @@ def test_the_transaction_coordinator_dies_or_stalls_mid_transaction(
 ) -> None:
     """kill -9 of the relay's coordinator, found with kafka-transactions, or SIGSTOP of it for longer
     than the relay's calls wait (the delayed-EndTxn case of KAFKA-17754), at each phase of a batch."""
-    bootstrap, name = healthy.bootstrap, unique("relay")
-    topic = create_topic(bootstrap, unique("events"), partitions=PARTITIONS)
-    first = Writers(outbox_db, topic).start(transactions=10)
-    first.join()
-    job, resume = start(tmp_path, outbox_db, bootstrap, name, pause_at=phase)
-    writers = Writers(outbox_db, topic).start()
-    try:
-        job.wait_for_output(f"paused at {phase}", 90)
-        node = coordinator(bootstrap, outbox_db, name)
-        if fault == "kill":
-            healthy.kill(node)
-        else:
-            healthy.pause(node)
-        resume.touch()  # the batch goes on against a coordinator that is gone or silent
+    bootstrap = healthy.bootstrap
+    with under_load(tmp_path, outbox_db, bootstrap, pause_at=phase, before=10) as load:
+        load.job.wait_for_output(f"paused at {phase}", 90)
+        node = coordinator(bootstrap, outbox_db, load.name)
+        (healthy.kill if fault == "kill" else healthy.pause)(node)
+        load.resume.touch()  # the batch goes on against a coordinator that is gone or silent
         time.sleep(12)
-        if fault == "kill":
-            healthy.start(node)
-        else:
-            healthy.resume(node)
+        (healthy.start if fault == "kill" else healthy.resume)(node)
         time.sleep(3)
-    finally:
-        writers.stop.set()
-        writers.join()
-    check_every_record(bootstrap, topic, Committed.merged(first.committed, writers.committed), outbox_db)
-    assert terminate(job) == 0
 
 
 def test_rolling_restarts_then_rolling_kills_under_load(
     tmp_path: Path, outbox_db: DatabaseUrl, healthy: Cluster
 ) -> None:
-    bootstrap, name = healthy.bootstrap, unique("relay")
-    topic = create_topic(bootstrap, unique("events"), partitions=PARTITIONS)
-    writers = Writers(outbox_db, topic).start()
-    job, _ = start(tmp_path, outbox_db, bootstrap, name)
-    try:
-        job.wait_for_output(ACTIVE, 90)
+    with under_load(tmp_path, outbox_db, healthy.bootstrap) as load:
+        load.job.wait_for_output(ACTIVE, 90)
         for stop in (healthy.stop, healthy.kill):
             for node in sorted(healthy.services):
                 stop(node)
                 time.sleep(2)
                 healthy.start(node)
-    finally:
-        writers.stop.set()
-        writers.join()
-    check_every_record(bootstrap, topic, writers.committed, outbox_db)
-    assert terminate(job) == 0
 
 
 def test_below_min_insync_the_relay_waits_with_one_line_and_resumes_by_itself(
