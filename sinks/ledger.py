@@ -73,6 +73,3 @@ class Ledger:
                 raise tables.missing_tables(
                     self.schema, [tables.SINK_PROGRESS, tables.SINK_TOPICS], self.url
                 ) from None
-
-    def positions(self) -> Positions:
-        return self.read()[0]

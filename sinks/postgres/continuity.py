@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame
 
+from sinks.kafka_source.ranges import to_offsets
 from sinks.ledger import Positions
 from sinks.postgres.refusal import SinkError
 
@@ -51,9 +52,7 @@ def lost_batches(sink: str, gone: range, batch: int, ledger: Positions) -> SinkE
     """The one line for a database that went back: what is missing and how to read it again."""
     first, last = gone[0], gone[-1]
     which = f"batch {first}" if first == last else f"batches {first}-{last}"
-    offsets: dict[str, dict[str, int]] = {}
-    for (topic, partition), offset in sorted(ledger.items()):
-        offsets.setdefault(topic, {})[str(partition)] = offset
+    offsets = to_offsets(ledger)
     return SinkError(
         f"sink {sink}: PostgreSQL no longer holds {which}, which Spark's checkpoint counts as applied"
         " (it went back in time: a failover to an asynchronous replica, a restore, or a crash without"

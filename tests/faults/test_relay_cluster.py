@@ -17,13 +17,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from core.config import DatabaseUrl
 from outbox.dev.kafka import Cluster
+from outbox.dev.process import pid_alive
 from outbox.jvm import kafka_tools
 from outbox.relay.pause import BEFORE_COMMIT, BEFORE_POSITION, MID_TRANSACTION
+from outbox.relay.position import Identity
 from outbox.relay.relay import POSITIONS_TOPIC
 from tests.cli import outbox
 from tests.helpers import Job, create_topic, unique, wait_for
@@ -57,16 +60,8 @@ def healthy(cluster: Cluster) -> Iterator[Cluster]:
     for node, service in cluster.services.items():
         with contextlib.suppress(ProcessLookupError):
             cluster.resume(node)
-        if not _alive(service.pid):
+        if not pid_alive(service.pid):
             cluster.start(node)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 def leader(bootstrap: str, topic: str, partition: int) -> int:
@@ -76,17 +71,12 @@ def leader(bootstrap: str, topic: str, partition: int) -> int:
 
 def coordinator(bootstrap: str, url: DatabaseUrl, name: str) -> int:
     """The node coordinating the relay's transactional id, as Kafka's own tool describes it."""
-    outbox_id = _outbox_id(url)
-    transactional_id = f"outbox-relay.{name}.{outbox_id}.0-of-1"
-    [row] = kafka_tools.transactions(bootstrap, "describe", "--transactional-id", transactional_id)
-    return int(row["CoordinatorId"])
-
-
-def _outbox_id(url: DatabaseUrl) -> str:
-    import psycopg
-
     with psycopg.connect(url.libpq) as conn:
-        return str(conn.execute("SELECT id::text FROM outbox_identity").fetchone()[0])  # type: ignore[index]
+        outbox_id = str(conn.execute("SELECT id::text FROM outbox_identity").fetchone()[0])  # type: ignore[index]
+    described = kafka_tools.transactions(
+        bootstrap, "describe", "--transactional-id", Identity(name, outbox_id).transactional_id
+    )
+    return int(described[0]["CoordinatorId"])
 
 
 def check_every_record(bootstrap: str, topic: str, committed: Committed, url: DatabaseUrl) -> None:
