@@ -13,7 +13,8 @@ from core.kafka import client_settings
 def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes, bytes]], partitions: int) -> None:
     """Create `topic` and write `records` round-robin over its partitions (idempotent producer)."""
     admin = AdminClient(client_settings({"bootstrap.servers": bootstrap}, "admin"))
-    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+    # The broker's own replication: 1 on one broker, 3 on the dev cluster.
+    for future in admin.create_topics([NewTopic(topic, partitions)]).values():
         future.result(30)
     producer = Producer(
         client_settings(

@@ -18,9 +18,13 @@ Then commit-to-visible latency at each of RATES: writers commit at a steady rate
 publisher runs; a read_committed consumer stamps each arrival; p50/p99 of arrival minus
 commit return. Last, the fault comparison: writers at 2,000/s for 12 s, the publisher killed
 -9 halfway and started again at once; duplicates and missing on the topic, counted.
+With --cluster (the default), each round also runs the raw producer and the exactly-once relay
+against a three-broker cluster (topics with replication factor 3, min.insync.replicas 2),
+on the same rows: the cost of replication, as their ratios to the one broker's runs.
 
     python bench/relay.py [--events 200000] [--size 200] [--batch-size 5000] [--rounds 3]
-                          [--rates 1000,10000] [--seconds 10] [--no-debezium] [--json]
+                          [--rates 1000,10000] [--seconds 10] [--no-debezium] [--no-cluster]
+                          [--json]
 
 Uses DATABASE_URL / KAFKA_BOOTSTRAP_SERVERS if set, else starts embedded services (PostgreSQL
 with wal_level=logical, which Debezium needs; a server of your own must have it too).
@@ -57,6 +61,7 @@ from core import tables
 from core.config import DatabaseUrl
 from core.kafka import client_settings
 from outbox import migrate
+from outbox.dev.kafka import Cluster
 from outbox.dev.process import spawn
 from outbox.dev.stack import running
 from outbox.relay import Relay, RelaySettings
@@ -83,7 +88,8 @@ DBZ_SCHEMA = "dbz"  # Debezium's copy of the outbox table: its slot reads only w
 def create_topic(bootstrap: str, name: str | None = None) -> str:
     name = name or f"bench.relay.{uuid.uuid4().hex[:8]}"
     admin = AdminClient(client_settings({"bootstrap.servers": bootstrap}, "admin"))
-    for future in admin.create_topics([NewTopic(name, PARTITIONS, 1)]).values():
+    # The broker's own replication: 1 on one broker, 3 on the dev cluster.
+    for future in admin.create_topics([NewTopic(name, PARTITIONS)]).values():
         future.result(30)
     return name
 
@@ -450,6 +456,12 @@ def main() -> int:
     parser.add_argument("--rates", default="1000,10000", help="events/s of the latency runs")
     parser.add_argument("--seconds", type=float, default=10, help="length of each latency run")
     parser.add_argument("--no-debezium", action="store_true", help="measure the relay alone")
+    parser.add_argument(
+        "--cluster",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure on a three-broker cluster, replication factor 3 (the cost of replication)",
+    )
     args = parser.parse_args()
     rates = [int(r) for r in args.rates.split(",")]
 
@@ -467,9 +479,14 @@ def main() -> int:
         topic = create_topic(bootstrap)
         fill(url, topic, args.events, args.size)
         dbz = None if args.no_debezium else Debezium(Path(tmp) / "debezium", url, bootstrap, DBZ_SCHEMA)
+        cluster = Cluster(Path(tmp) / "cluster", size=3) if args.cluster else None
         try:
-            result = measure(args, rates, url, bootstrap, topic, dbz, Path(tmp))
+            if cluster is not None:
+                create_topic(cluster.bootstrap, topic)
+            result = measure(args, rates, url, bootstrap, topic, dbz, Path(tmp), cluster)
         finally:
+            if cluster is not None:
+                cluster.close()
             if dbz is not None:
                 dbz.drop_slot()  # a slot left behind would hold WAL on the server for ever
     report(result, args.json)
@@ -484,18 +501,19 @@ def measure(
     topic: str,
     dbz: Debezium | None,
     tmp: Path,
+    cluster: Cluster | None,
 ) -> dict:
     if dbz is not None:
         dbz.start()  # creates the slot and the publication: what is written from now on, it reads
         dbz.kill(signal.SIGTERM)
 
-    def again() -> None:
-        delete_topic(bootstrap, topic)
-        create_topic(bootstrap, topic)
+    def again(servers: str = bootstrap) -> None:
+        delete_topic(servers, topic)
+        create_topic(servers, topic)
 
-    def relayed(exactly_once: bool) -> tuple[float, float | None]:
-        run, usage = measured(lambda: relay_run(url, bootstrap, args.batch_size, args.events, exactly_once))
-        again()
+    def relayed(exactly_once: bool, servers: str = bootstrap) -> tuple[float, float | None]:
+        run, usage = measured(lambda: relay_run(url, servers, args.batch_size, args.events, exactly_once))
+        again(servers)
         return run["steady_per_s"], usage.cpu_us_per(args.events)
 
     rounds = []
@@ -512,6 +530,12 @@ def measure(
             again()
             row |= {"dbz": run["steady_per_s"], "dbz_cpu_us": usage.cpu_us_per(args.events)}
             line += f", Debezium {row['dbz']:,.0f}/s (relay / Debezium {eos / row['dbz']:.2f})"
+        if cluster is not None:
+            raw3 = raw_producer(url, cluster.bootstrap, args.batch_size)["steady_per_s"]
+            eos3, eos3_cpu = relayed(exactly_once=True, servers=cluster.bootstrap)
+            row |= {"raw_rf3": raw3, "eos_rf3": eos3, "eos_rf3_cpu_us": eos3_cpu}
+            line += f"; RF 3: raw {raw3:,.0f}/s ({raw3 / raw:.2f})"
+            line += f", exactly-once {eos3:,.0f}/s ({eos3 / eos:.2f})"
         rounds.append(row)
         print(line, flush=True)
     with psycopg.connect(url.libpq, autocommit=True) as conn:
@@ -569,6 +593,15 @@ def report(result: dict, as_json: bool) -> None:
         ],
         "faults": result["faults"],
     }
+    if "eos_rf3" in rounds[0]:
+        out |= {
+            "rf3_raw_producer_per_s": round(median(r["raw_rf3"] for r in rounds)),
+            "rf3_relay_exactly_once_per_s": round(median(r["eos_rf3"] for r in rounds)),
+            "rf3_relay_cpu_us_per_event": _round(median(r["eos_rf3_cpu_us"] or 0 for r in rounds)),
+            "ratio_rf3_vs_1_raw": round(median(r["raw_rf3"] / r["raw"] for r in rounds), 3),
+            "ratio_rf3_vs_1_relay": round(median(r["eos_rf3"] / r["eos"] for r in rounds), 3),
+            "ratio_rf3_relay_vs_rf3_raw": round(median(r["eos_rf3"] / r["raw_rf3"] for r in rounds), 3),
+        }
     if "dbz" in rounds[0]:
         out |= {
             "debezium_per_s": round(median(r["dbz"] for r in rounds)),
@@ -591,6 +624,17 @@ def report(result: dict, as_json: bool) -> None:
         print(f"relay / Debezium           : {out['ratio_relay_vs_debezium']:>9} (target >= 2.0)")
     print(f"relay / raw                : {out['ratio_relay_vs_raw']:>9} (target >= 0.8)")
     print(f"cost of exactly-once       : {out['exactly_once_cost']:>9.1%}")
+    if "ratio_rf3_vs_1_relay" in out:
+        print(
+            f"RF 3 cluster (3 brokers)   : raw {out['rf3_raw_producer_per_s']:,}/s,"
+            f" relay {out['rf3_relay_exactly_once_per_s']:,}/s,"
+            f" {out['rf3_relay_cpu_us_per_event']} us CPU/event (machine-wide)"
+        )
+        print(
+            f"RF 3 / one broker          : raw {out['ratio_rf3_vs_1_raw']},"
+            f" relay {out['ratio_rf3_vs_1_relay']} (the cost of replication);"
+            f" on RF 3, relay / raw {out['ratio_rf3_relay_vs_rf3_raw']}"
+        )
     for e in out["latency"]:
         cells = [
             f"{who} p50 {v['p50_ms']} ms p99 {v['p99_ms']} ms"

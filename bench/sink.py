@@ -20,17 +20,21 @@ its cost is measured alone too. Beside them:
   source_memory, source_memory_ranged: the Parquet feeds -> noop;
   sink_rc: the sink fed by kafka_rc instead, the framework's own source;
   sink_driver: the sink from Kafka with apply_in="driver", the staged path.
+  source_rf3, sink_rf3: the source alone and the sink, from the same events on a three-broker
+           cluster (replication factor 3, min.insync.replicas 2): the cost of replication
+           to the reader (--no-cluster leaves them out).
 All runs use the same micro-batch size. Steady state excludes the first batch.
 Each writer first runs once from Kafka unmeasured: the JVMs' first reads are slower.
 CPU per row is machine-wide (bench/cpu.py): broker, PostgreSQL and Spark together.
 
-    python bench/sink.py [--events 1000000] [--size 200] [--batches 5] [--json]
+    python bench/sink.py [--events 1000000] [--size 200] [--batches 5] [--no-cluster] [--json]
 
 Uses DATABASE_URL / KAFKA_BOOTSTRAP_SERVERS if set, else starts embedded services.
 """
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
@@ -53,13 +57,24 @@ from kafka_load import produce  # bench/kafka_load.py
 
 from core.config import DatabaseUrl
 from outbox import migrate
+from outbox.dev.kafka import Cluster
 from outbox.dev.stack import running
 
 SCHEMA = "event_id string, n long, amount decimal(12,2), note string"
 TABLE = "CREATE TABLE {} (event_id uuid PRIMARY KEY, n bigint, amount numeric(12,2), note text)"
 # The Spark runs that write, each to bench_<name>.
-SINKS = ("sink", "sink_memory", "sink_rc", "sink_driver")
-WRITERS = ("sink", "jdbc", "hand", "sink_memory", "jdbc_memory", "hand_memory", "sink_rc", "sink_driver")
+SINKS = ("sink", "sink_memory", "sink_rc", "sink_driver", "sink_rf3")
+WRITERS = (
+    "sink",
+    "jdbc",
+    "hand",
+    "sink_memory",
+    "jdbc_memory",
+    "hand_memory",
+    "sink_rc",
+    "sink_driver",
+    "sink_rf3",
+)
 
 
 def events(count: int, size: int) -> pa.Table:
@@ -147,7 +162,9 @@ def spark_runs(
     per_batch: int,
     parquet: Path,
     partitions: int,
+    replicated: str | None,
 ) -> dict[str, dict[str, float]]:
+    """replicated: the servers of the RF 3 cluster holding the same topic, or None."""
     """Every Spark run, in one SparkSession: from Kafka, then from Parquet."""
     from outbox.jvm import maven
     from sinks.kafka_source import register
@@ -159,10 +176,10 @@ def spark_runs(
     try:
         register(spark)
 
-        def kafka(source: str = "kafka"):  # type: ignore[no-untyped-def]
+        def kafka(source: str = "kafka", servers: str = bootstrap):  # type: ignore[no-untyped-def]
             raw = (
                 spark.readStream.format(source)
-                .option("kafka.bootstrap.servers", bootstrap)
+                .option("kafka.bootstrap.servers", servers)
                 .option("subscribe", topic)
                 .option("startingOffsets", "earliest")
                 .option("maxOffsetsPerTrigger", str(per_batch))
@@ -242,7 +259,11 @@ def spark_runs(
         runs["sink_rc"] = measure("sink_rc", events, sink("bench_sink_rc", events))
         events = kafka()
         runs["sink_driver"] = measure("sink_driver", events, sink("bench_sink_driver", events, "driver"))
-        for name in WRITERS:
+        if replicated is not None:
+            runs["source_rf3"] = measure("source_rf3", kafka(servers=replicated), noop)
+            events = kafka(servers=replicated)
+            runs["sink_rf3"] = measure("sink_rf3", events, sink("bench_sink_rf3", events))
+        for name in (n for n in WRITERS if n in runs):
             runs[name]["written"] = count(url, f"bench_{name}")
         for table, (writer, batches) in sinks.items():
             name = table.removeprefix("bench_")
@@ -317,6 +338,12 @@ def count(url: DatabaseUrl, table: str) -> int:
 
 def main() -> int:
     parser = flags.parser(__doc__, events=1_000_000, size_help="JSON bytes per event", spark=True)
+    parser.add_argument(
+        "--cluster",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also read the events from a three-broker cluster, replication factor 3",
+    )
     args = parser.parse_args()
     per_batch = -(-args.events // args.batches)
 
@@ -335,9 +362,24 @@ def main() -> int:
             produce(bootstrap, topic, records, args.partitions)
             base = psycopg_alone(url, rows, per_batch)
             write_parquet(rows, topic, args.partitions, per_batch, work / "parquet")
-            runs = spark_runs(
-                url, bootstrap, topic, work / "spark", per_batch, work / "parquet", args.partitions
-            )
+            cluster = Cluster(work / "cluster", size=3) if args.cluster else None
+            try:
+                if cluster is not None:
+                    records = ((r["event_id"].encode(), json.dumps(r).encode()) for r in rows.to_pylist())
+                    produce(cluster.bootstrap, topic, records, args.partitions)
+                runs = spark_runs(
+                    url,
+                    bootstrap,
+                    topic,
+                    work / "spark",
+                    per_batch,
+                    work / "parquet",
+                    args.partitions,
+                    cluster.bootstrap if cluster else None,
+                )
+            finally:
+                if cluster is not None:
+                    cluster.close()
 
     def steady(name: str) -> float:
         return runs[name]["steady_per_s"]
@@ -365,11 +407,12 @@ def main() -> int:
         "ratio_sink_memory_vs_hand_memory": ratio(steady("sink_memory"), steady("hand_memory")),
         "ratio_sink_rc_vs_sink": ratio(steady("sink_rc"), steady("sink")),
         "ratio_sink_vs_sink_driver": ratio(steady("sink"), steady("sink_driver")),
-        "sink_batches": {
-            n: runs[n]["batches_detail"] for n in ("sink", "sink_memory", "sink_rc", "sink_driver")
-        },
-        "sink_routes": {n: runs[n]["route"] for n in ("sink", "sink_memory", "sink_rc", "sink_driver")},
+        "sink_batches": {n: runs[n]["batches_detail"] for n in SINKS if n in runs},
+        "sink_routes": {n: runs[n]["route"] for n in SINKS if n in runs},
     }
+    if "sink_rf3" in runs:
+        result["ratio_source_rf3_vs_1"] = ratio(steady("source_rf3"), steady("source"))
+        result["ratio_sink_rf3_vs_1"] = ratio(steady("sink_rf3"), steady("sink"))
     lines = [
         ("psycopg COPY + upsert (the limit)", "psycopg", limit),
         ("from Kafka: source alone, no writes", "source", steady("source")),
@@ -384,6 +427,11 @@ def main() -> int:
         ("from Parquet: hand-written upsert", "hand_memory", steady("hand_memory")),
         ("from kafka_rc: PostgresSink", "sink_rc", steady("sink_rc")),
     ]
+    if "sink_rf3" in runs:
+        lines += [
+            ("from Kafka RF 3: source alone, no writes", "source_rf3", steady("source_rf3")),
+            ("from Kafka RF 3: PostgresSink", "sink_rf3", steady("sink_rf3")),
+        ]
     print(f"{'':<42}  {'rows/s':>10}  {'CPU us/row':>10}")
     for label, name, value in lines:
         cpu = base["cpu_us_per_row"] if name == "psycopg" else runs[name]["cpu_us_per_row"]
@@ -399,6 +447,11 @@ def main() -> int:
         ("from Parquet, sink / hand-written", "ratio_sink_memory_vs_hand_memory", "target >= 1.0"),
         ("sink from kafka_rc / from Spark's", "ratio_sink_rc_vs_sink", ""),
     ]
+    if "sink_rf3" in runs:
+        ratios += [
+            ("source, RF 3 / one broker", "ratio_source_rf3_vs_1", "the cost of replication"),
+            ("sink, RF 3 / one broker", "ratio_sink_rf3_vs_1", "the cost of replication"),
+        ]
     for label, key, note in ratios:
         print(f"{'ratio ' + label:<42}: {result[key]:>10} {f'({note})' if note else ''}")
     cores = os.cpu_count() or 1
@@ -417,7 +470,7 @@ def main() -> int:
         result["cpu_us_per_row_by"][name] = by  # type: ignore[index]
         print(f"  {label:<40}: " + " | ".join(f"{by.get(c, 0.0):>5.1f}" for c in who))
     print("per batch, slowest task's copy / apply seconds (on the driver: stage job / apply):")
-    for name in SINKS:
+    for name in (n for n in SINKS if n in runs):
         detail = " ".join(f"{b['stage_s']:.2f}/{b['apply_s']:.2f}" for b in runs[name]["batches_detail"])
         print(f"  {name:<12} {detail}")
     wrong = {

@@ -13,14 +13,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from core.config import DatabaseUrl
 from outbox import migrate
 from outbox.dev.kafka import Broker
 from outbox.dev.stack import running
 from tests import containers
-from tests.helpers import OwnPostgres, create_topic, unique
+from tests.helpers import OwnPostgres, create_topic, fresh_database, unique
 from tests.sink_support import ORDERS
 
 
@@ -82,13 +81,8 @@ def bootstrap(services: dict[str, str]) -> str:
 @pytest.fixture
 def database(server_url: DatabaseUrl) -> Iterator[DatabaseUrl]:
     """A fresh, empty database for one test, dropped afterwards."""
-    name = unique("test")
-    with psycopg.connect(server_url.libpq, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    base, _, _ = server_url.raw.rpartition("/")
-    yield DatabaseUrl.parse(f"{base}/{name}")
-    with psycopg.connect(server_url.libpq, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    with fresh_database(server_url) as url:
+        yield url
 
 
 @pytest.fixture

@@ -9,12 +9,13 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import psycopg
 from confluent_kafka import Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from psycopg import sql
 
 from core.committed import read_committed as read_topic
 from core.config import DatabaseUrl
@@ -33,6 +34,20 @@ def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None
     while not condition():
         assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
         time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def fresh_database(server_url: DatabaseUrl) -> Iterator[DatabaseUrl]:
+    """A new, empty database on the server, dropped on leaving."""
+    name = unique("test")
+    with psycopg.connect(server_url.libpq, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    base, _, _ = server_url.raw.rpartition("/")
+    try:
+        yield DatabaseUrl.parse(f"{base}/{name}")
+    finally:
+        with psycopg.connect(server_url.libpq, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def unique(prefix: str) -> str:

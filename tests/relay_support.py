@@ -7,6 +7,7 @@ import random
 import signal
 import threading
 import time
+import uuid
 from collections import Counter, defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -74,8 +75,10 @@ class Writers:
             with psycopg.connect(self.url.libpq) as conn:
                 while not self.stop.is_set() and (self.transactions is None or done < self.transactions):
                     key = f"w{writer}-k{rng.randrange(keys)}"
+                    ids = [uuid.uuid4() for _ in range(rng.randint(1, 3))]
                     events = [
-                        Event(self.topic, {"key": key, "n": i}, key=key) for i in range(rng.randint(1, 3))
+                        Event(self.topic, {"event_id": str(e), "key": key, "n": i}, key=key, event_id=e)
+                        for i, e in enumerate(ids)
                     ]
                     with conn.transaction():
                         add_events(conn, events)

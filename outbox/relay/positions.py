@@ -9,13 +9,14 @@ decides which record is this relay's.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from core.committed import read_committed
-from core.errors import ConfigError
+from core.errors import ConfigError, ServiceUnavailable
 from core.kafka import client_settings
 from outbox.relay.position import Identity, Position, latest_position
 
@@ -87,6 +88,20 @@ class PositionStore:
                         f" {factor} replicas)"
                     ) from None
         log.info("created positions topic", extra={"topic": self.topic, "replicas": factor, **config})
+        self._wait_for_leader(admin)
+
+    def _wait_for_leader(self, admin: AdminClient) -> None:
+        """A topic just created is known to the other brokers of a cluster a moment later."""
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            found = admin.list_topics(self.topic, timeout=self.timeout).topics.get(self.topic)
+            leaders = [p.leader for p in found.partitions.values()] if found is not None else []
+            if found is not None and found.error is None and min(leaders, default=-1) >= 0:
+                return
+            time.sleep(0.2)
+        raise ServiceUnavailable(
+            f"the positions topic {self.topic!r} has no leader {self.timeout:.0f}s after its creation"
+        )
 
     def records(self, name: str) -> list[tuple[bytes | None, bytes | None]]:
         """Every committed record of the topic, in order, up to its high watermark now

@@ -104,7 +104,8 @@ class Relay:
         self.pause = pause
         self.metrics = metrics or RelayMetrics(settings.name, str(settings.shard))
         self.stop = stop or threading.Event()
-        self._failures = 0
+        self._failures = 0  # in a row; the first began at _outage
+        self._outage = 0.0
         self._context = {"relay": settings.name, "shard": str(settings.shard)}
 
     def run(self) -> None:
@@ -137,7 +138,11 @@ class Relay:
                 waiting = False
                 delay = backoff(self._failures)
                 self.metrics.health(False, f"retrying: {reason}")
-                log.warning(
+                if self._failures == 1:
+                    self._outage = time.monotonic()
+                # One line an outage; its further attempts show at DEBUG and on /healthz.
+                log.log(
+                    logging.WARNING if self._failures == 1 else logging.DEBUG,
                     "session ended, retrying",
                     extra={
                         **self._context,
@@ -245,6 +250,15 @@ class Relay:
                     m.published.inc(len(batch))
                 position = step.position
                 one_by_one = max(0, one_by_one - step.count)
+                if self._failures:
+                    log.info(
+                        "resumed after retrying",
+                        extra={
+                            **self._context,
+                            "attempts": self._failures,
+                            "outage_s": round(time.monotonic() - self._outage, 1),
+                        },
+                    )
                 self._failures = 0
                 m.halted.set(0)
                 m.health(True, "active")

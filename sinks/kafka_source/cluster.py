@@ -7,8 +7,10 @@ that is still open.
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
@@ -18,12 +20,30 @@ from core.kafka import client_settings
 from sinks.kafka_source.options import SourceOptions
 from sinks.kafka_source.ranges import TopicPartitionKey
 
+log = logging.getLogger("sinks.kafka_source")
+ATTEMPT = 10.0  # seconds one request may take before it is asked again, of another broker if need be
+T = TypeVar("T")
+
 
 class Cluster:
-    def __init__(self, options: SourceOptions, timeout: float = 30.0) -> None:
+    """The driver's questions to Kafka, each waiting out a cluster that does not answer.
+
+    A broker restart or a leader election passes in seconds; a cluster below
+    quorum, until an operator acts. A question that fails for a reason that passes
+    by itself (`transient`) is asked again: for `patience` seconds (the option
+    unavailableTimeoutMs; by default for ever in a stream, 30 s in a batch
+    query), saying so in one line once Kafka has not answered for `timeout`
+    seconds, and in one more when it answers again.
+    """
+
+    def __init__(self, options: SourceOptions, *, waits: bool = True, timeout: float = 30.0) -> None:
         self.options = options
         self.timeout = timeout
-        self.admin = AdminClient(client_settings(options.consumer_config(), "admin"))
+        self.patience = options.unavailable_timeout_s or (None if waits else timeout)
+        self.admin = self._connect()
+
+    def _connect(self) -> AdminClient:
+        return AdminClient(client_settings(self.options.consumer_config(), "admin"))
 
     def partitions(self) -> list[TopicPartitionKey]:
         """Partitions of the subscribed topics; a named topic that is missing is an error."""
@@ -47,36 +67,58 @@ class Cluster:
         return set(self._metadata().topics)
 
     def _metadata(self):  # type: ignore[no-untyped-def]
-        try:
-            return self.admin.list_topics(timeout=self.timeout)
-        except KafkaException as exc:
-            raise ServiceUnavailable(
-                f"cannot reach Kafka at {self.options.bootstrap_servers}: {exc.args[0].str()}"
-            ) from None
+        return self._ask("read the cluster's metadata", lambda: self.admin.list_topics(timeout=ATTEMPT))
 
     def topic_ids(self, topics: Iterable[str]) -> dict[str, str]:
         """Kafka's id of each topic that exists: a topic created again under its name has another."""
         names = sorted(set(topics))
         if not names:
             return {}
-        deadline = time.monotonic() + self.timeout
-        while True:
-            futures = self.admin.describe_topics(TopicCollection(names), request_timeout=self.timeout)
+
+        def ask() -> dict[str, str]:
+            futures = self.admin.describe_topics(TopicCollection(names), request_timeout=ATTEMPT)
             ids: dict[str, str] = {}
+            for name, future in futures.items():
+                try:
+                    ids[name] = str(future.result().topic_id)
+                except KafkaException as exc:
+                    if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                        raise
+            return ids
+
+        return self._ask("describe topics", ask)
+
+    def _ask(self, doing: str, ask: Callable[[], T]) -> T:
+        began, attempts, said = time.monotonic(), 0, False
+        where = self.options.bootstrap_servers
+        while True:
             try:
-                for name, future in futures.items():
-                    try:
-                        ids[name] = str(future.result().topic_id)
-                    except KafkaException as exc:
-                        if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
-                            raise
-                return ids
+                answer = ask()
             except KafkaException as exc:
-                error = exc.args[0]
-                if not error.retriable() or time.monotonic() > deadline:
-                    where = self.options.bootstrap_servers
-                    raise ServiceUnavailable(f"cannot describe topics on {where}: {error.str()}") from None
-            time.sleep(0.2)
+                error, waited = exc.args[0], time.monotonic() - began
+                if not transient(error):
+                    raise ServiceUnavailable(f"cannot {doing} on {where}: {error.str()}") from None
+                if self.patience is not None and waited >= self.patience:
+                    raise ServiceUnavailable(
+                        f"cannot {doing} on {where}: {error.str()}, for {waited:.0f}s"
+                        " (option unavailableTimeoutMs)"
+                    ) from None
+                if not said and waited >= self.timeout:
+                    log.warning(
+                        "Kafka at %s has not answered for %.0fs (cannot %s: %s); waiting for it"
+                        " (option unavailableTimeoutMs)",
+                        where, waited, doing, error.str(),
+                    )  # fmt: skip
+                    said = True
+                attempts += 1
+                time.sleep(min(1.0, 0.1 * attempts))
+                # librdkafka keeps sending some requests to the broker its metadata named as the
+                # controller, dead or not: a new client asks a live broker which one it is now.
+                self.admin = self._connect()
+                continue
+            if said:
+                log.warning("Kafka at %s answers again after %.0fs", where, time.monotonic() - began)
+            return answer
 
     def earliest(self, partitions: Iterable[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
         return self._list_offsets(partitions, OffsetSpec.earliest())
@@ -109,28 +151,43 @@ class Cluster:
             if self.options.read_uncommitted or uncommitted
             else IsolationLevel.READ_COMMITTED
         )
-        deadline = time.monotonic() + self.timeout
-        while True:
-            futures = self.admin.list_offsets(wanted, isolation_level=isolation, request_timeout=self.timeout)
-            try:
-                return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
-            except KafkaException as exc:
-                error = exc.args[0]
-                if not transient(error) or time.monotonic() > deadline:
-                    raise ServiceUnavailable(
-                        f"cannot list offsets on {self.options.bootstrap_servers}: {error.str()}"
-                    ) from None
-            time.sleep(0.2)
+
+        def ask() -> dict[TopicPartitionKey, int]:
+            futures = self.admin.list_offsets(wanted, isolation_level=isolation, request_timeout=ATTEMPT)
+            offsets = {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
+            # A partition without a leader can come back as offset -1001: no answer, not a log's end.
+            unanswered = sorted(f"{t}-{p}" for (t, p), offset in offsets.items() if offset < 0)
+            if unanswered:
+                more = f" and {len(unanswered) - 3} more" if len(unanswered) > 3 else ""
+                reason = f"no offset for {', '.join(unanswered[:3])}{more}"
+                raise KafkaException(KafkaError(KafkaError.LEADER_NOT_AVAILABLE, reason))
+            return offsets
+
+        return self._ask("list offsets", ask)
 
 
-# A partition just added, or whose leader just moved, answers with these for a moment.
+# A partition just added, or whose leader just moved, answers with these for a moment; a
+# broker that is down or cut off, or a cluster below quorum or min.insync, until it is back.
 _TRANSIENT = {
     KafkaError.NOT_LEADER_FOR_PARTITION,
     KafkaError.LEADER_NOT_AVAILABLE,
     KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError.OFFSET_NOT_AVAILABLE,  # a new leader whose high watermark is not caught up
+    KafkaError.FENCED_LEADER_EPOCH,
+    KafkaError.UNKNOWN_LEADER_EPOCH,
+    KafkaError.REPLICA_NOT_AVAILABLE,
+    KafkaError.BROKER_NOT_AVAILABLE,
+    KafkaError.KAFKA_STORAGE_ERROR,
+    KafkaError.NETWORK_EXCEPTION,
+    KafkaError.REQUEST_TIMED_OUT,
+    KafkaError.NOT_ENOUGH_REPLICAS,
+    KafkaError.NOT_CONTROLLER,
+    KafkaError._TIMED_OUT,
+    KafkaError._TRANSPORT,
+    KafkaError._ALL_BROKERS_DOWN,
 }
 
 
 def transient(error: KafkaError) -> bool:
-    """Whether an error listing offsets passes by itself (then ask again, up to the timeout)."""
+    """Whether an error passes by itself (then ask again, for as long as the patience lasts)."""
     return error.retriable() or error.code() in _TRANSIENT

@@ -29,6 +29,7 @@ _OURS = {
     "polltimeoutms",
     "minpartitions",
     "stallwarnms",
+    "unavailabletimeoutms",
     "ledger.sink",
     "ledger.url",
     "ledger.schema",
@@ -53,6 +54,8 @@ class SourceOptions:
     min_partitions: int | None = None
     # Warn when a partition's LSO stands behind its high watermark this long (None: the broker's limit).
     stall_warn_s: float | None = None
+    # How long the driver waits for Kafka to answer (None: in a stream for ever, in a batch query 30 s).
+    unavailable_timeout_s: float | None = None
     # Start from the exactly-once sink's ledger instead of startingOffsets.
     ledger: Ledger | None = None
     kafka: dict[str, str] = field(default_factory=dict)
@@ -132,7 +135,8 @@ def parse(options: Mapping[str, str]) -> SourceOptions:
         poll_timeout_s=(_positive_int("pollTimeoutMs", opts.get("polltimeoutms")) or 120_000) / 1000,
         read_uncommitted=_bool(READ_UNCOMMITTED_OPT_IN, opts.get(READ_UNCOMMITTED_OPT_IN.lower(), "false")),
         min_partitions=_positive_int("minPartitions", opts.get("minpartitions")),
-        stall_warn_s=(_positive_int("stallWarnMs", opts.get("stallwarnms")) or 0) / 1000 or None,
+        stall_warn_s=_seconds("stallWarnMs", opts.get("stallwarnms")),
+        unavailable_timeout_s=_seconds("unavailableTimeoutMs", opts.get("unavailabletimeoutms")),
         ledger=ledger,
         kafka=kafka,
     )
@@ -164,6 +168,11 @@ def _positive_int(name: str, value: str | None) -> int | None:
     if number <= 0:
         raise ConfigError(f"option {name} must be a positive integer, got {value!r}")
     return number
+
+
+def _seconds(name: str, millis: str | None) -> float | None:
+    number = _positive_int(name, millis)
+    return number / 1000 if number else None
 
 
 def _bool(name: str, value: str) -> bool:

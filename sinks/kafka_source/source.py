@@ -122,7 +122,7 @@ class KafkaBatchReader(DataSourceReader):
         self.options = options
 
     def partitions(self) -> Sequence[InputPartition]:
-        cluster = Cluster(self.options)
+        cluster = Cluster(self.options, waits=False)
         tps = cluster.partitions()
         earliest, latest = cluster.earliest(tps), cluster.latest(tps)
         ids = cluster.topic_ids(t for t, _ in tps)

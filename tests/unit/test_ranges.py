@@ -150,13 +150,23 @@ def test_split_reaches_min_partitions_sized_by_backlog() -> None:
     ]
 
 
-def test_a_new_partition_without_a_leader_yet_is_asked_again_other_errors_are_not() -> None:
-    """Right after partitions are added, listing their offsets answers 'Not leader' for a moment."""
+def test_what_passes_by_itself_is_asked_again_other_errors_are_not() -> None:
+    """A leader just moved or not caught up, a broker down, a cluster below quorum: asked again.
+    Authorisation and bad requests: said at once."""
     from confluent_kafka import KafkaError
 
     from sinks.kafka_source.cluster import transient
 
-    for code in (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE):
-        assert transient(KafkaError(code))
-    for code in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.INVALID_REQUEST):
-        assert not transient(KafkaError(code))
+    passing = (
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.OFFSET_NOT_AVAILABLE,
+        KafkaError.NOT_ENOUGH_REPLICAS,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+    )
+    for code in passing:
+        assert transient(KafkaError(code)), code
+    for code in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.INVALID_REQUEST, KafkaError._SSL):
+        assert not transient(KafkaError(code)), code

@@ -1,12 +1,14 @@
-"""The relay on a three-broker cluster (RF 3, min.insync 2) while brokers fail as they do in production.
+"""The loop on a three-broker cluster (RF 3, min.insync 2) while brokers fail as they do in production.
 
 Partition leaders and the transaction coordinator move when a broker dies or
 stalls, and a commit's answer can be lost (issue 26). Writers keep committing
-outbox events through every fault. Each case then checks every record with
-two readers: ours (read_committed, `published`) and Kafka's own console
-consumer (read_committed), each for no duplicate, none missing, per-key
-order; and `outbox verify` against the outbox table, for duplicates and
-missing events.
+outbox events through every fault; a relay publishes them; a Spark job (one for
+the module, `loop_sink_job`) applies every topic of the module to PostgreSQL
+with the sink. Each case then checks every record with two readers: ours
+(read_committed, `published`) and Kafka's own console consumer
+(read_committed), each for no duplicate, none missing, per-key order; with
+`outbox verify` against the outbox table; and the sink's table, ledger and
+outbox against what was committed.
 """
 
 from __future__ import annotations
@@ -22,14 +24,16 @@ import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from core.config import DatabaseUrl
+from outbox import migrate
 from outbox.dev.kafka import Cluster
 from outbox.dev.process import pid_alive
 from outbox.jvm import kafka_tools
 from outbox.relay.pause import BEFORE_COMMIT, BEFORE_POSITION, MID_TRANSACTION
 from outbox.relay.position import Identity
 from outbox.relay.relay import POSITIONS_TOPIC
+from sinks.ledger import positions
 from tests.cli import outbox
-from tests.helpers import Job, create_topic, unique, wait_for
+from tests.helpers import REPO, Job, create_topic, fresh_database, unique, wait_for
 from tests.relay_support import (
     ACTIVE,
     Committed,
@@ -42,6 +46,10 @@ from tests.relay_support import (
 )
 
 PARTITIONS = 3
+MODULE = unique("loop")  # every topic of the module starts with it: the sink reads them all
+SINK_TABLE, SINK_OUT = "loop_events", "loop-out"
+RELAY_STALL, RELAY_BACK = "session ended, retrying", "resumed after retrying"
+SINK_STALL, SINK_BACK = "has not answered for", "answers again"
 # Calls time out in 5 s, so a stall of 12 s outlasts a commit's first answer.
 FAST = ("--kafka-timeout", "5", "-X", "request.timeout.ms=5000", "--no-cleanup")
 
@@ -53,9 +61,33 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     started.close()
 
 
+@dataclass(frozen=True)
+class Sink:
+    url: DatabaseUrl
+    job: Job
+
+
+@pytest.fixture(scope="module")
+def sink(
+    cluster: Cluster, server_url: DatabaseUrl, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Sink]:
+    """The Spark job applying every topic of the module, through every fault of every case."""
+    work = tmp_path_factory.mktemp("sink")
+    with fresh_database(server_url) as url:
+        migrate.upgrade(url, "public")
+        with psycopg.connect(url.libpq, autocommit=True) as conn:
+            conn.execute(f"CREATE TABLE {SINK_TABLE} (event_id uuid PRIMARY KEY, n int, topic text NOT NULL)")
+        argv = [cluster.bootstrap, f"{MODULE}_.*", url.raw, SINK_TABLE, SINK_OUT, str(work / "cp"), str(work)]
+        job = Job([str(REPO / "tests" / "jobs" / "loop_sink_job.py"), *argv], work / "sink.log", {})
+        job.wait_for_output("started", 180)
+        yield Sink(url, job)
+        job.kill9()
+
+
 @pytest.fixture
-def healthy(cluster: Cluster) -> Iterator[Cluster]:
+def healthy(cluster: Cluster, sink: Sink) -> Iterator[Cluster]:
     """The shared cluster, every node running when the test starts and again when it ends."""
+    assert sink.job.process.poll() is None, sink.job.output()
     yield cluster
     for node, service in cluster.services.items():
         with contextlib.suppress(ProcessLookupError):
@@ -79,8 +111,11 @@ def coordinator(bootstrap: str, url: DatabaseUrl, name: str) -> int:
     return int(described[0]["CoordinatorId"])
 
 
-def check_every_record(bootstrap: str, topic: str, committed: Committed, url: DatabaseUrl) -> None:
-    """Both readers, each record: all committed events once, per key in commit order, nothing else."""
+def check_every_record(
+    bootstrap: str, topic: str, committed: Committed, url: DatabaseUrl, sink: Sink
+) -> None:
+    """Both readers, each record: all committed events once, per key in commit order, nothing else;
+    and the sink: every one in its table, applied once, its ledger at the end of each partition."""
     ours = wait_published(bootstrap, topic, PARTITIONS, committed.count, timeout=180)
     assert_exactly_once(ours, committed)
     theirs = [
@@ -95,6 +130,28 @@ def check_every_record(bootstrap: str, topic: str, committed: Committed, url: Da
     )
     assert verify.code == 0, verify.out
     assert f'"records": {committed.count}' in verify.out.splitlines()[-1]
+    check_the_sink(sink, topic, committed, ours)
+
+
+def check_the_sink(sink: Sink, topic: str, committed: Committed, records: list) -> None:
+    ends = {(topic, partition): offset + 1 for partition, offset, _, _ in sorted(records)}
+    with psycopg.connect(sink.url.libpq, autocommit=True) as conn:
+
+        def ledger() -> dict[tuple[str, int], int]:
+            recorded = positions(conn, "public", f"public.{SINK_TABLE}")
+            return {tp: o for tp, o in recorded.items() if tp[0] == topic}
+
+        try:
+            wait_for(lambda: ledger() == ends, 180, f"the sink's ledger at the ends of {topic}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {ledger()} != {ends}\n{sink.job.output()[-3000:]}") from None
+        applied = conn.execute(f"SELECT event_id::text FROM {SINK_TABLE} WHERE topic = %s", [topic])
+        assert sorted(r[0] for r in applied) == sorted(e for ids in committed.by_key.values() for e in ids)
+        # One outbox event per row the sink wrote: none was applied twice, in any case so far.
+        counts = f"SELECT (SELECT count(*) FROM {SINK_TABLE}), (SELECT count(*) FROM outbox_events)"
+        rows, written = conn.execute(counts).fetchone()  # type: ignore[misc]
+        assert rows == written, (rows, written)
+    assert sink.job.process.poll() is None, sink.job.output()
 
 
 def start(
@@ -105,12 +162,12 @@ def start(
 
 
 def test_the_positions_outlive_the_broker_that_led_them(
-    tmp_path: Path, outbox_db: DatabaseUrl, healthy: Cluster
+    tmp_path: Path, outbox_db: DatabaseUrl, healthy: Cluster, sink: Sink
 ) -> None:
     """Created with the broker's default replication (1 on a stock broker), the positions died with
     their one broker, and the relay either stalled or published its outbox again."""
     bootstrap, name = healthy.bootstrap, unique("relay")
-    topic = create_topic(bootstrap, unique("events"), partitions=PARTITIONS)
+    topic = create_topic(bootstrap, unique(MODULE), partitions=PARTITIONS)
     first = Writers(outbox_db, topic).start(transactions=20)
     first.join()
     job, _ = start(tmp_path, outbox_db, bootstrap, name)
@@ -128,7 +185,7 @@ def test_the_positions_outlive_the_broker_that_led_them(
     second.join()
     job, _ = start(tmp_path, outbox_db, bootstrap, name)
     job.wait_for_output(ACTIVE, 120)
-    check_every_record(bootstrap, topic, Committed.merged(first.committed, second.committed), outbox_db)
+    check_every_record(bootstrap, topic, Committed.merged(first.committed, second.committed), outbox_db, sink)
     assert terminate(job) == 0
 
 
@@ -142,13 +199,13 @@ class Load:
 
 @contextlib.contextmanager
 def under_load(
-    tmp_path: Path, url: DatabaseUrl, bootstrap: str, pause_at: str = "none", before: int = 0
+    tmp_path: Path, url: DatabaseUrl, bootstrap: str, sink: Sink, pause_at: str = "none", before: int = 0
 ) -> Iterator[Load]:
     """A relay publishing a new topic while writers commit; `before` transactions come first.
 
     On leaving, the writers stop, and every record is checked (check_every_record).
     """
-    topic, name = create_topic(bootstrap, unique("events"), partitions=PARTITIONS), unique("relay")
+    topic, name = create_topic(bootstrap, unique(MODULE), partitions=PARTITIONS), unique("relay")
     first = Writers(url, topic).start(transactions=before)
     first.join()
     job, resume = start(tmp_path, url, bootstrap, name, pause_at=pause_at)
@@ -158,15 +215,15 @@ def under_load(
     finally:
         writers.stop.set()
         writers.join()
-    check_every_record(bootstrap, topic, Committed.merged(first.committed, writers.committed), url)
+    check_every_record(bootstrap, topic, Committed.merged(first.committed, writers.committed), url, sink)
     assert terminate(job) == 0
 
 
 def test_a_kill_of_the_leader_of_a_partition_being_written(
-    tmp_path: Path, outbox_db: DatabaseUrl, healthy: Cluster
+    tmp_path: Path, outbox_db: DatabaseUrl, healthy: Cluster, sink: Sink
 ) -> None:
     bootstrap = healthy.bootstrap
-    with under_load(tmp_path, outbox_db, bootstrap) as load:
+    with under_load(tmp_path, outbox_db, bootstrap, sink) as load:
         wait_for(lambda: len(published(bootstrap, load.topic, PARTITIONS)) > 50, 90, "publishing under way")
         node = leader(bootstrap, load.topic, 0)
         healthy.kill(node)
@@ -186,12 +243,12 @@ def test_a_kill_of_the_leader_of_a_partition_being_written(
     ],
 )
 def test_the_transaction_coordinator_dies_or_stalls_mid_transaction(
-    tmp_path: Path, outbox_db: DatabaseUrl, healthy: Cluster, fault: str, phase: str
+    tmp_path: Path, outbox_db: DatabaseUrl, healthy: Cluster, sink: Sink, fault: str, phase: str
 ) -> None:
     """kill -9 of the relay's coordinator, found with kafka-transactions, or SIGSTOP of it for longer
     than the relay's calls wait (the delayed-EndTxn case of KAFKA-17754), at each phase of a batch."""
     bootstrap = healthy.bootstrap
-    with under_load(tmp_path, outbox_db, bootstrap, pause_at=phase, before=10) as load:
+    with under_load(tmp_path, outbox_db, bootstrap, sink, pause_at=phase, before=10) as load:
         load.job.wait_for_output(f"paused at {phase}", 90)
         node = coordinator(bootstrap, outbox_db, load.name)
         (healthy.kill if fault == "kill" else healthy.pause)(node)
@@ -202,9 +259,9 @@ def test_the_transaction_coordinator_dies_or_stalls_mid_transaction(
 
 
 def test_rolling_restarts_then_rolling_kills_under_load(
-    tmp_path: Path, outbox_db: DatabaseUrl, healthy: Cluster
+    tmp_path: Path, outbox_db: DatabaseUrl, healthy: Cluster, sink: Sink
 ) -> None:
-    with under_load(tmp_path, outbox_db, healthy.bootstrap) as load:
+    with under_load(tmp_path, outbox_db, healthy.bootstrap, sink) as load:
         load.job.wait_for_output(ACTIVE, 90)
         for stop in (healthy.stop, healthy.kill):
             for node in sorted(healthy.services):
@@ -213,26 +270,40 @@ def test_rolling_restarts_then_rolling_kills_under_load(
                 healthy.start(node)
 
 
-def test_below_min_insync_the_relay_waits_with_one_line_and_resumes_by_itself(
-    tmp_path: Path, outbox_db: DatabaseUrl, healthy: Cluster
+def test_below_min_insync_the_relay_and_the_sink_wait_with_one_line_and_resume_by_themselves(
+    tmp_path: Path, outbox_db: DatabaseUrl, healthy: Cluster, sink: Sink
 ) -> None:
+    """Two of three brokers down: no write reaches min.insync, and the controllers have no quorum, so
+    no partition led by a dead broker gets a new leader. Both halves must wait, not fail."""
     bootstrap, name = healthy.bootstrap, unique("relay")
-    topic = create_topic(bootstrap, unique("events"), partitions=PARTITIONS)
+    topic = create_topic(bootstrap, unique(MODULE), partitions=PARTITIONS)
     job, _ = start(tmp_path, outbox_db, bootstrap, name)
     first = Writers(outbox_db, topic).start(transactions=10)
     first.join()
     assert_exactly_once(wait_published(bootstrap, topic, PARTITIONS, first.committed.count), first.committed)
+    stalls_at = len(sink.job.output().splitlines())
     down = sorted(healthy.services)[:2]
     for node in down:
         healthy.kill(node)
     second = Writers(outbox_db, topic).start(transactions=10)
     second.join()
-    job.wait_for_output("session ended, retrying", 120)
-    time.sleep(5)
+    job.wait_for_output(RELAY_STALL, 120)
+
+    def sink_waits() -> bool:
+        assert sink.job.process.poll() is None, sink.job.output()
+        return any(SINK_STALL in line for line in sink.job.output().splitlines()[stalls_at:])
+
+    wait_for(sink_waits, 180, "the sink's line that it waits for Kafka")
     for node in down:
         healthy.start(node)
     committed = Committed.merged(first.committed, second.committed)
-    check_every_record(bootstrap, topic, committed, outbox_db)
+    check_every_record(bootstrap, topic, committed, outbox_db, sink)
     assert terminate(job) == 0
-    retries = [line for line in job.output().splitlines() if "session ended, retrying" in line]
-    assert retries and all(f"Kafka at {bootstrap}" in line for line in retries), job.output()
+    # One line an outage, from each half, and one when it is over.
+    relay = job.output()
+    assert relay.count(RELAY_STALL) == relay.count(RELAY_BACK) >= 1, relay
+    assert all(f"Kafka at {bootstrap}" in line for line in relay.splitlines() if RELAY_STALL in line)
+    lines = sink.job.output().splitlines()[stalls_at:]
+    said = [line for line in lines if SINK_STALL in line]
+    assert len(said) == sum(SINK_BACK in line for line in lines) >= 1, said
+    assert all(f"Kafka at {bootstrap}" in line for line in said), said
