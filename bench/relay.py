@@ -538,6 +538,8 @@ def measure(
             line += f", exactly-once {eos3:,.0f}/s ({eos3 / eos:.2f})"
         rounds.append(row)
         print(line, flush=True)
+    if cluster is not None:
+        cluster.close()  # its three JVMs would take CPU from the latency runs
     with psycopg.connect(url.libpq, autocommit=True) as conn:
         conn.execute("TRUNCATE outbox_events")
 
@@ -635,6 +637,11 @@ def report(result: dict, as_json: bool) -> None:
             f" relay {out['ratio_rf3_vs_1_relay']} (the cost of replication);"
             f" on RF 3, relay / raw {out['ratio_rf3_relay_vs_rf3_raw']}"
         )
+        cores = os.cpu_count() or 1
+        for label, cpu in (("one broker", "relay_cpu_us_per_event"), ("RF 3", "rf3_relay_cpu_us_per_event")):
+            if out[cpu]:
+                bound = cores * 1e6 / out[cpu]
+                print(f"  the machine's bound, {label:<10}: {bound:>9,.0f} events/s ({cores} cores busy)")
     for e in out["latency"]:
         cells = [
             f"{who} p50 {v['p50_ms']} ms p99 {v['p99_ms']} ms"

@@ -298,5 +298,7 @@ class Cluster:
         self.services[node] = restart_node(self.services[node], die_with_parent=True)
 
     def close(self) -> None:
+        """Kill every node; again, nothing."""
         for service in self.services.values():
             act(service, "kill")
+        self.services = {}
