@@ -1,0 +1,135 @@
+"""Network faults without root: Toxiproxy's TCP proxies on loopback, whose links a test cuts and heals.
+
+A kill -9 closes sockets, and the peer hears of it at once; a partition leaves
+them open, and a request's answer simply never comes. Toxiproxy (Shopify's, a
+Go program) makes the second kind: a `timeout` toxic of 0 drops every byte
+without closing anything, on one direction or both. The binary is built once
+with `go install` from the Go module proxy into the user's cache, beside the
+Maven jars, and reused by every later run and clone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from core.errors import ConfigError
+from outbox.dev.process import free_port, spawn, stop, wait_until
+from outbox.jvm.maven import cache_root
+
+VERSION = "v2.5.0"
+MODULE = "github.com/Shopify/toxiproxy/v2/cmd/server"
+GO_HINT = "install Go 1.22 or newer (Debian/Ubuntu: `apt-get install golang-go`)"
+
+Stream = Literal["upstream", "downstream", "both"]  # upstream: requests; downstream: answers
+
+
+def binary(environ: Mapping[str, str] | None = None) -> Path:
+    """The Toxiproxy server, built with Go the first time."""
+    folder = cache_root(environ).parent / "bin" / f"toxiproxy-{VERSION}"
+    server = folder / "server"
+    if server.exists():
+        return server
+    go = shutil.which("go") or shutil.which("go", path="/usr/local/go/bin")  # Go's own tarball's place
+    if go is None:
+        raise ConfigError(f"the network fault tests build Toxiproxy with Go, and no `go` is here: {GO_HINT}")
+    partial = folder.with_name(folder.name + f".partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    print(f"outbox: building Toxiproxy {VERSION} with Go, once, into {folder}", file=sys.stderr, flush=True)
+    env = {**os.environ, "GOBIN": str(partial), "GOTOOLCHAIN": "local", "CGO_ENABLED": "0"}
+    try:
+        result = subprocess.run(
+            [go, "install", f"{MODULE}@{VERSION}"], capture_output=True, text=True, timeout=900, env=env
+        )
+    except subprocess.TimeoutExpired:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise ConfigError("Go did not build Toxiproxy within 15 minutes") from None
+    if result.returncode != 0 or not (partial / "server").exists():
+        shutil.rmtree(partial, ignore_errors=True)
+        lines = (result.stderr or result.stdout or "no output").strip().splitlines()
+        raise ConfigError(f"Go could not build Toxiproxy {VERSION}: {lines[-1][:300]}")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):  # another process may have finished first: theirs is as good
+        partial.rename(folder)
+    shutil.rmtree(partial, ignore_errors=True)
+    return server
+
+
+class Toxiproxy:
+    """One Toxiproxy server on loopback, dying with the process that started it."""
+
+    def __init__(self, work: Path) -> None:
+        work.mkdir(parents=True, exist_ok=True)
+        self.log = work / "toxiproxy.log"
+        port = free_port()
+        self.api = f"http://127.0.0.1:{port}"
+        argv = [str(binary()), "-host", "127.0.0.1", "-port", str(port)]
+        self.process = spawn(argv, self.log, die_with_parent=signal.SIGKILL)
+        wait_until(self._answers, self.process, what="Toxiproxy", log=self.log, timeout=30)
+
+    def _answers(self) -> bool:
+        try:
+            self.request("GET", "/version")
+        except OSError:
+            return False
+        return True
+
+    def request(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        call = urllib.request.Request(self.api + path, data=data, method=method)
+        call.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(call, timeout=10) as answer:
+            text = answer.read()
+        return json.loads(text) if text.strip().startswith((b"{", b"[")) else text
+
+    def link(self, name: str, upstream: str, listen_port: int | None = None) -> Link:
+        """A proxy from 127.0.0.1:listen_port (a free port if None) to `upstream` (host:port)."""
+        listen = f"127.0.0.1:{listen_port or free_port()}"
+        self.request("POST", "/proxies", {"name": name, "listen": listen, "upstream": upstream})
+        return Link(self, name, listen, upstream)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            stop(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+
+
+@dataclass(frozen=True)
+class Link:
+    """One proxied link: clients connect to `listen`, and the proxy passes their bytes on to `upstream`."""
+
+    proxy: Toxiproxy
+    name: str
+    listen: str
+    upstream: str
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rsplit(":", 1)[1])
+
+    def add(self, toxic: str, stream: Stream = "both", **attributes: int) -> None:
+        for direction in ("upstream", "downstream") if stream == "both" else (stream,):
+            name = f"{toxic}_{direction}"
+            body = {"name": name, "type": toxic, "stream": direction, "attributes": attributes}
+            self.proxy.request("POST", f"/proxies/{self.name}/toxics", body)
+
+    def cut(self, stream: Stream = "both") -> None:
+        """Drop every byte, closing nothing: requests sent, answers never come (a partition)."""
+        self.add("timeout", stream, timeout=0)
+
+    def heal(self) -> None:
+        """Remove every toxic: the link carries bytes again, on the connections that survived."""
+        for toxic in self.proxy.request("GET", f"/proxies/{self.name}/toxics"):
+            with contextlib.suppress(urllib.error.HTTPError):  # removed meanwhile
+                self.proxy.request("DELETE", f"/proxies/{self.name}/toxics/{toxic['name']}")
