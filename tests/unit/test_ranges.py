@@ -88,6 +88,14 @@ def test_bad_options_fail_before_anything_runs(options: dict[str, str], message:
         parse(options)
 
 
+def test_the_wait_for_kafka_is_unbounded_in_a_stream_unless_an_option_bounds_it() -> None:
+    base = {"kafka.bootstrap.servers": "h:1", "subscribe": "a"}
+    assert parse(base).unavailable_timeout_s is None
+    assert parse({**base, "unavailableTimeoutMs": "90000"}).unavailable_timeout_s == 90.0
+    with pytest.raises(ConfigError, match="unavailableTimeoutMs must be a positive integer"):
+        parse({**base, "unavailableTimeoutMs": "-1"})
+
+
 def test_read_uncommitted_needs_the_loud_opt_in() -> None:
     opts = parse({"kafka.bootstrap.servers": "h:1", "subscribe": "a", "unsafe.readUncommitted": "true"})
     assert opts.consumer_config()["isolation.level"] == "read_uncommitted"
