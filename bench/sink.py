@@ -358,15 +358,17 @@ def main() -> int:
             migrate.upgrade(url, "public")
             rows = events(args.events, args.size)
             topic = f"bench.sink.{uuid.uuid4().hex[:8]}"
-            records = ((r["event_id"].encode(), json.dumps(r).encode()) for r in rows.to_pylist())
-            produce(bootstrap, topic, records, args.partitions)
+
+            def records():  # type: ignore[no-untyped-def]
+                return ((r["event_id"].encode(), json.dumps(r).encode()) for r in rows.to_pylist())
+
+            produce(bootstrap, topic, records(), args.partitions)
             base = psycopg_alone(url, rows, per_batch)
             write_parquet(rows, topic, args.partitions, per_batch, work / "parquet")
             cluster = Cluster(work / "cluster", size=3) if args.cluster else None
             try:
                 if cluster is not None:
-                    records = ((r["event_id"].encode(), json.dumps(r).encode()) for r in rows.to_pylist())
-                    produce(cluster.bootstrap, topic, records, args.partitions)
+                    produce(cluster.bootstrap, topic, records(), args.partitions)
                 runs = spark_runs(
                     url,
                     bootstrap,
