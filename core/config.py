@@ -72,6 +72,11 @@ class DatabaseUrl:
         raise ConfigError(f"{source} {problem}: {redact_url(value)}")
 
     @property
+    def parameters(self) -> set[str]:
+        """The libpq settings the URL's query gives (its own win over any default of ours)."""
+        return {key for key, _ in parse_qsl(_split(self.raw).query, keep_blank_values=True)}
+
+    @property
     def libpq(self) -> str:
         """The URL as libpq and psycopg take it, with the session settings every connection of
         the framework needs (SESSION): UTF-8 is what it sends, UTC what its times without a

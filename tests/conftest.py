@@ -19,7 +19,7 @@ from outbox import migrate
 from outbox.dev.kafka import Broker
 from outbox.dev.stack import running
 from tests import containers
-from tests.helpers import OwnPostgres, create_topic, fresh_database, unique
+from tests.helpers import MEASURED, OwnPostgres, create_topic, fresh_database, unique
 from tests.sink_support import ORDERS
 
 
@@ -38,6 +38,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         level = next((part for part in item.path.parts if part in LEVELS), None)
         if level is not None:
             item.add_marker(level)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The times the fault tests measured (heal to resume), one line each."""
+    if MEASURED:
+        terminalreporter.section("measured")
+        for what, seconds in MEASURED:
+            terminalreporter.write_line(f"{seconds:7.1f} s  {what}")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -50,6 +50,14 @@ def fresh_database(server_url: DatabaseUrl) -> Iterator[DatabaseUrl]:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
+# Times a test measured (heal to resume, ...), printed at the end of the run (conftest).
+MEASURED: list[tuple[str, float]] = []
+
+
+def measured(what: str, seconds: float) -> None:
+    MEASURED.append((what, seconds))
+
+
 def unique(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:10]}"
 

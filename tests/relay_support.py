@@ -16,7 +16,9 @@ from pathlib import Path
 import psycopg
 
 from core.config import DatabaseUrl
+from outbox.jvm import kafka_tools
 from outbox.writer import Event, add_events
+from tests.cli import outbox
 from tests.helpers import REPO, Job, committed_messages, unique
 
 
@@ -170,6 +172,36 @@ def assert_exactly_once(
         assert len({p for p, _, _ in got}) == 1, f"key {key} spread over partitions"
         first = [e for e in dict.fromkeys(e for _, _, e in got) if e in expected]
         assert first == ids, f"key {key}: published order differs from commit order"
+
+
+def check_two_readers(
+    bootstrap: str, topic: str, partitions: int, committed: Committed, url: DatabaseUrl, timeout: float = 180
+) -> list[tuple[int, int, str, str]]:
+    """Every record, read by both readers: ours (read_committed) and Kafka's own console consumer
+    (read_committed), each with all committed events once, per key in commit order, nothing else
+    (so no aborted record); and `outbox verify` against the committed events. Returns our records."""
+    ours = wait_published(bootstrap, topic, partitions, committed.count, timeout=timeout)
+    assert_exactly_once(ours, committed)
+    theirs = [
+        (r.partition, r.offset, r.key or "", r.headers["event_id"])
+        for r in kafka_tools.console_consume(bootstrap, topic)
+    ]
+    assert_exactly_once(theirs, committed)
+    assert sorted(theirs) == sorted(ours)
+    # The source is what the writers committed (the relay may have cleaned the outbox up since).
+    with psycopg.connect(url.libpq, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS checked_events (topic text, event_id uuid)")
+        conn.execute("DELETE FROM checked_events WHERE topic = %s", [topic])
+        with conn.cursor().copy("COPY checked_events FROM STDIN") as copy:
+            for event in (e for ids in committed.by_key.values() for e in ids):
+                copy.write_row((topic, event))
+    source = f"SELECT event_id::text FROM checked_events WHERE topic = '{topic}'"
+    verify = outbox(
+        "verify", topic, "--bootstrap-servers", bootstrap, "--source-sql", source, "--url", url.raw, "--json"
+    )
+    assert verify.code == 0, verify.out
+    assert f'"records": {committed.count}' in verify.out.splitlines()[-1]
+    return ours
 
 
 def murmur2_partition(key: bytes, partitions: int) -> int:

@@ -108,6 +108,14 @@ SETTINGS = (
         float,
     ),
     Setting(
+        "--database-timeout",
+        "OUTBOX_RELAY_DATABASE_TIMEOUT",
+        "30",
+        "seconds a PostgreSQL round trip may take before the relay drops the connection and starts over"
+        " (a partition leaves it open, unanswered); the server's statement_timeout and keepalives follow it",
+        float,
+    ),
+    Setting(
         "--max-retries",
         "OUTBOX_RELAY_MAX_RETRIES",
         "10",
@@ -213,6 +221,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
         max_retries=args.max_retries,
         synchronous_commit=args.synchronous_commit,
         kafka_timeout=args.kafka_timeout,
+        database_timeout=args.database_timeout,
     )
     # Set by SIGTERM or SIGINT, also one that came while the relay was still starting.
     stop = STOP

@@ -35,7 +35,7 @@ SETTINGS = {
     "process.roles": "broker,controller",
     "controller.listener.names": "CONTROLLER",
     "inter.broker.listener.name": "PLAINTEXT",
-    "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+    "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,PROXIED:PLAINTEXT",
     "offsets.topic.num.partitions": "1",
     "transaction.state.log.num.partitions": "1",
     "group.initial.rebalance.delay.ms": "0",
@@ -49,12 +49,27 @@ SETTINGS = {
 
 
 @dataclass(frozen=True)
+class Proxied:
+    """A second client listener on `port`, advertised at `advertised`: where a fault proxy listens
+    (outbox.dev.toxiproxy) and passes the bytes on to `port`. A client that bootstraps through the
+    proxy gets the proxy's addresses in every metadata answer, so it never goes around it."""
+
+    port: int
+    advertised: int
+
+    @classmethod
+    def new(cls) -> Proxied:
+        return cls(free_port(), free_port())
+
+
+@dataclass(frozen=True)
 class Node:
-    """One node of a KRaft quorum: its id, its client port and its controller port."""
+    """One node of a KRaft quorum: its id, its client port and its controller port (and a proxied one)."""
 
     id: int
     port: int
     controller_port: int
+    proxied: Proxied | None = None
 
 
 def replicas(nodes: int) -> tuple[int, int]:
@@ -66,12 +81,17 @@ def replicas(nodes: int) -> tuple[int, int]:
 def server_properties(data_dir: Path, node: Node, voters: Sequence[Node]) -> dict[str, str]:
     """A node's settings: PLAINTEXT on its port, the controller on its controller port, logs in data_dir."""
     factor, in_sync = str(replicas(len(voters))[0]), str(replicas(len(voters))[1])
+    listeners = f"PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}"
+    advertised = f"PLAINTEXT://127.0.0.1:{node.port}"
+    if node.proxied:
+        listeners += f",PROXIED://127.0.0.1:{node.proxied.port}"
+        advertised += f",PROXIED://127.0.0.1:{node.proxied.advertised}"
     return {
         **SETTINGS,
         "node.id": str(node.id),
         "controller.quorum.voters": ",".join(f"{v.id}@127.0.0.1:{v.controller_port}" for v in voters),
-        "listeners": f"PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.port}",
+        "listeners": listeners,
+        "advertised.listeners": advertised,
         "log.dirs": str(data_dir / "logs"),
         "offsets.topic.replication.factor": factor,
         "transaction.state.log.replication.factor": factor,
@@ -103,7 +123,7 @@ def cluster_id() -> str:
     return text
 
 
-def start(data_dir: Path, port: int, *, die_with_parent: bool) -> Service:
+def start(data_dir: Path, port: int, *, die_with_parent: bool, proxied: Proxied | None = None) -> Service:
     """Start a one-node cluster on 127.0.0.1:port; wait until it answers metadata requests.
 
     A data directory the broker already ran in is started again as it was
@@ -112,7 +132,7 @@ def start(data_dir: Path, port: int, *, die_with_parent: bool) -> Service:
     config = data_dir / "server.properties"
     known = read_properties(config) if config.exists() else {}
     if not known.get("listeners", "").startswith(f"PLAINTEXT://127.0.0.1:{port},"):
-        node = Node(1, port, free_port())
+        node = Node(1, port, free_port(), proxied)
         configure(data_dir, node, [node], cluster_id())
     proc = launch(data_dir, die_with_parent=die_with_parent)
     wait_until(lambda: _answers(port), proc, what="Kafka broker", log=data_dir / "server.log", timeout=120)
@@ -186,9 +206,12 @@ def _answers(port: int) -> bool:
 class Broker:
     """A broker of one run's own (a test's, the demo's), so it can be restarted or killed -9."""
 
-    def __init__(self, root: Path, port: int | None = None) -> None:
+    def __init__(self, root: Path, port: int | None = None, *, proxied: bool = False) -> None:
+        """proxied: a second listener too, for a fault proxy in front of it (`self.proxied`)."""
         self.root = root
-        self.service: Service = start(root, port or free_port(), die_with_parent=True)
+        wanted = Proxied.new() if proxied else None
+        self.service: Service = start(root, port or free_port(), die_with_parent=True, proxied=wanted)
+        self.proxied = proxied_listener(root)
 
     @property
     def bootstrap(self) -> str:
@@ -203,12 +226,17 @@ class Broker:
         stop(self.service.pid, signal.SIGKILL)
 
 
-def start_cluster(root: Path, size: int, port: int | None = None, *, die_with_parent: bool) -> list[Service]:
+def start_cluster(
+    root: Path, size: int, port: int | None = None, *, die_with_parent: bool, proxied: bool = False
+) -> list[Service]:
     """`size` combined nodes of one new cluster in root/node1..N, node 1 on `port` if given.
 
     Each node's Service exports the whole cluster's bootstrap servers.
     """
-    nodes = [Node(i, (port if i == 1 and port else free_port()), free_port()) for i in range(1, size + 1)]
+    nodes = [
+        Node(i, (port if i == 1 and port else free_port()), free_port(), Proxied.new() if proxied else None)
+        for i in range(1, size + 1)
+    ]
     cluster = cluster_id()
     for node in nodes:
         configure(root / f"node{node.id}", node, nodes, cluster)
@@ -230,6 +258,18 @@ def start_cluster(root: Path, size: int, port: int | None = None, *, die_with_pa
             stop(service.pid, signal.SIGKILL)
         raise
     return services
+
+
+def proxied_listener(data_dir: Path) -> Proxied | None:
+    """The node's proxied listener, as its server.properties has it (None: it has none)."""
+    config = read_properties(data_dir / "server.properties")
+    ports = [
+        int(item.rsplit(":", 1)[1])
+        for key in ("listeners", "advertised.listeners")
+        for item in config.get(key, "").split(",")
+        if item.startswith("PROXIED://")
+    ]
+    return Proxied(*ports) if ports else None
 
 
 def node_id(service: Service) -> int:
@@ -275,8 +315,11 @@ class Cluster:
     """`size` combined KRaft nodes of one cluster, each of which can be stopped, killed (-9),
     paused (SIGSTOP), resumed and started again by its node id, as brokers fail in production."""
 
-    def __init__(self, root: Path, size: int = 3) -> None:
-        self.services = {node_id(s): s for s in start_cluster(root, size, die_with_parent=True)}
+    def __init__(self, root: Path, size: int = 3, *, proxied: bool = False) -> None:
+        """proxied: each node has a second listener too, for a fault proxy in front of it (`proxied`)."""
+        started = start_cluster(root, size, die_with_parent=True, proxied=proxied)
+        self.services = {node_id(s): s for s in started}
+        self.proxied = {node: proxied_listener(s.data_dir) for node, s in self.services.items()}
 
     @property
     def bootstrap(self) -> str:

@@ -4,15 +4,22 @@ The same connection holds the advisory lock, LISTENs, and runs the reads, so
 when it breaks (server restart, network) the lock is gone too and the relay
 starts over as a standby: it cannot go on reading without being the one
 active instance.
+
+A partition breaks nothing by itself: the socket stays open and the server
+keeps the session, and with it the lock. So every round trip must answer
+within `timeout` or the relay drops the connection (`answered_within`), and
+the server ends a session silent for longer than a healthy relay ever is
+(`server_limits`), which lets a standby take the lock.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -20,7 +27,7 @@ from psycopg import sql
 from core import tables
 from core.config import DatabaseUrl
 from core.errors import ConfigError, ServiceUnavailable, Standby
-from core.postgres import connect
+from core.postgres import answered_within, connect, keepalive, server_limits
 from core.sqltext import bindable
 from outbox.relay.position import Position, Shard, Target
 from outbox.relay.resume import Mark
@@ -44,6 +51,26 @@ def _shard_filter(shard: Shard) -> sql.Composable:
     )
 
 
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def round_trip(
+    what: str,
+) -> Callable[[Callable[Concatenate[OutboxTable, P], T]], Callable[Concatenate[OutboxTable, P], T]]:
+    """A method whose queries must be answered within the table's timeout (`answered_within`)."""
+
+    def guard(method: Callable[Concatenate[OutboxTable, P], T]) -> Callable[Concatenate[OutboxTable, P], T]:
+        @functools.wraps(method)
+        def guarded(table: OutboxTable, *args: P.args, **kwargs: P.kwargs) -> T:
+            with answered_within(table.conn, table.timeout, table.url, what):
+                return method(table, *args, **kwargs)
+
+        return guarded
+
+    return guard
+
+
 def lock_key(schema: str, relay: str, shard: Shard) -> str:
     """The advisory lock that makes one instance of a relay shard the active one."""
     return f"outbox-relay/{schema}/{relay}/{shard.index}-of-{shard.count}"
@@ -51,12 +78,21 @@ def lock_key(schema: str, relay: str, shard: Shard) -> str:
 
 class OutboxTable:
     def __init__(
-        self, url: DatabaseUrl, schema: str, relay: str, shard: Shard, synchronous_commit: str = "on"
+        self,
+        url: DatabaseUrl,
+        schema: str,
+        relay: str,
+        shard: Shard,
+        synchronous_commit: str = "on",
+        timeout: float = 30.0,
+        silence: float = 150.0,
     ) -> None:
+        """timeout: seconds a round trip may take; silence: seconds after which the server ends
+        a session it has heard nothing from (longer than a healthy relay is ever silent)."""
         if synchronous_commit not in SYNCHRONOUS_COMMIT:
             raise ConfigError(f"synchronous_commit must be one of {', '.join(SYNCHRONOUS_COMMIT)}")
         self.url, self.schema, self.relay, self.shard = url, schema, relay, shard
-        self.synchronous_commit = synchronous_commit
+        self.synchronous_commit, self.timeout, self.silence = synchronous_commit, timeout, silence
         self._conn: psycopg.Connection[Any] | None = None
         names = {
             "events": sql.Identifier(schema, tables.OUTBOX_EVENTS),
@@ -149,18 +185,34 @@ class OutboxTable:
     # -- session -------------------------------------------------------------
 
     def connect(self) -> None:
-        self._conn = conn = connect(self.url, autocommit=True, application_name=f"outbox-relay {self.relay}")
+        self._conn = connect(
+            self.url,
+            autocommit=True,
+            application_name=f"outbox-relay {self.relay}",
+            timeout=self.timeout,
+            settings=keepalive(self.timeout),
+        )
         try:
-            tables.require(conn, self.url, self.schema, USED)
-            row = conn.execute(
-                "SELECT pg_is_in_recovery(), system_identifier::text FROM pg_control_system()"
-            ).fetchone()
-            assert row is not None
-            if row[0]:
-                raise Standby(f"PostgreSQL at {self.url.safe} is a standby (in recovery)")
+            self._start_session()
         except (ConfigError, ServiceUnavailable):
             self.close()
             raise
+
+    @round_trip("the session's first queries")
+    def _start_session(self) -> None:
+        conn = self.conn
+        limits = server_limits(self.timeout, self.silence)
+        conn.execute(
+            "SELECT set_config(name, setting, false) FROM unnest(%s::text[], %s::text[]) AS s(name, setting)",
+            [list(limits), list(limits.values())],
+        )
+        tables.require(conn, self.url, self.schema, USED)
+        row = conn.execute(
+            "SELECT pg_is_in_recovery(), system_identifier::text FROM pg_control_system()"
+        ).fetchone()
+        assert row is not None
+        if row[0]:
+            raise Standby(f"PostgreSQL at {self.url.safe} is a standby (in recovery)")
         self.system = str(row[1])
         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
 
@@ -176,6 +228,7 @@ class OutboxTable:
             raise ServiceUnavailable("not connected to PostgreSQL")
         return self._conn
 
+    @round_trip("reading the outbox's id")
     def outbox_id(self) -> str:
         """The id `outbox db upgrade` gave this outbox: what the relay's Kafka state is keyed by."""
         query = sql.SQL("SELECT id::text FROM {}").format(sql.Identifier(self.schema, tables.OUTBOX_IDENTITY))
@@ -187,6 +240,7 @@ class OutboxTable:
             )
         return str(row[0])
 
+    @round_trip("trying the lock")
     def try_lock(self) -> bool:
         """Become the one active instance of this relay shard, if no other session is."""
         row = self.conn.execute(
@@ -195,6 +249,7 @@ class OutboxTable:
         ).fetchone()
         return bool(row and row[0])
 
+    @round_trip("reading the mark")
     def mark(self) -> tuple[Mark | None, int]:
         """This shard's mark (None: it has none), and the database's next transaction id now."""
         row = self.conn.execute(self._read_mark, [self.relay, self.shard.index, self.shard.count]).fetchone()
@@ -204,6 +259,7 @@ class OutboxTable:
 
     # -- reads ---------------------------------------------------------------
 
+    @round_trip("reading a batch")
     def fetch(self, position: Position, limit: int) -> tuple[Target, list[Row]]:
         """Up to `limit` rows of the delta after `position`, by id, and the delta's target.
 
@@ -266,6 +322,7 @@ class OutboxTable:
 
     # -- writes --------------------------------------------------------------
 
+    @round_trip("recording the base")
     def record_base(self, base: str) -> None:
         """Tell the other relays of this outbox (their cleanup) that everything in `base` is published.
 
@@ -280,6 +337,7 @@ class OutboxTable:
                 {"base": base, "relay": self.relay, "index": self.shard.index, "count": self.shard.count},
             )
 
+    @round_trip("deleting published rows")
     def cleanup(self, base: str, limit: int, retention: float) -> int:
         """Delete up to `limit` published rows (visible in `base`) older than `retention` seconds."""
         cur = self.conn.execute(
@@ -287,6 +345,7 @@ class OutboxTable:
         )
         return cur.rowcount
 
+    @round_trip("dead-lettering a row")
     def dead_letter(self, row_id: int, error: str) -> None:
         self.conn.execute(self._dead_letter, {"relay": self.relay, "id": row_id, "error": error})
 

@@ -61,13 +61,26 @@ class RelaySettings:
     halt_retry: float = 30.0
     synchronous_commit: str = "on"
     kafka_timeout: float = 30.0
+    database_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", relay_name(self.name))
         if self.batch_size < 1:
             raise OutboxError("--batch-size must be at least 1")
-        if self.kafka_timeout <= 0:
-            raise OutboxError(f"--kafka-timeout must be positive, got {self.kafka_timeout}")
+        for flag, value in (
+            ("--kafka-timeout", self.kafka_timeout),
+            ("--database-timeout", self.database_timeout),
+        ):
+            if value <= 0:
+                raise OutboxError(f"{flag} must be positive, got {value:g}")
+
+    @property
+    def silence(self) -> float:
+        """How long the server lets the relay's session go unheard before it ends it, and frees the
+        lock for a standby: longer than a healthy active relay ever goes without a query. Its
+        longest silences are a batch's Kafka calls, commit asked again included (2x the timeout),
+        and the start of a producer (its init asked again, then the position read: 3x more)."""
+        return self.database_timeout + 5 * self.kafka_timeout + self.poll_interval
         if self.on_poison not in (HALT, DEAD_LETTER):
             raise OutboxError(f"--on-poison must be {HALT} or {DEAD_LETTER}, got {self.on_poison!r}")
 
@@ -104,8 +117,9 @@ class Relay:
         self.pause = pause
         self.metrics = metrics or RelayMetrics(settings.name, str(settings.shard))
         self.stop = stop or threading.Event()
-        self._failures = 0  # in a row; the first began at _outage
-        self._outage = 0.0
+        self._failures = 0  # sessions failed in a row (a standby's wait resets it)
+        self._outage: float | None = None  # when the outage began; None while publishing
+        self._ended = 0  # sessions the outage has ended
         self._context = {"relay": settings.name, "shard": str(settings.shard)}
 
     def run(self) -> None:
@@ -138,11 +152,13 @@ class Relay:
                 waiting = False
                 delay = backoff(self._failures)
                 self.metrics.health(False, f"retrying: {reason}")
-                if self._failures == 1:
-                    self._outage = time.monotonic()
+                first = self._outage is None
+                if first:
+                    self._outage, self._ended = time.monotonic(), 0
+                self._ended += 1
                 # One line an outage; its further attempts show at DEBUG and on /healthz.
                 log.log(
-                    logging.WARNING if self._failures == 1 else logging.DEBUG,
+                    logging.WARNING if first else logging.DEBUG,
                     "session ended, retrying",
                     extra={
                         **self._context,
@@ -157,7 +173,10 @@ class Relay:
 
     def _session(self) -> None:
         s = self.settings
-        with opened(OutboxTable(s.url, s.schema, s.name, s.shard, s.synchronous_commit)) as table:
+        table = OutboxTable(
+            s.url, s.schema, s.name, s.shard, s.synchronous_commit, s.database_timeout, s.silence
+        )
+        with opened(table):
             if not self._stand_by(table):
                 return
             relay = Identity(s.name, table.outbox_id(), s.shard)
@@ -196,7 +215,13 @@ class Relay:
             if table.try_lock():
                 return True
             if not announced:
-                log.info("standing by: another instance is active", extra=self._context)
+                # After an outage, the holder may be this relay's own session from before it, which
+                # the server has not heard end: it ends that one once silent for `silence` seconds.
+                held = ""
+                if self._outage is not None:
+                    held = " (or this relay's own session from before the outage, which the server ends"
+                    held += f" within {self.settings.silence:.0f}s)"
+                log.info("standing by: another instance is active" + held, extra=self._context)
                 announced = True
             self._failures = 0
             self.metrics.health(True, "standby")
@@ -250,15 +275,16 @@ class Relay:
                     m.published.inc(len(batch))
                 position = step.position
                 one_by_one = max(0, one_by_one - step.count)
-                if self._failures:
+                if self._outage is not None:
                     log.info(
                         "resumed after retrying",
                         extra={
                             **self._context,
-                            "attempts": self._failures,
+                            "attempts": self._ended,
                             "outage_s": round(time.monotonic() - self._outage, 1),
                         },
                     )
+                    self._outage = None
                 self._failures = 0
                 m.halted.set(0)
                 m.health(True, "active")

@@ -32,13 +32,13 @@ from outbox.relay.pause import BEFORE_COMMIT, BEFORE_POSITION, MID_TRANSACTION
 from outbox.relay.position import Identity
 from outbox.relay.relay import POSITIONS_TOPIC
 from sinks.ledger import positions
-from tests.cli import outbox
 from tests.helpers import REPO, Job, create_topic, fresh_database, unique, wait_for
 from tests.relay_support import (
     ACTIVE,
     Committed,
     Writers,
     assert_exactly_once,
+    check_two_readers,
     published,
     relay_job,
     terminate,
@@ -114,22 +114,9 @@ def coordinator(bootstrap: str, url: DatabaseUrl, name: str) -> int:
 def check_every_record(
     bootstrap: str, topic: str, committed: Committed, url: DatabaseUrl, sink: Sink
 ) -> None:
-    """Both readers, each record: all committed events once, per key in commit order, nothing else;
-    and the sink: every one in its table, applied once, its ledger at the end of each partition."""
-    ours = wait_published(bootstrap, topic, PARTITIONS, committed.count, timeout=180)
-    assert_exactly_once(ours, committed)
-    theirs = [
-        (r.partition, r.offset, r.key or "", r.headers["event_id"])
-        for r in kafka_tools.console_consume(bootstrap, topic)
-    ]
-    assert_exactly_once(theirs, committed)
-    assert sorted(theirs) == sorted(ours)
-    source = f"SELECT event_id::text FROM outbox_events WHERE topic = '{topic}'"
-    verify = outbox(
-        "verify", topic, "--bootstrap-servers", bootstrap, "--source-sql", source, "--url", url.raw, "--json"
-    )
-    assert verify.code == 0, verify.out
-    assert f'"records": {committed.count}' in verify.out.splitlines()[-1]
+    """Both readers and `outbox verify`, each record (check_two_readers); and the sink: every event
+    in its table, applied once, its ledger at the end of each partition."""
+    ours = check_two_readers(bootstrap, topic, PARTITIONS, committed, url)
     check_the_sink(sink, topic, committed, ours)
 
 

@@ -4,9 +4,11 @@ a healed one carries them again; and a killed test run leaves no proxy, process 
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
@@ -62,6 +64,29 @@ def test_a_cut_link_drops_bytes_without_closing_and_a_healed_one_carries_them(
     link.heal()
     with connect(link) as after:
         assert answer(after) in (b"S", b"N")
+
+
+def test_a_close_does_not_cross_a_cut_link(link: Link, server_url: DatabaseUrl) -> None:
+    """A client that gives up on a cut link closes its end; the server, cut off, must not hear of it
+    (a partition drops the FIN too), so its session lives on: only the server's own limits end it."""
+    port = int(upstream(server_url).rsplit(":", 1)[1])
+    through = DatabaseUrl.parse(server_url.raw.replace(f":{port}/", f":{link.port}/", 1))
+    client = psycopg.connect(through.libpq, autocommit=True)
+    pid = client.info.backend_pid
+
+    def session_alive() -> bool:
+        with psycopg.connect(server_url.libpq, autocommit=True) as conn:
+            return bool(
+                conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone()[0]
+            )  # type: ignore[index]
+
+    assert session_alive()
+    link.cut()
+    client.pgconn.finish()  # the client's end closed, its Terminate and FIN sent into the cut
+    time.sleep(2)
+    assert session_alive()
+    with psycopg.connect(server_url.libpq, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(%s)", [pid])
 
 
 def test_a_killed_run_leaves_no_proxy_process_or_port(tmp_path: Path, server_url: DatabaseUrl) -> None:

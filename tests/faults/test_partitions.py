@@ -1,0 +1,231 @@
+"""Network partitions (issue 27): links cut through Toxiproxy on loopback, held, and healed.
+
+A kill -9 closes sockets and the peer hears of it at once; a partition leaves
+them open, and a request's answer simply never comes. Every process under test
+reaches Kafka through a listener the broker advertises at the proxy's port (so
+metadata leads it back into the proxy, never around it) and PostgreSQL through
+a proxy too. Writers and the checking readers go around the proxy. Each case
+checks every record with two readers, ours and Kafka's console consumer (both
+read_committed), and with `outbox verify`; and prints the time from the heal
+to the moment the process under test said it had resumed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from core.config import DatabaseUrl
+from outbox.dev.kafka import Broker
+from outbox.dev.toxiproxy import Link, Stream, Toxiproxy
+from outbox.relay.pause import BEFORE_CLEANUP, BEFORE_COMMIT, MID_TRANSACTION
+from tests.helpers import Job, create_topic, measured, unique
+from tests.relay_support import (
+    ACTIVE,
+    Committed,
+    Writers,
+    check_two_readers,
+    published,
+    relay_job,
+    terminate,
+)
+
+PARTITIONS = 3
+STALL, BACK, STANDBY = "session ended, retrying", "resumed after retrying", "standing by"
+# Calls wait 3 s for an answer; an open transaction is aborted by Kafka after 8 s.
+KAFKA_TIMEOUT, TRANSACTION_TIMEOUT = 3, 8
+FAST = (
+    *("--kafka-timeout", str(KAFKA_TIMEOUT), "--database-timeout", "3", "--batch-size", "20"),
+    *("-X", f"request.timeout.ms={KAFKA_TIMEOUT * 1000}"),
+    *("-X", f"transaction.timeout.ms={TRANSACTION_TIMEOUT * 1000}"),
+)
+
+
+@dataclass(frozen=True)
+class Proxied:
+    """A service reached two ways: `direct` (writers, checking readers) and through `link`."""
+
+    direct: str
+    proxied: str
+    link: Link
+
+
+@pytest.fixture(scope="module")
+def toxiproxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Toxiproxy]:
+    proxy = Toxiproxy(tmp_path_factory.mktemp("toxiproxy"))
+    yield proxy
+    proxy.close()
+
+
+@pytest.fixture(scope="module")
+def kafka(toxiproxy: Toxiproxy, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxied]:
+    broker = Broker(tmp_path_factory.mktemp("kafka"), proxied=True)
+    assert broker.proxied is not None
+    link = toxiproxy.link("kafka", f"127.0.0.1:{broker.proxied.port}", broker.proxied.advertised)
+    yield Proxied(broker.bootstrap, f"127.0.0.1:{broker.proxied.advertised}", link)
+    broker.stop()
+
+
+@pytest.fixture(scope="module")
+def postgres_link(toxiproxy: Toxiproxy, server_url: DatabaseUrl) -> Link:
+    return toxiproxy.link("postgres", f"127.0.0.1:{server_url_port(server_url)}")
+
+
+def server_url_port(url: DatabaseUrl) -> int:
+    return int(url.raw.split("@", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
+
+
+@pytest.fixture
+def db(outbox_db: DatabaseUrl, postgres_link: Link, kafka: Proxied) -> Iterator[Proxied]:
+    """The test's outbox database, direct and through the proxy; every link healed after the test."""
+    port = server_url_port(outbox_db)
+    through = outbox_db.raw.replace(f":{port}/", f":{postgres_link.port}/", 1)
+    yield Proxied(outbox_db.raw, through, postgres_link)
+    postgres_link.heal()
+    kafka.link.heal()
+
+
+def proxied_relay(
+    tmp: Path, db: Proxied, kafka: Proxied, name: str, pause_at: str = "none"
+) -> tuple[Job, Path]:
+    env = {"DATABASE_URL": db.proxied, "KAFKA_BOOTSTRAP_SERVERS": kafka.proxied}
+    return relay_job(tmp, env, name, *FAST, pause_at=pause_at)
+
+
+def healed(links: list[Link], job: Job, what: str, back: str = BACK, timeout: float = 90) -> None:
+    """Heal the links; wait until the job says `back` once more than before; print how long it took."""
+    before = job.output().count(back)
+    for link in links:
+        link.heal()
+    at = time.monotonic()
+    deadline = at + timeout
+    while job.output().count(back) <= before:
+        assert job.process.poll() is None, job.output()
+        assert time.monotonic() < deadline, f"no {back!r} {timeout}s after the heal:\n{job.output()[-4000:]}"
+        time.sleep(0.05)
+    measured(f"heal to resume: {what}", time.monotonic() - at)
+
+
+def one_line_an_outage(job: Job, *names: str) -> None:
+    """Each outage said once at WARNING, naming what could not be reached; and once that it is over."""
+    lines = [line for line in job.output().splitlines() if STALL in line]
+    assert len(lines) == job.output().count(BACK) >= 1, job.output()[-4000:]
+    assert all(any(name in line for name in names) for line in lines), lines
+
+
+# -- a: relay <-> Kafka ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("point", "stream", "held"),
+    [
+        (MID_TRANSACTION, "both", 2),
+        (MID_TRANSACTION, "both", TRANSACTION_TIMEOUT + 4),
+        (BEFORE_COMMIT, "downstream", 2),
+        (BEFORE_COMMIT, "downstream", TRANSACTION_TIMEOUT + 4),
+    ],
+    ids=[
+        "black-hole-mid-transaction-healed-early",
+        "black-hole-mid-transaction-healed-late",
+        "answers-lost-in-commit-healed-early",
+        "answers-lost-in-commit-healed-late",
+    ],
+)
+def test_the_relay_cut_from_kafka_in_a_transaction(
+    tmp_path: Path, db: Proxied, kafka: Proxied, point: str, stream: Stream, held: float
+) -> None:
+    """Black-holed mid-transaction, or its commit's answer lost (sent, done or not, never told);
+    healed before Kafka aborts the open transaction on its timeout, and after."""
+    url = DatabaseUrl.parse(db.direct)
+    topic = create_topic(kafka.direct, unique("a"), partitions=PARTITIONS)
+    first = Writers(url, topic).start(transactions=20)
+    first.join()
+    job, resume = proxied_relay(tmp_path, db, kafka, unique("relay"), pause_at=point)
+    job.wait_for_output(f"paused at {point}", 60)
+    kafka.link.cut(stream)
+    resume.touch()
+    second = Writers(url, topic).start(transactions=20)
+    second.join()
+    job.wait_for_output(STALL, 60)
+    time.sleep(held)
+    healed([kafka.link], job, f"relay, Kafka {stream} cut at {point}, held {held}s")
+    check_two_readers(
+        kafka.direct, topic, PARTITIONS, Committed.merged(first.committed, second.committed), url
+    )
+    assert terminate(job) == 0
+    one_line_an_outage(job, f"Kafka at {kafka.proxied}")
+
+
+# -- b: relay <-> PostgreSQL -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("point", [MID_TRANSACTION, BEFORE_CLEANUP])
+def test_the_relay_cut_from_postgres_mid_batch_and_in_cleanup(
+    tmp_path: Path, db: Proxied, kafka: Proxied, point: str
+) -> None:
+    """The batch's rows are read, then PostgreSQL stops answering: the relay must not hang in a
+    read that never returns, and must not publish the batch twice once it is back."""
+    url = DatabaseUrl.parse(db.direct)
+    topic = create_topic(kafka.direct, unique("b"), partitions=PARTITIONS)
+    first = Writers(url, topic).start(transactions=30)
+    first.join()
+    job, resume = proxied_relay(tmp_path, db, kafka, unique("relay"), pause_at=point)
+    job.wait_for_output(f"paused at {point}", 60)
+    db.link.cut()
+    resume.touch()
+    second = Writers(url, topic).start(transactions=30)
+    job.wait_for_output(STALL, 60)
+    second.join()
+    time.sleep(2)
+    healed([db.link], job, f"relay, PostgreSQL black-holed at {point}")
+    check_two_readers(
+        kafka.direct, topic, PARTITIONS, Committed.merged(first.committed, second.committed), url
+    )
+    assert terminate(job) == 0
+    one_line_an_outage(job, "PostgreSQL at")
+
+
+# -- c: the zombie relay -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cut", ["postgres", "postgres-and-kafka"])
+def test_a_zombie_relay_is_fenced_when_its_links_heal(
+    tmp_path: Path, db: Proxied, kafka: Proxied, cut: str
+) -> None:
+    """The active relay is cut off mid-transaction; its standby (direct links) takes over and
+    publishes; then the old one is healed. It must publish nothing more."""
+    url, name = DatabaseUrl.parse(db.direct), unique("relay")
+    topic = create_topic(kafka.direct, unique("c"), partitions=PARTITIONS)
+    first = Writers(url, topic).start(transactions=20)
+    first.join()
+    zombie, resume = proxied_relay(tmp_path, db, kafka, name, pause_at=MID_TRANSACTION)
+    zombie.wait_for_output(f"paused at {MID_TRANSACTION}", 60)
+    env = {"DATABASE_URL": db.direct, "KAFKA_BOOTSTRAP_SERVERS": kafka.direct}
+    standby, _ = relay_job(tmp_path, env, name, *FAST)
+    standby.wait_for_output(STANDBY, 60)
+    links = [db.link, kafka.link] if cut == "postgres-and-kafka" else [db.link]
+    for link in links:
+        link.cut()
+    cut_at = time.monotonic()
+    resume.touch()
+    second = Writers(url, topic).start(transactions=20)
+    second.join()
+    standby.wait_for_output(ACTIVE, 120)
+    measured(f"zombie: the standby active after the cut ({cut})", time.monotonic() - cut_at)
+    wait_records = Committed.merged(first.committed, second.committed)
+    check_two_readers(kafka.direct, topic, PARTITIONS, wait_records, url)
+    healed(links, zombie, f"zombie healed ({cut}), back as a standby", back=STANDBY)
+    third = Writers(url, topic).start(transactions=20)
+    third.join()
+    committed = Committed.merged(first.committed, second.committed, third.committed)
+    records = check_two_readers(kafka.direct, topic, PARTITIONS, committed, url)
+    assert len(records) == committed.count
+    assert zombie.output().count(ACTIVE) == 1, zombie.output()[-4000:]
+    time.sleep(2)  # anything a zombie still had in flight would land now
+    assert sorted(published(kafka.direct, topic, PARTITIONS)) == sorted(records)
+    assert terminate(zombie) == 0
+    assert terminate(standby) == 0
