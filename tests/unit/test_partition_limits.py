@@ -1,0 +1,67 @@
+"""The limits that let a partition be noticed: derived from the relay's two timeouts, for any values."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from core.config import DatabaseUrl
+from core.errors import OutboxError
+from core.postgres import keepalive, server_limits
+from outbox.relay.relay import RelaySettings
+
+seconds = st.floats(min_value=0.001, max_value=86_400, allow_nan=False)
+
+
+@given(seconds)
+def test_the_client_gives_up_on_a_silent_server_in_about_the_timeout(timeout: float) -> None:
+    k = keepalive(timeout)
+    probing = k["keepalives_idle"] + k["keepalives_interval"] * k["keepalives_count"]
+    wanted = max(3, timeout)
+    assert k["keepalives"] == 1
+    assert wanted / 2 <= probing <= wanted + 4
+    assert wanted * 1000 <= k["tcp_user_timeout"] <= (wanted + 1) * 1000
+
+
+@given(seconds, seconds)
+def test_the_server_ends_a_silent_session_no_sooner_than_asked(timeout: float, silence: float) -> None:
+    limits = server_limits(timeout, silence)
+    for name in ("idle_session_timeout", "idle_in_transaction_session_timeout"):
+        assert limits[name].endswith("s") and int(limits[name][:-1]) >= silence
+    assert int(limits["statement_timeout"][:-1]) >= min(timeout, 3)
+    assert all(isinstance(value, str) and value for value in limits.values())
+
+
+@given(seconds, seconds, st.floats(min_value=0.01, max_value=3600))
+def test_the_server_waits_out_a_relays_longest_healthy_silence(
+    database: float, kafka: float, poll: float
+) -> None:
+    """Between two queries a healthy active relay spends at most: a producer's start (a list of
+    topics, init_transactions asked again for 2x the Kafka timeout, the position read) or a
+    batch's Kafka calls (a commit asked again for 2x), or one poll interval."""
+    settings = RelaySettings(
+        url=DatabaseUrl.parse("postgresql://u@h/d"),
+        bootstrap="h:9092",
+        name="r",
+        database_timeout=database,
+        kafka_timeout=kafka,
+        poll_interval=poll,
+    )
+    longest = max(min(kafka, 10) + 3 * kafka + kafka, 3 * kafka, poll)
+    assert settings.silence > longest
+
+
+@pytest.mark.parametrize("flag", ["database_timeout", "kafka_timeout"])
+@pytest.mark.parametrize("value", [0, -1])
+def test_a_timeout_that_is_not_positive_is_one_line(flag: str, value: float) -> None:
+    with pytest.raises(OutboxError, match=rf"--{flag.replace('_', '-')} must be positive, got {value}"):
+        RelaySettings(
+            url=DatabaseUrl.parse("postgresql://u@h/d"), bootstrap="h:9092", name="r", **{flag: value}
+        )
+
+
+def test_the_urls_own_libpq_settings_are_known_so_they_win() -> None:
+    url = DatabaseUrl.parse("postgresql://u:p@h/d?keepalives_idle=99&sslmode=require")
+    assert url.parameters == {"keepalives_idle", "sslmode"}
+    assert DatabaseUrl.parse("postgresql://u@h/d").parameters == set()
