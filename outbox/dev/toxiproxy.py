@@ -133,6 +133,10 @@ class Link:
         self.add("timeout", stream, timeout=0)
         self.add("slow_close", stream, delay=HELD)
 
+    def close(self) -> None:
+        """Remove the link: its port is closed, and so is every connection it held."""
+        self.proxy.request("DELETE", f"/proxies/{self.name}")
+
     def heal(self) -> None:
         """The link carries bytes again, and every connection it held is closed at both ends, as a
         partition that ends in resets does: each side learns at once that what it held is gone.

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from core.config import DatabaseUrl
-from outbox.dev.kafka import Broker
+from outbox.dev.kafka import Broker, Cluster
 from outbox.dev.toxiproxy import Link, Stream, Toxiproxy
 from outbox.relay.pause import BEFORE_CLEANUP, BEFORE_COMMIT, MID_TRANSACTION
 from tests.helpers import Job, create_topic, measured, unique
@@ -47,11 +47,19 @@ FAST = (
 
 @dataclass(frozen=True)
 class Proxied:
-    """A service reached two ways: `direct` (writers, checking readers) and through `link`."""
+    """A service reached two ways: `direct` (writers, checking readers) and `proxied`, through links."""
 
     direct: str
     proxied: str
-    link: Link
+    links: tuple[Link, ...]
+
+    def cut(self, stream: Stream = "both") -> None:
+        for link in self.links:
+            link.cut(stream)
+
+    def heal(self) -> None:
+        for link in self.links:
+            link.heal()
 
 
 @pytest.fixture(scope="module")
@@ -61,13 +69,27 @@ def toxiproxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Toxiproxy]:
     proxy.close()
 
 
-@pytest.fixture(scope="module")
-def kafka(toxiproxy: Toxiproxy, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxied]:
-    broker = Broker(tmp_path_factory.mktemp("kafka"), proxied=True)
-    assert broker.proxied is not None
-    link = toxiproxy.link("kafka", f"127.0.0.1:{broker.proxied.port}", broker.proxied.advertised)
-    yield Proxied(broker.bootstrap, f"127.0.0.1:{broker.proxied.advertised}", link)
-    broker.stop()
+@pytest.fixture(scope="module", params=["broker"])
+def kafka(
+    request: pytest.FixtureRequest, toxiproxy: Toxiproxy, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Proxied]:
+    """One broker, or (parametrized "cluster") three, each node behind a link of its own."""
+    root = tmp_path_factory.mktemp(request.param)
+    if request.param == "cluster":
+        cluster = Cluster(root, size=3, proxied=True)
+        direct, listeners, close = cluster.bootstrap, cluster.proxied, cluster.close
+    else:
+        broker = Broker(root, proxied=True)
+        direct, listeners, close = broker.bootstrap, {1: broker.proxied}, broker.stop
+    links = tuple(
+        toxiproxy.link(f"kafka-{request.param}-{node}", f"127.0.0.1:{listener.port}", listener.advertised)
+        for node, listener in listeners.items()
+        if listener is not None
+    )
+    yield Proxied(direct, ",".join(f"127.0.0.1:{p.advertised}" for p in listeners.values() if p), links)
+    for link in links:
+        link.close()
+    close()
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +106,9 @@ def db(outbox_db: DatabaseUrl, postgres_link: Link, kafka: Proxied) -> Iterator[
     """The test's outbox database, direct and through the proxy; every link healed after the test."""
     port = server_url_port(outbox_db)
     through = outbox_db.raw.replace(f":{port}/", f":{postgres_link.port}/", 1)
-    yield Proxied(outbox_db.raw, through, postgres_link)
+    yield Proxied(outbox_db.raw, through, (postgres_link,))
     postgres_link.heal()
-    kafka.link.heal()
+    kafka.heal()
 
 
 def proxied_relay(
@@ -96,11 +118,11 @@ def proxied_relay(
     return relay_job(tmp, env, name, *FAST, pause_at=pause_at)
 
 
-def healed(links: list[Link], job: Job, what: str, back: str = BACK, timeout: float = 90) -> None:
+def healed(services: list[Proxied], job: Job, what: str, back: str = BACK, timeout: float = 90) -> None:
     """Heal the links; wait until the job says `back` once more than before; print how long it took."""
     before = job.output().count(back)
-    for link in links:
-        link.heal()
+    for service in services:
+        service.heal()
     at = time.monotonic()
     deadline = at + timeout
     while job.output().count(back) <= before:
@@ -108,6 +130,10 @@ def healed(links: list[Link], job: Job, what: str, back: str = BACK, timeout: fl
         assert time.monotonic() < deadline, f"no {back!r} {timeout}s after the heal:\n{job.output()[-4000:]}"
         time.sleep(0.05)
     measured(f"heal to resume: {what}", time.monotonic() - at)
+
+
+def kafka_name(kafka: Proxied) -> str:
+    return "three brokers" if len(kafka.links) > 1 else "one broker"
 
 
 def one_line_an_outage(job: Job, *names: str) -> None:
@@ -120,20 +146,26 @@ def one_line_an_outage(job: Job, *names: str) -> None:
 # -- a: relay <-> Kafka ------------------------------------------------------------------------
 
 
+LATE = TRANSACTION_TIMEOUT + 4
+
+
 @pytest.mark.parametrize(
-    ("point", "stream", "held"),
+    ("kafka", "point", "stream", "held"),
     [
-        (MID_TRANSACTION, "both", 2),
-        (MID_TRANSACTION, "both", TRANSACTION_TIMEOUT + 4),
-        (BEFORE_COMMIT, "downstream", 2),
-        (BEFORE_COMMIT, "downstream", TRANSACTION_TIMEOUT + 4),
+        ("broker", MID_TRANSACTION, "both", 2),
+        ("broker", MID_TRANSACTION, "both", LATE),
+        ("broker", BEFORE_COMMIT, "downstream", 2),
+        ("broker", BEFORE_COMMIT, "downstream", LATE),
+        ("cluster", BEFORE_COMMIT, "downstream", LATE),
     ],
     ids=[
         "black-hole-mid-transaction-healed-early",
         "black-hole-mid-transaction-healed-late",
         "answers-lost-in-commit-healed-early",
         "answers-lost-in-commit-healed-late",
+        "three-brokers-answers-lost-in-commit-healed-late",
     ],
+    indirect=["kafka"],
 )
 def test_the_relay_cut_from_kafka_in_a_transaction(
     tmp_path: Path, db: Proxied, kafka: Proxied, point: str, stream: Stream, held: float
@@ -146,13 +178,13 @@ def test_the_relay_cut_from_kafka_in_a_transaction(
     first.join()
     job, resume = proxied_relay(tmp_path, db, kafka, unique("relay"), pause_at=point)
     job.wait_for_output(f"paused at {point}", 60)
-    kafka.link.cut(stream)
+    kafka.cut(stream)
     resume.touch()
     second = Writers(url, topic).start(transactions=20)
     second.join()
     job.wait_for_output(STALL, 60)
     time.sleep(held)
-    healed([kafka.link], job, f"relay, Kafka {stream} cut at {point}, held {held}s")
+    healed([kafka], job, f"relay, Kafka ({kafka_name(kafka)}) {stream} cut at {point}, held {held}s")
     check_two_readers(
         kafka.direct, topic, PARTITIONS, Committed.merged(first.committed, second.committed), url
     )
@@ -175,13 +207,13 @@ def test_the_relay_cut_from_postgres_mid_batch_and_in_cleanup(
     first.join()
     job, resume = proxied_relay(tmp_path, db, kafka, unique("relay"), pause_at=point)
     job.wait_for_output(f"paused at {point}", 60)
-    db.link.cut()
+    db.cut()
     resume.touch()
     second = Writers(url, topic).start(transactions=30)
     job.wait_for_output(STALL, 60)
     second.join()
     time.sleep(2)
-    healed([db.link], job, f"relay, PostgreSQL black-holed at {point}")
+    healed([db], job, f"relay, PostgreSQL black-holed at {point}")
     check_two_readers(
         kafka.direct, topic, PARTITIONS, Committed.merged(first.committed, second.committed), url
     )
@@ -192,7 +224,11 @@ def test_the_relay_cut_from_postgres_mid_batch_and_in_cleanup(
 # -- c: the zombie relay -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("cut", ["postgres", "postgres-and-kafka"])
+@pytest.mark.parametrize(
+    ("kafka", "cut"),
+    [("broker", "postgres"), ("broker", "postgres-and-kafka"), ("cluster", "postgres-and-kafka")],
+    indirect=["kafka"],
+)
 def test_a_zombie_relay_is_fenced_when_its_links_heal(
     tmp_path: Path, db: Proxied, kafka: Proxied, cut: str
 ) -> None:
@@ -207,18 +243,20 @@ def test_a_zombie_relay_is_fenced_when_its_links_heal(
     env = {"DATABASE_URL": db.direct, "KAFKA_BOOTSTRAP_SERVERS": kafka.direct}
     standby, _ = relay_job(tmp_path, env, name, *FAST)
     standby.wait_for_output(STANDBY, 60)
-    links = [db.link, kafka.link] if cut == "postgres-and-kafka" else [db.link]
-    for link in links:
-        link.cut()
+    links = [db, kafka] if cut == "postgres-and-kafka" else [db]
+    for service in links:
+        service.cut()
     cut_at = time.monotonic()
     resume.touch()
     second = Writers(url, topic).start(transactions=20)
     second.join()
     standby.wait_for_output(ACTIVE, 120)
-    measured(f"zombie: the standby active after the cut ({cut})", time.monotonic() - cut_at)
+    measured(
+        f"zombie: the standby active after the cut ({cut}, {kafka_name(kafka)})", time.monotonic() - cut_at
+    )
     wait_records = Committed.merged(first.committed, second.committed)
     check_two_readers(kafka.direct, topic, PARTITIONS, wait_records, url)
-    healed(links, zombie, f"zombie healed ({cut}), back as a standby", back=STANDBY)
+    healed(links, zombie, f"zombie healed ({cut}, {kafka_name(kafka)}), back as a standby", back=STANDBY)
     third = Writers(url, topic).start(transactions=20)
     third.join()
     committed = Committed.merged(first.committed, second.committed, third.committed)
