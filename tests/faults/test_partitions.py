@@ -132,6 +132,26 @@ def healed(services: list[Proxied], job: Job, what: str, back: str = BACK, timeo
     measured(f"heal to resume: {what}", time.monotonic() - at)
 
 
+def cut_at(
+    tmp: Path, db: Proxied, kafka: Proxied, point: str, cut: Proxied, stream: Stream = "both"
+) -> tuple[DatabaseUrl, str, Committed, Job]:
+    """A new topic with 20 transactions committed for it; a relay through the proxies held at
+    `point` of its first batch, the links to `cut` cut there, then let go on; 20 transactions
+    more, committed while it is cut off. Returns once the relay said it lost a session."""
+    url = DatabaseUrl.parse(db.direct)
+    topic = create_topic(kafka.direct, unique("cut"), partitions=PARTITIONS)
+    first = Writers(url, topic).start(transactions=20)
+    first.join()
+    job, resume = proxied_relay(tmp, db, kafka, unique("relay"), pause_at=point)
+    job.wait_for_output(f"paused at {point}", 60)
+    cut.cut(stream)
+    resume.touch()
+    second = Writers(url, topic).start(transactions=20)
+    second.join()
+    job.wait_for_output(STALL, 60)
+    return url, topic, Committed.merged(first.committed, second.committed), job
+
+
 def kafka_name(kafka: Proxied) -> str:
     return "three brokers" if len(kafka.links) > 1 else "one broker"
 
@@ -172,22 +192,10 @@ def test_the_relay_cut_from_kafka_in_a_transaction(
 ) -> None:
     """Black-holed mid-transaction, or its commit's answer lost (sent, done or not, never told);
     healed before Kafka aborts the open transaction on its timeout, and after."""
-    url = DatabaseUrl.parse(db.direct)
-    topic = create_topic(kafka.direct, unique("a"), partitions=PARTITIONS)
-    first = Writers(url, topic).start(transactions=20)
-    first.join()
-    job, resume = proxied_relay(tmp_path, db, kafka, unique("relay"), pause_at=point)
-    job.wait_for_output(f"paused at {point}", 60)
-    kafka.cut(stream)
-    resume.touch()
-    second = Writers(url, topic).start(transactions=20)
-    second.join()
-    job.wait_for_output(STALL, 60)
+    url, topic, committed, job = cut_at(tmp_path, db, kafka, point, kafka, stream)
     time.sleep(held)
     healed([kafka], job, f"relay, Kafka ({kafka_name(kafka)}) {stream} cut at {point}, held {held}s")
-    check_two_readers(
-        kafka.direct, topic, PARTITIONS, Committed.merged(first.committed, second.committed), url
-    )
+    check_two_readers(kafka.direct, topic, PARTITIONS, committed, url)
     assert terminate(job) == 0
     one_line_an_outage(job, f"Kafka at {kafka.proxied}")
 
@@ -201,22 +209,10 @@ def test_the_relay_cut_from_postgres_mid_batch_and_in_cleanup(
 ) -> None:
     """The batch's rows are read, then PostgreSQL stops answering: the relay must not hang in a
     read that never returns, and must not publish the batch twice once it is back."""
-    url = DatabaseUrl.parse(db.direct)
-    topic = create_topic(kafka.direct, unique("b"), partitions=PARTITIONS)
-    first = Writers(url, topic).start(transactions=30)
-    first.join()
-    job, resume = proxied_relay(tmp_path, db, kafka, unique("relay"), pause_at=point)
-    job.wait_for_output(f"paused at {point}", 60)
-    db.cut()
-    resume.touch()
-    second = Writers(url, topic).start(transactions=30)
-    job.wait_for_output(STALL, 60)
-    second.join()
+    url, topic, committed, job = cut_at(tmp_path, db, kafka, point, db)
     time.sleep(2)
     healed([db], job, f"relay, PostgreSQL black-holed at {point}")
-    check_two_readers(
-        kafka.direct, topic, PARTITIONS, Committed.merged(first.committed, second.committed), url
-    )
+    check_two_readers(kafka.direct, topic, PARTITIONS, committed, url)
     assert terminate(job) == 0
     one_line_an_outage(job, "PostgreSQL at")
 
