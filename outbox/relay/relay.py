@@ -73,16 +73,17 @@ class RelaySettings:
         ):
             if value <= 0:
                 raise OutboxError(f"{flag} must be positive, got {value:g}")
+        if self.on_poison not in (HALT, DEAD_LETTER):
+            raise OutboxError(f"--on-poison must be {HALT} or {DEAD_LETTER}, got {self.on_poison!r}")
 
     @property
     def silence(self) -> float:
         """How long the server lets the relay's session go unheard before it ends it, and frees the
         lock for a standby: longer than a healthy active relay ever goes without a query. Its
-        longest silences are a batch's Kafka calls, commit asked again included (2x the timeout),
-        and the start of a producer (its init asked again, then the position read: 3x more)."""
+        longest silences are a batch's Kafka calls (a commit asked again for 2x the Kafka timeout)
+        and a producer's start, between the lock and the mark (a topic list, init_transactions
+        asked again for 2x, the position read: up to 5x); and a standby's poll interval."""
         return self.database_timeout + 5 * self.kafka_timeout + self.poll_interval
-        if self.on_poison not in (HALT, DEAD_LETTER):
-            raise OutboxError(f"--on-poison must be {HALT} or {DEAD_LETTER}, got {self.on_poison!r}")
 
 
 def relay_name(name: str) -> str:

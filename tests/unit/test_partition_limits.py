@@ -65,3 +65,10 @@ def test_the_urls_own_libpq_settings_are_known_so_they_win() -> None:
     url = DatabaseUrl.parse("postgresql://u:p@h/d?keepalives_idle=99&sslmode=require")
     assert url.parameters == {"keepalives_idle", "sslmode"}
     assert DatabaseUrl.parse("postgresql://u@h/d").parameters == set()
+
+
+def test_an_unknown_poison_policy_is_one_line() -> None:
+    with pytest.raises(OutboxError, match=r"--on-poison must be halt or dead-letter, got 'skip'"):
+        RelaySettings(
+            url=DatabaseUrl.parse("postgresql://u@h/d"), bootstrap="h:9092", name="r", on_poison="skip"
+        )
