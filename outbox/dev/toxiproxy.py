@@ -146,7 +146,7 @@ class Link:
         connection's chain alive; link.go's "TODO: Check if cleanup happen would link.stubs
         recalculated?"), and the next toxic added panics the server (v2.5, and v2.12 still).
         """
-        self.proxy.request("DELETE", f"/proxies/{self.name}")
+        self.close()
         self.proxy.request(
             "POST", "/proxies", {"name": self.name, "listen": self.listen, "upstream": self.upstream}
         )
