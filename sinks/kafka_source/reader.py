@@ -9,6 +9,8 @@ record that will not come (SPARK-25005).
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from collections.abc import Iterator
 
@@ -31,6 +33,8 @@ ARROW_SCHEMA = pa.schema(
         ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
     ]
 )
+log = logging.getLogger("sinks.kafka_source")
+
 ROWS_PER_BATCH = 50_000
 CONSUME_BATCH = 10_000
 
@@ -41,23 +45,31 @@ def read_range(
     *,
     poll_timeout_s: float,
     fail_on_data_loss: bool,
+    patience_s: float | None = None,
 ) -> Iterator[pa.RecordBatch]:
+    """patience_s: how long a read may go without progress before it fails (None: for ever); past
+    `poll_timeout_s` without progress, a read that may wait longer says so once, and once more when
+    it moves again. A stream waits (a cluster below quorum has no leader to read from for a while);
+    a batch query fails at `poll_timeout_s`."""
     # Records gone from the broker (retention) stop the read, or are skipped: librdkafka
     # moves to the earliest offset left, and what lies before the range is dropped.
     reset = "error" if fail_on_data_loss else "earliest"
     consumer = Consumer(client_settings({**config, "auto.offset.reset": reset}, "consumer"))
     try:
         consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
-        yield from _drain(consumer, rng, poll_timeout_s)
+        yield from _drain(consumer, rng, poll_timeout_s, math.inf if patience_s is None else patience_s)
     finally:
         consumer.close()
 
 
-def _drain(consumer: Consumer, rng: Range, poll_timeout_s: float) -> Iterator[pa.RecordBatch]:
+def _drain(
+    consumer: Consumer, rng: Range, poll_timeout_s: float, patience_s: float
+) -> Iterator[pa.RecordBatch]:
     tp = TopicPartition(rng.topic, rng.partition)
     rows: list[Message] = []
     position = rng.start
-    deadline = time.monotonic() + poll_timeout_s
+    moved_at = time.monotonic()
+    said = False  # that the read waits
     while position < rng.end:
         messages = consumer.consume(CONSUME_BATCH, 0.2)
         before = position
@@ -84,13 +96,23 @@ def _drain(consumer: Consumer, rng: Range, poll_timeout_s: float) -> Iterator[pa
         if len(rows) >= ROWS_PER_BATCH:
             yield to_arrow(rows, rng)
             rows = []
+        now = time.monotonic()
         if position > before:
-            deadline = time.monotonic() + poll_timeout_s
-        elif time.monotonic() > deadline:
-            raise ServiceUnavailable(
-                f"{rng.topic}-{rng.partition}: no progress at offset {position} (reading up to"
-                f" {rng.end}) for {poll_timeout_s:.0f}s; is the broker reachable? (option pollTimeoutMs)"
+            if said:
+                log.warning("%s-%s: reading again after %.0fs", rng.topic, rng.partition, now - moved_at)
+                said = False
+            moved_at = now
+        elif now - moved_at > poll_timeout_s:
+            stalled = (
+                f"{rng.topic}-{rng.partition}: no progress at offset {position} (reading up to {rng.end})"
+                f" for {now - moved_at:.0f}s; is the broker reachable?"
             )
+            if now - moved_at > patience_s:
+                option = "pollTimeoutMs" if patience_s <= poll_timeout_s else "unavailableTimeoutMs"
+                raise ServiceUnavailable(f"{stalled} (option {option})")
+            if not said:
+                log.warning("%s; waiting for it (option unavailableTimeoutMs)", stalled)
+                said = True
     if rows:
         yield to_arrow(rows, rng)
 

@@ -108,12 +108,15 @@ def _input_partitions(
     return [InputPartition(r) for r in ranges.split(ranges.ranges(start, end), options.min_partitions)]
 
 
-def _read(options: SourceOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+def _read(options: SourceOptions, partition: InputPartition, *, waits: bool) -> Iterator[pa.RecordBatch]:
+    """waits: a stream's read waits out a Kafka without a leader to read from, as its driver does
+    (for `unavailableTimeoutMs`, or for ever); a batch query's fails after `pollTimeoutMs`."""
     yield from read_range(
         options.consumer_config(),
         partition.value,
         poll_timeout_s=options.poll_timeout_s,
         fail_on_data_loss=options.fail_on_data_loss,
+        patience_s=options.unavailable_timeout_s if waits else options.poll_timeout_s,
     )
 
 
@@ -133,7 +136,7 @@ class KafkaBatchReader(DataSourceReader):
         return _input_partitions(self.options, start, end)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return _read(self.options, partition)
+        return _read(self.options, partition, waits=False)
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -212,7 +215,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _input_partitions(self.options, begin, stop)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return _read(self.options, partition)
+        return _read(self.options, partition, waits=True)
 
     def commit(self, end: dict) -> None:
         """Nothing to do: the checkpoint (or the sink's ledger) holds the offsets."""
