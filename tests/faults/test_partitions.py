@@ -12,6 +12,8 @@ to the moment the process under test said it had resumed.
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,10 +22,21 @@ from pathlib import Path
 import pytest
 
 from core.config import DatabaseUrl
+from core.errors import ServiceUnavailable
 from outbox.dev.kafka import Broker, Cluster
 from outbox.dev.toxiproxy import Link, Stream, Toxiproxy
 from outbox.relay.pause import BEFORE_CLEANUP, BEFORE_COMMIT, MID_TRANSACTION
-from tests.helpers import Job, create_topic, measured, unique
+from sinks.kafka_source.ranges import Range
+from sinks.kafka_source.reader import read_range
+from tests.helpers import (
+    Job,
+    create_topic,
+    measured,
+    produce_transaction,
+    transactional_producer,
+    unique,
+    wait_for,
+)
 from tests.relay_support import (
     ACTIVE,
     Committed,
@@ -33,6 +46,7 @@ from tests.relay_support import (
     relay_job,
     terminate,
 )
+from tests.source_support import records
 
 PARTITIONS = 3
 STALL, BACK, STANDBY = "session ended, retrying", "resumed after retrying", "standing by"
@@ -263,3 +277,55 @@ def test_a_zombie_relay_is_fenced_when_its_links_heal(
     assert sorted(published(kafka.direct, topic, PARTITIONS)) == sorted(records)
     assert terminate(zombie) == 0
     assert terminate(standby) == 0
+
+
+# -- d: kafka_rc's readers ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream-waits", "batch-fails"])
+def test_a_kafka_rc_reader_cut_from_its_partitions_leader(
+    kafka: Proxied, stream: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A task reading a range whose leader it cannot reach: in a stream it says so once, waits
+    (as its driver does) and reads every committed record once the link heals; in a batch query
+    it fails at pollTimeoutMs with one line."""
+    topic = create_topic(kafka.direct, unique("d"), partitions=1)
+    producer = transactional_producer(kafka.direct)
+    produce_transaction(producer, topic, records(30, "c"))  # offsets 0-29, marker 30
+    produce_transaction(producer, topic, records(5, "a"), commit=False)  # 31-35, marker 36
+    produce_transaction(producer, topic, records(10, "c2"))  # 37-46, marker 47
+    config = {
+        "bootstrap.servers": kafka.proxied,
+        "group.id": unique("g"),
+        "isolation.level": "read_committed",
+    }
+    kafka.cut()
+    read = read_range(
+        config,
+        Range(topic, 0, 0, 48),
+        poll_timeout_s=2,
+        fail_on_data_loss=True,
+        patience_s=None if stream else 2,
+    )
+    if not stream:
+        with pytest.raises(
+            ServiceUnavailable, match=rf"{topic}-0: no progress at offset 0 .*\(option pollTimeoutMs\)"
+        ):
+            list(read)
+        return
+    got: list[int] = []
+    reader = threading.Thread(
+        target=lambda: got.extend(o for b in read for o in b.column("offset").to_pylist())
+    )
+    with caplog.at_level(logging.WARNING, logger="sinks.kafka_source"):
+        reader.start()
+        wait_for(lambda: "waiting for it" in caplog.text, 30, "the reader's line that it waits")
+        time.sleep(3)
+        assert reader.is_alive()
+        at = time.monotonic()
+        kafka.heal()
+        reader.join(60)
+        measured("heal to resume: a kafka_rc reader cut from its leader", time.monotonic() - at)
+    assert not reader.is_alive()
+    assert got == [*range(30), *range(37, 47)]
+    assert caplog.text.count("waiting for it") == caplog.text.count("reading again") == 1, caplog.text
