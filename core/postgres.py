@@ -39,18 +39,25 @@ def reason(exc: BaseException, url: DatabaseUrl) -> str:
     return url.scrub(first_line(exc))
 
 
+def probing(timeout: float) -> tuple[int, int, int, int]:
+    """TCP keepalive idle and interval seconds, probe count, and tcp_user_timeout (ms) under which a
+    kernel gives up on a silent peer in about `timeout` seconds (3 at least): one rule for both ends."""
+    seconds = max(3, math.ceil(timeout))
+    return max(1, seconds // 2), max(1, seconds // 6), 3, seconds * 1000
+
+
 def keepalive(timeout: float) -> dict[str, int]:
     """libpq settings under which the client's kernel gives up on a silent server in about
     `timeout` seconds: keepalive probes on an idle link, and a bound on unacknowledged sends
     (tcp_user_timeout, Linux). Through a proxy that holds both legs open, only
     `answered_within` helps; across a real partition these end the socket as well."""
-    seconds = max(3, math.ceil(timeout))
+    idle, interval, count, user_timeout = probing(timeout)
     return {
         "keepalives": 1,
-        "keepalives_idle": max(1, seconds // 2),
-        "keepalives_interval": max(1, seconds // 6),
-        "keepalives_count": 3,
-        "tcp_user_timeout": seconds * 1000,
+        "keepalives_idle": idle,
+        "keepalives_interval": interval,
+        "keepalives_count": count,
+        "tcp_user_timeout": user_timeout,
     }
 
 
@@ -58,15 +65,15 @@ def server_limits(timeout: float, silence: float) -> dict[str, str]:
     """Session settings with which the server ends what a lost client left behind: a statement
     running longer than `timeout`, and a session (and the locks it holds) silent for `silence`,
     in a transaction or not; its keepalives notice a client host that is gone in about `timeout`."""
-    seconds = max(3, math.ceil(timeout))
+    idle, interval, count, user_timeout = probing(timeout)
     return {
-        "statement_timeout": f"{seconds}s",
+        "statement_timeout": f"{user_timeout // 1000}s",
         "idle_in_transaction_session_timeout": f"{math.ceil(silence)}s",
         "idle_session_timeout": f"{math.ceil(silence)}s",
-        "tcp_keepalives_idle": str(max(1, seconds // 2)),
-        "tcp_keepalives_interval": str(max(1, seconds // 6)),
-        "tcp_keepalives_count": "3",
-        "tcp_user_timeout": str(seconds * 1000),
+        "tcp_keepalives_idle": str(idle),
+        "tcp_keepalives_interval": str(interval),
+        "tcp_keepalives_count": str(count),
+        "tcp_user_timeout": str(user_timeout),
     }
 
 
