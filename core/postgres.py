@@ -7,7 +7,10 @@ a secret from the URL.
 A long-lived session (the relay's) also needs to notice a partition: a
 query sent into a network that drops every byte waits for ever, since libpq
 has no read timeout. `answered_within` ends such a wait; `keepalive` has the
-kernel notice a peer that is gone, on both sides.
+kernel notice a peer that is gone, on both sides. A transaction whose
+statements may rightly run for minutes (a sink task's) is `watched` instead:
+it is dropped when the server, asked over a second connection, cannot be
+reached or is no longer working for it.
 """
 
 from __future__ import annotations
@@ -61,13 +64,15 @@ def keepalive(timeout: float) -> dict[str, int]:
     }
 
 
-def server_limits(timeout: float, silence: float) -> dict[str, str]:
+def server_limits(timeout: float, silence: float, *, bound_statements: bool = True) -> dict[str, str]:
     """Session settings with which the server ends what a lost client left behind: a statement
-    running longer than `timeout`, and a session (and the locks it holds) silent for `silence`,
-    in a transaction or not; its keepalives notice a client host that is gone in about `timeout`."""
+    running longer than `timeout` (unless not `bound_statements`), and a session (and the locks
+    it holds) silent for `silence`, in a transaction or not; its keepalives notice a client host
+    that is gone in about `timeout`."""
     idle, interval, count, user_timeout = probing(timeout)
+    statements = {"statement_timeout": f"{user_timeout // 1000}s"} if bound_statements else {}
     return {
-        "statement_timeout": f"{user_timeout // 1000}s",
+        **statements,
         "idle_in_transaction_session_timeout": f"{math.ceil(silence)}s",
         "idle_session_timeout": f"{math.ceil(silence)}s",
         "tcp_keepalives_idle": str(idle),
@@ -75,6 +80,21 @@ def server_limits(timeout: float, silence: float) -> dict[str, str]:
         "tcp_keepalives_count": str(count),
         "tcp_user_timeout": str(user_timeout),
     }
+
+
+def limit_session(conn: psycopg.Connection[Any], limits: dict[str, str]) -> None:
+    """Set `server_limits` for the rest of the session."""
+    conn.execute(
+        "SELECT set_config(name, setting, false) FROM unnest(%s::text[], %s::text[]) AS s(name, setting)",
+        [list(limits), list(limits.values())],
+    )
+
+
+def _shut(conn: psycopg.Connection[Any]) -> None:
+    """End the connection's socket from another thread: a wait on it ends at once with an error."""
+    # A duplicate of the socket, ours to close; shutting it down ends the connection's too.
+    with contextlib.suppress(OSError, psycopg.Error), socket.socket(fileno=os.dup(conn.fileno())) as sock:
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 @contextlib.contextmanager
@@ -92,9 +112,7 @@ def answered_within(
 
     def drop() -> None:
         dropped.set()
-        # A duplicate of the socket, ours to close; shutting it down ends the connection's too.
-        with contextlib.suppress(OSError, psycopg.Error), socket.socket(fileno=os.dup(conn.fileno())) as sock:
-            sock.shutdown(socket.SHUT_RDWR)
+        _shut(conn)
 
     timer = threading.Timer(timeout, drop)
     timer.daemon = True
@@ -110,6 +128,71 @@ def answered_within(
         raise
     finally:
         timer.cancel()
+
+
+def working_for(state: str | None, quiet: float, timeout: float) -> bool:
+    """Whether a session its client waits on is worth waiting for, from the server's view of it
+    (pg_stat_activity): it runs a statement (a lock wait included), or it went quiet less than
+    `timeout` seconds ago. Quiet longer, inside a transaction, its answer was lost on the way."""
+    return state == "active" or (state is not None and quiet < timeout)
+
+
+_SESSION_STATE = (
+    "SELECT state, extract(epoch FROM clock_timestamp() - state_change)::float8"
+    " FROM pg_stat_activity WHERE pid = %s"
+)
+
+
+@contextlib.contextmanager
+def watched(conn: psycopg.Connection[Any], url: DatabaseUrl, timeout: float) -> Iterator[None]:
+    """Drop `conn` if, while what runs inside waits on it, the server stops working for it.
+
+    Every `timeout` seconds a second connection asks the server about this
+    connection's session (`working_for`). A server that cannot be reached, or
+    whose session is gone or idle with our answer lost, gets the connection
+    dropped: the wait ends with ServiceUnavailable saying which. Unlike a
+    deadline, a statement that rightly runs for an hour is left to run.
+    """
+    pid, done, why = conn.info.backend_pid, threading.Event(), []
+
+    def state() -> tuple[str | None, float]:
+        side = psycopg.connect(
+            url.libpq, autocommit=True, connect_timeout=max(2, math.ceil(timeout)), **keepalive(timeout)
+        )
+        with side, answered_within(side, timeout, url, "a check of a session"):
+            row = side.execute(_SESSION_STATE, [pid]).fetchone()
+        return (row[0], row[1]) if row else (None, 0.0)
+
+    def watch() -> None:
+        while not done.wait(timeout):
+            try:
+                session, quiet = state()
+            except ServiceUnavailable:
+                cause = f"did not answer a check of session {pid} within {timeout:g}s"
+            except psycopg.Error as exc:
+                cause = f"cannot be asked about session {pid} ({reason(exc, url)})"
+            else:
+                if working_for(session, quiet, timeout):
+                    continue
+                cause = f"has session {pid} {session} for {quiet:.0f}s" if session else f"ended session {pid}"
+                cause += " while we wait on it"
+            if not done.is_set():
+                why.append(cause)
+                _shut(conn)
+            return
+
+    watcher = threading.Thread(target=watch, name=f"watch pid {pid}", daemon=True)
+    watcher.start()
+    try:
+        yield
+    except psycopg.Error:
+        if why:
+            raise ServiceUnavailable(
+                f"PostgreSQL at {url.safe} {why[0]}; the connection was dropped"
+            ) from None
+        raise
+    finally:
+        done.set()
 
 
 def connect(

@@ -12,6 +12,7 @@ import psycopg
 from psycopg import sql
 from pyspark.sql.types import StructType
 
+from outbox.jvm import kafka_tools
 from sinks.postgres import PostgresSink, parse_json
 from tests.helpers import produce_transaction, read_committed, transactional_producer
 from tests.source_support import stream
@@ -137,8 +138,48 @@ def check_exactly_once(
     assert pg.execute("SELECT count(*) FROM sink_dead_letters").fetchone() == (dead,)
 
 
+def check_with_console(pg: psycopg.Connection, bootstrap: str, topic: str, dead: int = 0) -> None:
+    """The table as Kafka's own console consumer (read_committed) says it must be: each committed
+    event's last record applied once, no aborted one, and each record that is no JSON a dead letter."""
+    wanted: dict[str, tuple] = {}
+    poison = 0
+    for record in sorted(
+        kafka_tools.console_consume(bootstrap, topic), key=lambda r: (r.partition, r.offset)
+    ):
+        try:
+            body = json.loads(record.value or "")
+        except json.JSONDecodeError:
+            poison += 1
+            continue
+        wanted[body["event_id"]] = (body["n"], Decimal(body["amount"]), body.get("version"))
+    assert table(pg) == wanted
+    assert poison == dead
+    assert pg.execute("SELECT count(*) FROM sink_dead_letters").fetchone() == (dead,)
+
+
 def waiting_on_a_lock(pg: psycopg.Connection) -> int:
     return pg.execute(
         "SELECT count(*) FROM pg_stat_activity"
         " WHERE wait_event_type = 'Lock' AND datname = current_database()"
     ).fetchone()[0]
+
+
+def produce_poison(bootstrap: str, topic: str) -> int:
+    """Records that become dead letters: applied twice, they would be there twice."""
+    poison = [(f"p{i}".encode(), b"{not json") for i in range(10)]
+    produce_transaction(transactional_producer(bootstrap), topic, poison)
+    return len(poison)
+
+
+def hold_partition_1(blocker: psycopg.Connection, topic: str) -> None:
+    blocker.execute(
+        "INSERT INTO sink_progress (sink, topic, kafka_partition, next_offset)"
+        " VALUES ('public.orders', %s, 1, 0)",
+        [topic],
+    )
+    blocker.commit()
+    blocker.execute("SELECT 1 FROM sink_progress WHERE kafka_partition = 1 FOR UPDATE")
+
+
+def partition_0_applied_1_waiting(pg: psycopg.Connection) -> bool:
+    return ledger(pg).get(0, 0) > 0 and waiting_on_a_lock(pg) == 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from outbox.dev.process import (
@@ -32,9 +33,22 @@ def spark_home() -> Path:
 
 
 class StandaloneCluster:
-    """`workers` workers of `cores` cores each, registered with one master."""
+    """`workers` workers of `cores` cores each, registered with one master.
 
-    def __init__(self, root: Path, *, workers: int = 2, cores: int = 1, memory: str = "1g") -> None:
+    worker_env: each worker's own environment variables, which its executors
+    and their Python workers inherit (libpq's PGPORT, say, for each worker to
+    reach PostgreSQL by a way of its own).
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        workers: int = 2,
+        cores: int = 1,
+        memory: str = "1g",
+        worker_env: Sequence[Mapping[str, str]] = (),
+    ) -> None:
         self.root = root.resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         java = find_java(needed_by="A Spark standalone cluster")
@@ -62,7 +76,8 @@ class StandaloneCluster:
                 work = self.root / name
                 work.mkdir(exist_ok=True)
                 args = ["--cores", str(cores), "--memory", memory, "--work-dir", str(work), self.url]
-                worker = self._start(name, "org.apache.spark.deploy.worker.Worker", *args)
+                own = worker_env[n] if n < len(worker_env) else {}
+                worker = self._start(name, "org.apache.spark.deploy.worker.Worker", *args, env=own)
                 wait_until(
                     lambda name=name: "Successfully registered with master" in self._log(name).read_text(),
                     worker,
@@ -77,11 +92,17 @@ class StandaloneCluster:
     def _log(self, name: str) -> Path:
         return self.root / f"{name}.log"
 
-    def _start(self, name: str, main: str, *args: str):  # type: ignore[no-untyped-def]
+    def _start(self, name: str, main: str, *args: str, env: Mapping[str, str] | None = None):  # type: ignore[no-untyped-def]
         argv = [str(spark_home() / "bin" / "spark-class"), main, "--host", "127.0.0.1", "--webui-port", "0"]
-        proc = spawn([*argv, *args], self._log(name), die_with_parent=signal.SIGKILL, env=self.env)
+        proc = spawn(
+            [*argv, *args], self._log(name), die_with_parent=signal.SIGKILL, env={**self.env, **(env or {})}
+        )
         self.pids.append(proc.pid)
         return proc
+
+    def worker_of(self, pid: int) -> int:
+        """The number of the worker that runs process `pid` (an executor, or one of its Python workers)."""
+        return next(n for n, worker in enumerate(self.pids[1:]) if pid in descendants(worker))
 
     def executors(self) -> list[int]:
         """Pids of the executor JVMs the workers run now."""

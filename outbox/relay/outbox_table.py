@@ -27,7 +27,7 @@ from psycopg import sql
 from core import tables
 from core.config import DatabaseUrl
 from core.errors import ConfigError, ServiceUnavailable, Standby
-from core.postgres import answered_within, connect, keepalive, server_limits
+from core.postgres import answered_within, connect, keepalive, limit_session, server_limits
 from core.sqltext import bindable
 from outbox.relay.position import Position, Shard, Target
 from outbox.relay.resume import Mark
@@ -201,11 +201,7 @@ class OutboxTable:
     @round_trip("the session's first queries")
     def _start_session(self) -> None:
         conn = self.conn
-        limits = server_limits(self.timeout, self.silence)
-        conn.execute(
-            "SELECT set_config(name, setting, false) FROM unnest(%s::text[], %s::text[]) AS s(name, setting)",
-            [list(limits), list(limits.values())],
-        )
+        limit_session(conn, server_limits(self.timeout, self.silence))
         tables.require(conn, self.url, self.schema, USED)
         row = conn.execute(
             "SELECT pg_is_in_recovery(), system_identifier::text FROM pg_control_system()"

@@ -56,6 +56,11 @@ class PostgresSink:
     ledger's offsets are of (topics.py). `kafka`: librdkafka settings to add
     for that, where Spark's own source is configured for the Java client
     (credentials, for one).
+
+    `database_timeout` (seconds) is how soon a task notices that PostgreSQL
+    stopped answering it (a partition, a failover): it starts over, and after
+    4x that fails for Spark to retry it. The server ends a task's session
+    that went quiet for 2x that, and with it the locks a lost task held.
     """
 
     def __init__(
@@ -74,6 +79,7 @@ class PostgresSink:
         ledger_schema: str | None = None,
         apply_in: ApplyIn = "auto",
         kafka: Mapping[str, str] | None = None,
+        database_timeout: float = 30.0,
     ) -> None:
         self.spec = SinkSpec(
             url=database_url(url),
@@ -87,6 +93,7 @@ class PostgresSink:
             ledger_schema=ledger_schema or schema_name(),
             name=name or "",
             apply_in=apply_in,
+            database_timeout=database_timeout,
         )
         self.delete = delete
         self.kafka = dict(kafka or {})

@@ -43,6 +43,19 @@ class SinkSpec:
     ledger_schema: str = "public"
     name: str = ""
     apply_in: ApplyIn = "auto"
+    database_timeout: float = 30.0  # seconds; see `silence` and `retry_for`
+
+    @property
+    def silence(self) -> float:
+        """Seconds after which the server ends a task's session that went quiet (its client lost):
+        a healthy task sends its statements back to back, its rows already in memory."""
+        return 2 * self.database_timeout
+
+    @property
+    def retry_for(self) -> float:
+        """Seconds a task keeps starting over on lost connections and deadlocks before it fails,
+        for Spark to run it again (on another executor, with spark.excludeOnFailure.enabled)."""
+        return 4 * self.database_timeout
 
     def __post_init__(self) -> None:
         if not self.table:
@@ -57,6 +70,10 @@ class SinkSpec:
             raise ConfigError(f"on_error must be 'dead_letter' or 'fail', not {self.on_error!r}")
         if self.apply_in not in ("auto", "tasks", "driver"):
             raise ConfigError(f"apply_in must be 'auto', 'tasks' or 'driver', not {self.apply_in!r}")
+        if not self.database_timeout > 0:
+            raise ConfigError(
+                f"database_timeout must be a positive number of seconds, got {self.database_timeout}"
+            )
         if self.version is not None and self.version in self.key:
             raise ConfigError(f"the version column {self.version!r} cannot also be a key column")
         if self.version is not None and self.mode == "insert":

@@ -7,10 +7,16 @@ or orphaned attempt of the same rows waits at that lock, then finds them
 applied and skips them. A lost connection, a PostgreSQL restart or a deadlock
 with a task writing the same keys starts the transaction over: the ledger
 makes a repeat harmless, even after a commit whose answer was lost.
+
+A partition is noticed too: the transaction is `watched`, so a task whose
+server stopped answering drops its connection and starts over; the server
+ends the lost session, and its locks, once it has been quiet for the sink's
+`silence`, so the attempt that follows is not held up by it.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -20,10 +26,14 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 
+from core.errors import ServiceUnavailable
+from core.postgres import connect, first_line, keepalive, limit_session, server_limits, watched
 from sinks.postgres.apply import Counts, apply_rows
 from sinks.postgres.refusal import SinkError
 from sinks.postgres.stage import StageJob, attempt_id, copy_batch
 from sinks.postgres.statements import ATTEMPT_SETTING, Statements
+
+log = logging.getLogger("sinks.postgres.task")
 
 COUNTS = ("staged", "fresh", "upserted", "deleted", "dead", "retries")
 TIMES = ("copy_seconds", "apply_seconds")
@@ -38,8 +48,7 @@ class TaskJob:
     """What a task needs, pickled to the executors."""
 
     stage: StageJob  # its COPY statements write the task's temp table
-    statements: Statements  # built with in_task=True
-    retry_for: float = 120.0  # seconds to keep starting over on lost connections and deadlocks
+    statements: Statements  # built with in_task=True; its spec has the timeouts
 
 
 @dataclass(frozen=True)
@@ -58,7 +67,8 @@ def applier(job: TaskJob) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.Re
         rows = [b for b in batches if b.num_rows]  # kept: a transaction that starts over copies them again
         outcome = NOTHING
         if rows:
-            outcome = with_retries(lambda: apply_task(job, rows, attempt_id(job.stage.token)), job.retry_for)
+            attempt = attempt_id(job.stage.token)
+            outcome = with_retries(lambda: apply_task(job, rows, attempt), job.statements.spec.retry_for)
         values = [*outcome.counts, outcome.retries, *outcome.seconds, outcome.refused]
         columns = {f: [v] for f, v in zip(_SCHEMA.names, values, strict=True)}
         yield pa.RecordBatch.from_pydict(columns, _SCHEMA)
@@ -76,12 +86,18 @@ def apply_task(job: TaskJob, rows: list[pa.RecordBatch], attempt: int) -> Outcom
         "topics": topics,
         "partitions": partitions,
     }
+    spec = st.spec
     start = time.perf_counter()
     # Named in pg_stat_activity, with the process, for whoever looks at who holds a lock.
     name = f"outbox-sink task, pid {os.getpid()}"
-    with psycopg.connect(job.stage.libpq, autocommit=True, connect_timeout=10, application_name=name) as conn:
+    settings = keepalive(spec.database_timeout)
+    with connect(
+        spec.url, autocommit=True, application_name=name, timeout=spec.database_timeout, settings=settings
+    ) as conn:
         try:
-            with conn.transaction():
+            # Statements may rightly run long (a lock wait, a big apply): the watch, not a deadline.
+            limit_session(conn, server_limits(spec.database_timeout, spec.silence, bound_statements=False))
+            with watched(conn, spec.url, spec.database_timeout), conn.transaction():
                 conn.execute("SELECT set_config(%s, %s, true)", [ATTEMPT_SETTING, str(attempt)])
                 conn.execute(st.create_stage())
                 for batch in rows:
@@ -105,15 +121,33 @@ def with_retries(attempt: Callable[[], Outcome], budget: float) -> Outcome:
     """Run `attempt` again on errors that are about the moment, not the rows, for up to `budget` seconds.
 
     psycopg's OperationalError covers them: connection lost or refused, the
-    server shutting down, deadlocks and serialization failures.
+    server shutting down, deadlocks and serialization failures; and
+    ServiceUnavailable, a server that cannot be reached or stopped answering.
+    The first is said in one line, and the end of the trouble in another.
     """
-    deadline = time.monotonic() + budget
+    began = time.monotonic()
     pause, retries = 0.1, 0
     while True:
         try:
-            return replace(attempt(), retries=retries)
-        except psycopg.OperationalError:
-            if time.monotonic() + pause > deadline:
+            outcome = replace(attempt(), retries=retries)
+        except (psycopg.OperationalError, ServiceUnavailable) as exc:
+            if time.monotonic() + pause > began + budget:
                 raise
+            if not retries:
+                log.warning(
+                    "sink task (pid %d): %s; starting over for up to %.0fs",
+                    os.getpid(),
+                    first_line(exc).rstrip("."),
+                    budget,
+                )
+        else:
+            if retries:
+                log.warning(
+                    "sink task (pid %d): applied after %d retries, %.1fs",
+                    os.getpid(),
+                    retries,
+                    time.monotonic() - began,
+                )
+            return outcome
         time.sleep(pause)
         pause, retries = min(pause * 2, 5.0), retries + 1

@@ -13,24 +13,30 @@ to the moment the process under test said it had resumed.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from core.config import DatabaseUrl
 from core.errors import ServiceUnavailable
+from outbox import migrate
 from outbox.dev.kafka import Broker, Cluster
+from outbox.dev.spark import StandaloneCluster
 from outbox.dev.toxiproxy import Link, Stream, Toxiproxy
 from outbox.relay.pause import BEFORE_CLEANUP, BEFORE_COMMIT, MID_TRANSACTION
 from sinks.kafka_source.ranges import Range
 from sinks.kafka_source.reader import read_range
+from sinks.ledger import positions
 from tests.helpers import (
     Job,
     create_topic,
+    fresh_database,
     measured,
     produce_transaction,
     transactional_producer,
@@ -45,6 +51,17 @@ from tests.relay_support import (
     published,
     relay_job,
     terminate,
+)
+from tests.sink_support import (
+    ORDERS,
+    check_exactly_once,
+    check_with_console,
+    hold_partition_1,
+    ledger,
+    log_ends,
+    partition_0_applied_1_waiting,
+    produce_orders,
+    produce_poison,
 )
 from tests.source_support import records
 
@@ -339,3 +356,190 @@ def read_while_cut(
     assert got == [*range(30), *range(37, 47)]
     # One line a stall, and one when it ends (a second stall after the heal is said the same way).
     assert caplog.text.count("waiting for it") == caplog.text.count("reading again") >= 1, caplog.text
+
+
+# -- d: the sink's executors <-> PostgreSQL ------------------------------------------------------------
+
+SINK_TIMEOUT = 3  # the sink's database_timeout: a task drops a silent server after 3-6 s
+
+
+@pytest.fixture(scope="module")
+def spark_behind_links(
+    toxiproxy: Toxiproxy, server_url: DatabaseUrl, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[StandaloneCluster, tuple[Link, ...]]]:
+    """Two one-core workers, each reaching PostgreSQL through a link of its own: the job's URL names
+    no port, so libpq takes PGPORT from each process's environment (the driver's goes direct)."""
+    upstream = f"127.0.0.1:{server_url_port(server_url)}"
+    links = tuple(toxiproxy.link(f"postgres-worker-{n}", upstream) for n in range(2))
+    env = [{"PGPORT": str(link.port)} for link in links]
+    cluster = StandaloneCluster(tmp_path_factory.mktemp("spark-behind-links"), workers=2, worker_env=env)
+    yield cluster, links
+    cluster.stop()
+    for link in links:
+        link.close()
+
+
+def sink_job(
+    bootstrap: str, topic: str, url: DatabaseUrl, tmp: Path, run: str, cluster: StandaloneCluster
+) -> Job:
+    """The sink applying in the tasks on `cluster`, through a URL without a port."""
+    port = server_url_port(url)
+    portless = url.raw.replace(f":{port}/", "/", 1)
+    argv = [
+        "tests/jobs/sink_tasks_job.py",
+        bootstrap,
+        topic,
+        portless,
+        str(tmp / "checkpoint"),
+        str(tmp / run),
+    ]
+    env = {"SPARK_MASTER": cluster.url, "PGPORT": str(port), "DATABASE_TIMEOUT": str(SINK_TIMEOUT)}
+    return Job([*argv, "400", "plain", "available-now"], tmp / f"{run}.log", env)
+
+
+def portless(url: DatabaseUrl) -> DatabaseUrl:
+    return DatabaseUrl.parse(url.raw.replace(f":{server_url_port(url)}/", "/", 1))
+
+
+def task_waiting_on_partition_1(pg: psycopg.Connection, cluster: StandaloneCluster) -> int:
+    """The worker whose task waits on partition 1's ledger row, once partition 0 has committed."""
+    wait_for(lambda: partition_0_applied_1_waiting(pg), 240, "partition 0 committed, 1 waiting")
+    name = pg.execute("SELECT application_name FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+    task = re.fullmatch(r"outbox-sink task, pid (\d+)", name.fetchone()[0])  # type: ignore[index]
+    assert task is not None
+    return cluster.worker_of(int(task[1]))
+
+
+def executor_lines(cluster: StandaloneCluster, app_id: str, text: str) -> list[str]:
+    """The lines holding `text` that the executors of application `app_id` wrote to stderr."""
+    logs = cluster.root.glob(f"worker-*/{app_id}/*/stderr")
+    return [line for log in logs for line in log.read_text(errors="replace").splitlines() if text in line]
+
+
+def test_an_executor_cut_from_postgres_mid_apply_has_its_task_retried_on_another(  # type: ignore[no-untyped-def]
+    spark_behind_links, outbox_db, pg, bootstrap, topic, tmp_path
+) -> None:
+    """Partition 1's task holds its ledger row when its executor's link is cut and the answers stop.
+    The task drops the silent connection, starts over, gives up after its budget; Spark runs it on
+    the other executor, which waits until the server has ended the lost session (and its locks),
+    then applies. The cut worker's link heals only after the batch: nothing is applied twice."""
+    cluster, links = spark_behind_links
+    pg.execute(ORDERS)
+    dead = produce_poison(bootstrap, topic)
+    expected = produce_orders(bootstrap, topic, 1500)
+    with psycopg.connect(outbox_db.libpq) as blocker:
+        hold_partition_1(blocker, topic)
+        job = sink_job(bootstrap, topic, outbox_db, tmp_path, "cut-executor", cluster)
+        try:
+            cut = links[task_waiting_on_partition_1(pg, cluster)]
+            cut.cut()
+            blocker.rollback()  # the task's session takes the row; its answer is lost on the way
+            assert job.wait(300) == 0, job.output()
+        finally:
+            job.kill9()
+            cut.heal()
+    check_exactly_once(pg, bootstrap, topic, expected, dead=dead)
+    check_with_console(pg, bootstrap, topic, dead=dead)
+    app_id = re.search(r"^application (app-[\w-]+)$", job.output(), re.M)
+    assert app_id is not None, job.output()
+    lost = executor_lines(cluster, app_id[1], "starting over for up to")
+    # One line a task attempt that lost its server (each batch's task on the cut worker), not one a retry.
+    assert lost and all(f"PostgreSQL at {portless(outbox_db).safe}" in line for line in lost), lost
+    pids = [re.match(r"sink task \(pid (\d+)\)", line) for line in lost]
+    assert len({p[1] for p in pids if p}) == len(lost), lost
+
+
+def test_every_executor_cut_from_postgres_mid_apply_resumes_after_the_heal(  # type: ignore[no-untyped-def]
+    spark_behind_links, outbox_db, pg, bootstrap, topic, tmp_path
+) -> None:
+    """Both executors cut while a task holds its ledger row: the task starts over until the links
+    heal, within its budget, and the batch completes; the time from the heal to the ledger at the
+    log's end is printed."""
+    cluster, links = spark_behind_links
+    pg.execute(ORDERS)
+    dead = produce_poison(bootstrap, topic)
+    expected = produce_orders(bootstrap, topic, 1500)
+    ends = log_ends(bootstrap, topic)
+    with psycopg.connect(outbox_db.libpq) as blocker:
+        hold_partition_1(blocker, topic)
+        job = sink_job(bootstrap, topic, outbox_db, tmp_path, "cut-all", cluster)
+        try:
+            task_waiting_on_partition_1(pg, cluster)
+            for link in links:
+                link.cut()
+            blocker.rollback()
+            time.sleep(2 * SINK_TIMEOUT + 2)  # the task has dropped its connection, and starts over
+            for link in links:
+                link.heal()
+            at = time.monotonic()
+            wait_for(lambda: ledger(pg) == ends, 120, "every partition applied after the heal")
+            measured("heal to resume: a sink task cut from PostgreSQL", time.monotonic() - at)
+            assert job.wait(120) == 0, job.output()
+        finally:
+            job.kill9()
+            for link in links:
+                link.heal()
+    check_exactly_once(pg, bootstrap, topic, expected, dead=dead)
+    check_with_console(pg, bootstrap, topic, dead=dead)
+
+
+# -- d: the sink's driver <-> Kafka ------------------------------------------------------------------
+
+LOOP_TABLE = "loop_events"
+
+
+def test_the_sink_job_cut_from_kafka_mid_batch_resumes_after_the_heal(  # type: ignore[no-untyped-def]
+    kafka: Proxied, db: Proxied, server_url: DatabaseUrl, tmp_path: Path
+) -> None:
+    """The loop: writers -> outbox -> relay -> Kafka -> the sink job -> its table and outbox. The sink's
+    driver and its tasks reach Kafka through the link, cut while it applies the events being written,
+    and held past its poll timeout; the relay goes direct. After the heal every committed event is in
+    the table once, the relay's topic passes both readers, and the job said each stall once."""
+    url = DatabaseUrl.parse(db.direct)
+    topic = create_topic(kafka.direct, unique("loop"), partitions=PARTITIONS)
+    env = {"DATABASE_URL": db.direct, "KAFKA_BOOTSTRAP_SERVERS": kafka.direct}
+    relay, _ = relay_job(tmp_path, env, unique("relay"), *FAST)
+    with fresh_database(server_url) as sink_url, psycopg.connect(sink_url.libpq, autocommit=True) as conn:
+        migrate.upgrade(sink_url, "public")
+        conn.execute(f"CREATE TABLE {LOOP_TABLE} (event_id uuid PRIMARY KEY, n int, topic text NOT NULL)")
+        argv = [
+            kafka.proxied,
+            topic,
+            sink_url.raw,
+            LOOP_TABLE,
+            "loop-out",
+            str(tmp_path / "cp"),
+            str(tmp_path),
+        ]
+        job = Job(["tests/jobs/loop_sink_job.py", *argv], tmp_path / "sink.log", {"POLL_TIMEOUT_MS": "3000"})
+        try:
+            job.wait_for_output("started", 180)
+            first = Writers(url, topic).start(transactions=20)
+            first.join()
+            second = Writers(url, topic).start(transactions=60, max_delay=0.1)
+
+            def rows() -> int:
+                return int(conn.execute(f"SELECT count(*) FROM {LOOP_TABLE}").fetchone()[0])  # type: ignore[index]
+
+            wait_for(lambda: rows() > first.committed.count, 120, "the sink applying the second round")
+            kafka.cut()
+            second.join()
+            time.sleep(8)  # past the job's poll timeout (3 s) and its calls' (3 s)
+            committed = Committed.merged(first.committed, second.committed)
+            kafka.heal()
+            at = time.monotonic()
+            wait_for(lambda: rows() == committed.count, 120, "every committed event in the sink's table")
+            measured("heal to resume: the sink job (driver and tasks) cut from Kafka", time.monotonic() - at)
+            ours = check_two_readers(kafka.direct, topic, PARTITIONS, committed, url)
+            ends = {(topic, p): o + 1 for p, o, _, _ in sorted(ours)}
+            assert positions(conn, "public", f"public.{LOOP_TABLE}") == ends
+            applied = [r[0] for r in conn.execute(f"SELECT event_id::text FROM {LOOP_TABLE}")]
+            assert sorted(applied) == sorted(e for ids in committed.by_key.values() for e in ids)
+            # One outbox event per row the sink wrote: no event was applied twice.
+            assert conn.execute("SELECT count(*) FROM outbox_events").fetchone() == (len(applied),)
+            assert job.process.poll() is None, job.output()
+        finally:
+            job.kill9()
+            assert terminate(relay) == 0
+    said = job.output()
+    assert said.count("waiting for it") == said.count("reading again after"), said[-4000:]

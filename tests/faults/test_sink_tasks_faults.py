@@ -21,17 +21,17 @@ from outbox.dev.spark import StandaloneCluster
 from tests.helpers import (
     Job,
     OwnPostgres,
-    produce_transaction,
-    transactional_producer,
     wait_for,
 )
 from tests.sink_support import (
     check_exactly_once,
+    hold_partition_1,
     ledger,
     log_ends,
+    partition_0_applied_1_waiting,
     produce_orders,
+    produce_poison,
     table,
-    waiting_on_a_lock,
 )
 
 JOB = "tests/jobs/sink_tasks_job.py"
@@ -82,27 +82,6 @@ def blocker(db: DatabaseUrl) -> Iterator[psycopg.Connection]:
     """A session that can hold partition 1's ledger row, so that partition's task waits mid-batch."""
     with psycopg.connect(db.libpq) as conn:
         yield conn
-
-
-def produce_poison(bootstrap: str, topic: str) -> int:
-    """Records that become dead letters: applied twice, they would be there twice."""
-    poison = [(f"p{i}".encode(), b"{not json") for i in range(10)]
-    produce_transaction(transactional_producer(bootstrap), topic, poison)
-    return len(poison)
-
-
-def hold_partition_1(blocker: psycopg.Connection, topic: str) -> None:
-    blocker.execute(
-        "INSERT INTO sink_progress (sink, topic, kafka_partition, next_offset)"
-        " VALUES ('public.orders', %s, 1, 0)",
-        [topic],
-    )
-    blocker.commit()
-    blocker.execute("SELECT 1 FROM sink_progress WHERE kafka_partition = 1 FOR UPDATE")
-
-
-def partition_0_applied_1_waiting(pg: psycopg.Connection) -> bool:
-    return ledger(pg).get(0, 0) > 0 and waiting_on_a_lock(pg) == 1
 
 
 def test_driver_killed_after_some_tasks_committed_then_restarted(  # type: ignore[no-untyped-def]

@@ -4,9 +4,10 @@ Usage: loop_sink_job.py BOOTSTRAP PATTERN DATABASE_URL TABLE OUTBOX_TOPIC CHECKP
 Reads the relay's output topics with kafka_rc (read_committed), keyed on the
 event id in each payload, into TABLE; every row it writes also writes an outbox
 event to OUTBOX_TOPIC, so an event applied twice would show twice.
-Prints "started" once the query runs.
+Prints "started" once the query runs. POLL_TIMEOUT_MS: kafka_rc's pollTimeoutMs.
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ raw = (
     spark.readStream.format("kafka_rc")
     .option("kafka.bootstrap.servers", bootstrap)
     .option("subscribePattern", pattern)
+    .option("pollTimeoutMs", os.environ.get("POLL_TIMEOUT_MS", "120000"))
     .load()
 )
 events = parse_json(raw, "event_id string, n int", key_column="event_id")

@@ -6,8 +6,10 @@ MODE fail-after-commit: every task fails once after its transaction committed (t
 first attempt), and Spark runs it again (master local[2,2]: two attempts per task).
 MODE pause-after-commit: batch 0's task of partition 1, once committed, writes its pid to
 WORKDIR/paused and sleeps, for the test to kill -9 its executor.
-Prints "applied N: fresh F of S rows, R retries" after each batch.
-SPARK_MASTER: a standalone cluster's URL to run on instead of local[2,2].
+Prints "application ID" first, and "applied N: fresh F of S rows, R retries" after each batch.
+SPARK_MASTER: a standalone cluster's URL to run on instead of local[2,2]; a task that fails there
+is retried on another executor (spark.excludeOnFailure.enabled).
+DATABASE_TIMEOUT: the sink's database_timeout, in seconds.
 """
 
 import os
@@ -27,11 +29,18 @@ from tests.sink_support import orders_stream
 bootstrap, topic, url, checkpoint, work, max_offsets, mode = sys.argv[1:8]
 available_now = sys.argv[8:] == ["available-now"]
 master = os.environ.get("SPARK_MASTER", "local[2,2]")
-cluster = {"spark.executor.memory": "768m", "spark.cores.max": "2"} if master.startswith("spark:") else {}
+cluster = (
+    {"spark.executor.memory": "768m", "spark.cores.max": "2", "spark.excludeOnFailure.enabled": "true"}
+    if master.startswith("spark:")
+    else {}
+)
 spark = local_session(Path(work), app_name="sink-tasks-job", master=master, conf=cluster)
 register(spark)
+print(f"application {spark.sparkContext.applicationId}", flush=True)
 events = orders_stream(spark, bootstrap, topic, max_offsets)
-sink = PostgresSink("orders", url=url, outbox=Outbox(topic="out", key="written.event_id::text"))
+timeout = float(os.environ.get("DATABASE_TIMEOUT", "30"))
+outbox = Outbox(topic="out", key="written.event_id::text")
+sink = PostgresSink("orders", url=url, outbox=outbox, database_timeout=timeout)
 writer = sink.writer(events)
 assert writer.route.tasks, writer.route
 

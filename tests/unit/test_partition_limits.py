@@ -1,4 +1,4 @@
-"""The limits that let a partition be noticed: derived from the relay's two timeouts, for any values."""
+"""The limits that let a partition be noticed, derived from the relay's and the sink's timeouts."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from hypothesis import strategies as st
 
 from core.config import DatabaseUrl
 from core.errors import OutboxError
-from core.postgres import keepalive, server_limits
+from core.postgres import keepalive, server_limits, working_for
 from outbox.relay.relay import RelaySettings
+from sinks.postgres.spec import SinkSpec
 
 seconds = st.floats(min_value=0.001, max_value=86_400, allow_nan=False)
 
@@ -31,6 +32,28 @@ def test_the_server_ends_a_silent_session_no_sooner_than_asked(timeout: float, s
         assert limits[name].endswith("s") and int(limits[name][:-1]) >= silence
     assert int(limits["statement_timeout"][:-1]) >= min(timeout, 3)
     assert all(isinstance(value, str) and value for value in limits.values())
+
+
+@given(st.sampled_from(["idle", "idle in transaction", "idle in transaction (aborted)"]), seconds, seconds)
+def test_a_watched_session_is_waited_on_while_active_or_lately_quiet(
+    state: str, quiet: float, timeout: float
+) -> None:
+    assert working_for("active", quiet, timeout)
+    assert not working_for(None, quiet, timeout)  # the server ended it
+    assert working_for(state, quiet, timeout) == (quiet < timeout)
+
+
+@given(seconds)
+def test_a_sink_derives_its_silence_and_retries_from_its_timeout(timeout: float) -> None:
+    spec = SinkSpec(url=DatabaseUrl.parse("postgresql://u@h/d"), table="t", database_timeout=timeout)
+    # The server ends a lost task's session after its healthy gaps and before the task gives up.
+    assert timeout < spec.silence < spec.retry_for
+
+
+@pytest.mark.parametrize("value", [0, -1, float("nan")])
+def test_a_sinks_timeout_that_is_not_positive_is_one_line(value: float) -> None:
+    with pytest.raises(OutboxError, match=r"database_timeout must be a positive number of seconds"):
+        SinkSpec(url=DatabaseUrl.parse("postgresql://u@h/d"), table="t", database_timeout=value)
 
 
 @given(seconds, seconds, st.floats(min_value=0.01, max_value=3600))
