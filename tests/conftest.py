@@ -41,11 +41,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """The times the fault tests measured (heal to resume), one line each."""
+    """The figures the fault tests measured (heal to resume, a soak's), one line each."""
     if MEASURED:
         terminalreporter.section("measured")
-        for what, seconds in MEASURED:
-            terminalreporter.write_line(f"{seconds:7.1f} s  {what}")
+        for line in MEASURED:
+            terminalreporter.write_line(line)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -50,12 +50,16 @@ def fresh_database(server_url: DatabaseUrl) -> Iterator[DatabaseUrl]:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
-# Times a test measured (heal to resume, ...), printed at the end of the run (conftest).
-MEASURED: list[tuple[str, float]] = []
+# Figures a test measured (heal to resume, a soak's tail...), printed at the end of the run (conftest).
+MEASURED: list[str] = []
 
 
 def measured(what: str, seconds: float) -> None:
-    MEASURED.append((what, seconds))
+    reported(what, f"{seconds:7.1f} s")
+
+
+def reported(what: str, figures: str) -> None:
+    MEASURED.append(f"{figures}  {what}")
 
 
 def unique(prefix: str) -> str:

@@ -120,10 +120,17 @@ class Link:
     def port(self) -> int:
         return int(self.listen.rsplit(":", 1)[1])
 
-    def add(self, toxic: str, stream: Stream = "both", **attributes: int) -> None:
+    def add(self, toxic: str, stream: Stream = "both", *, toxicity: float = 1.0, **attributes: int) -> None:
+        """Add `toxic` with its attributes; each connection gets it with probability `toxicity`."""
         for direction in ("upstream", "downstream") if stream == "both" else (stream,):
             name = f"{toxic}_{direction}"
-            body = {"name": name, "type": toxic, "stream": direction, "attributes": attributes}
+            body = {
+                "name": name,
+                "type": toxic,
+                "stream": direction,
+                "toxicity": toxicity,
+                "attributes": attributes,
+            }
             self.proxy.request("POST", f"/proxies/{self.name}/toxics", body)
 
     def cut(self, stream: Stream = "both") -> None:

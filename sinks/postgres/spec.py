@@ -54,7 +54,7 @@ class SinkSpec:
     @property
     def retry_for(self) -> float:
         """Seconds a task keeps starting over on lost connections and deadlocks before it fails,
-        for Spark to run it again (on another executor, with spark.excludeOnFailure.enabled)."""
+        for Spark to run it again (on another executor, with spark.excludeOnFailure.taskAndStage.enabled)."""
         return 4 * self.database_timeout
 
     def __post_init__(self) -> None:

@@ -39,6 +39,7 @@ from tests.helpers import (
     fresh_database,
     measured,
     produce_transaction,
+    reported,
     transactional_producer,
     unique,
     wait_for,
@@ -543,3 +544,96 @@ def test_the_sink_job_cut_from_kafka_mid_batch_resumes_after_the_heal(  # type: 
             assert terminate(relay) == 0
     said = job.output()
     assert said.count("waiting for it") == said.count("reading again after"), said[-4000:]
+
+
+# -- e: a soak on a bad link ---------------------------------------------------------------------------
+
+SOAK_FLAGS = (
+    "--kafka-timeout",
+    "5",
+    "--database-timeout",
+    "5",
+    "-X",
+    "request.timeout.ms=5000",
+    "--no-cleanup",
+)
+
+
+@dataclass(frozen=True)
+class Soak:
+    events: int
+    seconds: float  # from the first event's transaction to the last event applied by the sink
+    latencies: list[float]  # per event: its transaction's start to its row in the sink's table
+
+    def line(self) -> str:
+        ordered = sorted(self.latencies)
+        p50, p99 = (ordered[min(len(ordered) - 1, int(q * len(ordered)))] for q in (0.5, 0.99))
+        return (
+            f"{self.events} events, {self.events / self.seconds:.0f}/s; commit to applied"
+            f" p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, max {ordered[-1] * 1000:.0f} ms"
+        )
+
+
+def soak(kafka: Proxied, db: Proxied, server_url: DatabaseUrl, tmp: Path, label: str) -> Soak:
+    """The loop under load through the links as they are: writers commit outbox events at a steady
+    pace; the relay (through the links) publishes them; the sink job (through the links) applies
+    them to a table of its own database, writing one outbox event a row. Checked record by record."""
+    url = DatabaseUrl.parse(db.direct)
+    topic = create_topic(kafka.direct, unique(f"soak-{label}"), partitions=PARTITIONS)
+    env = {"DATABASE_URL": db.proxied, "KAFKA_BOOTSTRAP_SERVERS": kafka.proxied}
+    relay, _ = relay_job(tmp, env, unique("relay"), *SOAK_FLAGS, label=f"relay-{label}")
+    work = tmp / label
+    with fresh_database(server_url) as sink_url, psycopg.connect(sink_url.libpq, autocommit=True) as conn:
+        migrate.upgrade(sink_url, "public")
+        conn.execute(
+            f"CREATE TABLE {LOOP_TABLE} (event_id uuid PRIMARY KEY, n int, topic text NOT NULL,"
+            " applied_at timestamptz DEFAULT clock_timestamp())"
+        )
+        through = sink_url.raw.replace(f":{server_url_port(sink_url)}/", f":{db.links[0].port}/", 1)
+        argv = [kafka.proxied, topic, through, LOOP_TABLE, "loop-out", str(work / "cp"), str(work)]
+        job = Job(["tests/jobs/loop_sink_job.py", *argv], tmp / f"sink-{label}.log", {})
+        try:
+            job.wait_for_output("started", 180)
+            writers = Writers(url, topic, writers=8).start(transactions=200, max_delay=0.2)
+            writers.join()
+            committed = writers.committed
+
+            def rows() -> int:
+                assert job.process.poll() is None, job.output()[-4000:]
+                return int(conn.execute(f"SELECT count(*) FROM {LOOP_TABLE}").fetchone()[0])  # type: ignore[index]
+
+            wait_for(
+                lambda: rows() == committed.count, 300, f"every committed event in the sink's table ({label})"
+            )
+            check_two_readers(kafka.direct, topic, PARTITIONS, committed, url)
+            applied = dict(conn.execute(f"SELECT event_id::text, applied_at FROM {LOOP_TABLE}").fetchall())
+            assert sorted(applied) == sorted(e for ids in committed.by_key.values() for e in ids)
+            assert conn.execute("SELECT count(*) FROM outbox_events").fetchone() == (len(applied),)
+        finally:
+            job.kill9()
+            assert terminate(relay) == 0
+    with psycopg.connect(url.libpq) as source:
+        created = dict(
+            source.execute(
+                "SELECT event_id::text, created_at FROM outbox_events WHERE topic = %s", [topic]
+            ).fetchall()
+        )
+    latencies = [(applied[e] - created[e]).total_seconds() for e in applied]
+    seconds = (max(applied.values()) - min(created.values())).total_seconds()
+    return Soak(len(applied), seconds, latencies)
+
+
+def test_a_soak_on_a_bad_link_loses_nothing(  # type: ignore[no-untyped-def]
+    kafka: Proxied, db: Proxied, server_url: DatabaseUrl, tmp_path: Path
+) -> None:
+    """The loop under the same load twice: on clean links, then with every answer on the relay's and
+    the sink job's links (Kafka and PostgreSQL) delayed 200 +- 50 ms and, now and then, a connection
+    reset (a third of them, 8 s after they first send). Both runs: every committed event once, by
+    both readers, and once in the sink's table; their throughput and tail are printed side by side."""
+    clean = soak(kafka, db, server_url, tmp_path, "clean")
+    for link in (*kafka.links, *db.links):
+        link.add("latency", "downstream", latency=200, jitter=50)
+        link.add("reset_peer", "upstream", toxicity=0.3, timeout=8000)
+    bad = soak(kafka, db, server_url, tmp_path, "bad")
+    reported("a soak on clean links", clean.line())
+    reported("the same soak, each answer 200 +- 50 ms late, a third of connections reset", bad.line())

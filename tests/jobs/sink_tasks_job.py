@@ -8,7 +8,7 @@ MODE pause-after-commit: batch 0's task of partition 1, once committed, writes i
 WORKDIR/paused and sleeps, for the test to kill -9 its executor.
 Prints "application ID" first, and "applied N: fresh F of S rows, R retries" after each batch.
 SPARK_MASTER: a standalone cluster's URL to run on instead of local[2,2]; a task that fails there
-is retried on another executor (spark.excludeOnFailure.enabled).
+is retried on another executor (spark.excludeOnFailure.taskAndStage.enabled).
 DATABASE_TIMEOUT: the sink's database_timeout, in seconds.
 """
 
@@ -30,7 +30,11 @@ bootstrap, topic, url, checkpoint, work, max_offsets, mode = sys.argv[1:8]
 available_now = sys.argv[8:] == ["available-now"]
 master = os.environ.get("SPARK_MASTER", "local[2,2]")
 cluster = (
-    {"spark.executor.memory": "768m", "spark.cores.max": "2", "spark.excludeOnFailure.enabled": "true"}
+    {
+        "spark.executor.memory": "768m",
+        "spark.cores.max": "2",
+        "spark.excludeOnFailure.taskAndStage.enabled": "true",
+    }
     if master.startswith("spark:")
     else {}
 )
