@@ -64,8 +64,19 @@ def read_committed(
         deadline = time.monotonic() + timeout
         while pending:
             if time.monotonic() > deadline:
-                late = f"partitions {sorted(pending)} of {topic} not read to their end in {timeout:.0f}s"
-                raise ServiceUnavailable(stuck or f"{late} (a transaction still open?)")
+                reached = {
+                    p.partition: p.offset
+                    for p in consumer.position([TopicPartition(topic, p) for p in pending])
+                }
+                where = ", ".join(
+                    f"partition {p} at offset {reached.get(p, '?')} of {ends[p]}" for p in sorted(pending)
+                )
+                late = f"{topic} not read to its end in {timeout:.0f}s ({where})"
+                raise ServiceUnavailable(
+                    f"{stuck} ({where})"
+                    if stuck
+                    else f"{late}: a transaction still open, or Kafka slow to answer"
+                )
             message = consumer.poll(0.5)
             if message is None:
                 continue

@@ -112,8 +112,8 @@ class PositionStore:
             bootstrap=self.bootstrap,
         )
         stuck = (
-            f"the positions topic {self.topic!r} has a transaction open for over"
-            f" {self.timeout * 4:.0f}s (another relay's, not yet timed out); retrying"
+            f"the positions topic {self.topic!r} was not read to its end in {self.timeout * 4:.0f}s:"
+            " a transaction still open (another relay's, not yet timed out), or Kafka slow to answer"
         )
         messages = read_committed(config, self.topic, timeout=self.timeout * 4, stuck=stuck)
         return [(m.key(), m.value()) for m in messages]

@@ -25,6 +25,7 @@ from sinks.postgres.continuity import LastBatch, lost, lost_batches, query_id
 from sinks.postgres.placement import ApplyIn, Route, choose, read_plan
 from sinks.postgres.plan import Conversion, Plan, plan
 from sinks.postgres.refusal import SinkError
+from sinks.postgres.retry import with_retries
 from sinks.postgres.spec import Mode, OnError, Outbox, SinkSpec
 from sinks.postgres.stage import RESULT_SCHEMA, StageJob, stager
 from sinks.postgres.statements import Statements
@@ -175,10 +176,16 @@ class BatchWriter:
         log.info("sink %s %s", spec.name, self.route)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        if self.route.tasks:
-            self.apply_in_tasks(batch, batch_id)
-        else:
-            self.apply(self.stage(batch, batch_id))
+        """Apply the batch; on a lost connection or an unreachable server, all over again (the
+        ledger skips what a first try applied) for up to the spec's `retry_for`, so a query
+        outlives a blip of the network or a PostgreSQL restart instead of failing."""
+
+        def once() -> BatchResult:
+            if self.route.tasks:
+                return self.apply_in_tasks(batch, batch_id)
+            return self.apply(self.stage(batch, batch_id))
+
+        with_retries(once, self.spec.retry_for, f"sink {self.spec.name}, batch {batch_id}")
 
     # -- in the tasks ----------------------------------------------------------------------------------
 

@@ -16,24 +16,20 @@ ends the lost session, and its locks, once it has been quiet for the sink's
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-import psycopg
 import pyarrow as pa
 
-from core.errors import ServiceUnavailable
-from core.postgres import connect, first_line, keepalive, limit_session, server_limits, watched
+from core.postgres import connect, keepalive, limit_session, server_limits, watched
 from sinks.postgres.apply import Counts, apply_rows
 from sinks.postgres.refusal import SinkError
+from sinks.postgres.retry import with_retries
 from sinks.postgres.stage import StageJob, attempt_id, copy_batch
 from sinks.postgres.statements import ATTEMPT_SETTING, Statements
-
-log = logging.getLogger("sinks.postgres.task")
 
 COUNTS = ("staged", "fresh", "upserted", "deleted", "dead", "retries")
 TIMES = ("copy_seconds", "apply_seconds")
@@ -67,8 +63,11 @@ def applier(job: TaskJob) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.Re
         rows = [b for b in batches if b.num_rows]  # kept: a transaction that starts over copies them again
         outcome = NOTHING
         if rows:
-            attempt = attempt_id(job.stage.token)
-            outcome = with_retries(lambda: apply_task(job, rows, attempt), job.statements.spec.retry_for)
+            attempt, who = attempt_id(job.stage.token), f"sink task (pid {os.getpid()})"
+            outcome, retries = with_retries(
+                lambda: apply_task(job, rows, attempt), job.statements.spec.retry_for, who
+            )
+            outcome = replace(outcome, retries=retries)
         values = [*outcome.counts, outcome.retries, *outcome.seconds, outcome.refused]
         columns = {f: [v] for f, v in zip(_SCHEMA.names, values, strict=True)}
         yield pa.RecordBatch.from_pydict(columns, _SCHEMA)
@@ -115,39 +114,3 @@ def positions(rows: pa.Table) -> tuple[list[str], list[int]]:
     """The topic-partitions the task holds, as two parallel lists for the ledger statements."""
     pairs = rows.group_by(["_topic", "_partition"]).aggregate([]).to_pydict()
     return pairs["_topic"], pairs["_partition"]
-
-
-def with_retries(attempt: Callable[[], Outcome], budget: float) -> Outcome:
-    """Run `attempt` again on errors that are about the moment, not the rows, for up to `budget` seconds.
-
-    psycopg's OperationalError covers them: connection lost or refused, the
-    server shutting down, deadlocks and serialization failures; and
-    ServiceUnavailable, a server that cannot be reached or stopped answering.
-    The first is said in one line, and the end of the trouble in another.
-    """
-    began = time.monotonic()
-    pause, retries = 0.1, 0
-    while True:
-        try:
-            outcome = replace(attempt(), retries=retries)
-        except (psycopg.OperationalError, ServiceUnavailable) as exc:
-            if time.monotonic() + pause > began + budget:
-                raise
-            if not retries:
-                log.warning(
-                    "sink task (pid %d): %s; starting over for up to %.0fs",
-                    os.getpid(),
-                    first_line(exc).rstrip("."),
-                    budget,
-                )
-        else:
-            if retries:
-                log.warning(
-                    "sink task (pid %d): applied after %d retries, %.1fs",
-                    os.getpid(),
-                    retries,
-                    time.monotonic() - began,
-                )
-            return outcome
-        time.sleep(pause)
-        pause, retries = min(pause * 2, 5.0), retries + 1

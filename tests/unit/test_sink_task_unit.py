@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sinks.postgres.task import NOTHING, Outcome, positions, with_retries
+from sinks.postgres.retry import with_retries
+from sinks.postgres.task import NOTHING, Outcome, positions
 
 row = st.tuples(st.sampled_from(["a", "b", None]), st.integers(0, 3), st.sampled_from(["t1", "t2"]))
 rows = st.lists(row)
@@ -42,13 +43,13 @@ def test_errors_of_the_moment_start_over_and_are_counted_and_others_are_not() ->
             raise step
         return step
 
-    assert with_retries(attempt, budget=10).retries == 2
+    assert with_retries(attempt, 10, "a task") == (NOTHING, 2)
 
     def refused() -> Outcome:
         raise psycopg.errors.CheckViolation("no")
 
     with pytest.raises(psycopg.errors.CheckViolation):
-        with_retries(refused, budget=10)
+        with_retries(refused, 10, "a task")
 
 
 def test_starting_over_stops_at_the_budget() -> None:
@@ -59,5 +60,5 @@ def test_starting_over_stops_at_the_budget() -> None:
         raise psycopg.OperationalError("connection refused")
 
     with pytest.raises(psycopg.OperationalError):
-        with_retries(down, budget=0.5)
+        with_retries(down, 0.5, "a task")
     assert 2 <= len(calls) <= 5
