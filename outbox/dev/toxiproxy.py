@@ -154,6 +154,10 @@ class Link:
         recalculated?"), and the next toxic added panics the server (v2.5, and v2.12 still).
         """
         self.close()
+        self.open()
+
+    def open(self) -> None:
+        """Make the link (anew, after `close`) on its port, without toxics."""
         self.proxy.request(
             "POST", "/proxies", {"name": self.name, "listen": self.listen, "upstream": self.upstream}
         )

@@ -94,17 +94,20 @@ def apply_task(job: TaskJob, rows: list[pa.RecordBatch], attempt: int) -> Outcom
         spec.url, autocommit=True, application_name=name, timeout=spec.database_timeout, settings=settings
     ) as conn:
         try:
-            # Statements may rightly run long (a lock wait, a big apply): the watch, not a deadline.
-            limit_session(conn, server_limits(spec.database_timeout, spec.silence, bound_statements=False))
-            with watched(conn, spec.url, spec.database_timeout), conn.transaction():
-                conn.execute("SELECT set_config(%s, %s, true)", [ATTEMPT_SETTING, str(attempt)])
-                conn.execute(st.create_stage())
-                for batch in rows:
-                    copy_batch(conn, job.stage, batch)
-                copied = time.perf_counter()
-                conn.execute(st.claim(), params)
-                conn.execute(st.lock(), params)
-                counts = apply_rows(conn, st, params)
+            # Statements may rightly run long (a lock wait, a big apply): watched, not bounded.
+            with watched(conn, spec.url, spec.database_timeout):
+                limit_session(
+                    conn, server_limits(spec.database_timeout, spec.silence, bound_statements=False)
+                )
+                with conn.transaction():
+                    conn.execute("SELECT set_config(%s, %s, true)", [ATTEMPT_SETTING, str(attempt)])
+                    conn.execute(st.create_stage())
+                    for batch in rows:
+                        copy_batch(conn, job.stage, batch)
+                    copied = time.perf_counter()
+                    conn.execute(st.claim(), params)
+                    conn.execute(st.lock(), params)
+                    counts = apply_rows(conn, st, params)
         except SinkError as exc:  # rolled back: the driver fails the batch with this line
             return replace(NOTHING, refused=str(exc))
     return Outcome(counts, seconds=(copied - start, time.perf_counter() - copied))

@@ -12,6 +12,7 @@ to the moment the process under test said it had resumed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
@@ -19,6 +20,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -485,70 +487,9 @@ def test_every_executor_cut_from_postgres_mid_apply_resumes_after_the_heal(  # t
     check_with_console(pg, bootstrap, topic, dead=dead)
 
 
-# -- d: the sink's driver <-> Kafka ------------------------------------------------------------------
+# -- d: the sink job's links, and e: the whole loop on a bad link -------------------------------------
 
 LOOP_TABLE = "loop_events"
-
-
-def test_the_sink_job_cut_from_kafka_mid_batch_resumes_after_the_heal(  # type: ignore[no-untyped-def]
-    kafka: Proxied, db: Proxied, server_url: DatabaseUrl, tmp_path: Path
-) -> None:
-    """The loop: writers -> outbox -> relay -> Kafka -> the sink job -> its table and outbox. The sink's
-    driver and its tasks reach Kafka through the link, cut while it applies the events being written,
-    and held past its poll timeout; the relay goes direct. After the heal every committed event is in
-    the table once, the relay's topic passes both readers, and the job said each stall once."""
-    url = DatabaseUrl.parse(db.direct)
-    topic = create_topic(kafka.direct, unique("loop"), partitions=PARTITIONS)
-    env = {"DATABASE_URL": db.direct, "KAFKA_BOOTSTRAP_SERVERS": kafka.direct}
-    relay, _ = relay_job(tmp_path, env, unique("relay"), *FAST)
-    with fresh_database(server_url) as sink_url, psycopg.connect(sink_url.libpq, autocommit=True) as conn:
-        migrate.upgrade(sink_url, "public")
-        conn.execute(f"CREATE TABLE {LOOP_TABLE} (event_id uuid PRIMARY KEY, n int, topic text NOT NULL)")
-        argv = [
-            kafka.proxied,
-            topic,
-            sink_url.raw,
-            LOOP_TABLE,
-            "loop-out",
-            str(tmp_path / "cp"),
-            str(tmp_path),
-        ]
-        job = Job(["tests/jobs/loop_sink_job.py", *argv], tmp_path / "sink.log", {"POLL_TIMEOUT_MS": "3000"})
-        try:
-            job.wait_for_output("started", 180)
-            first = Writers(url, topic).start(transactions=20)
-            first.join()
-            second = Writers(url, topic).start(transactions=60, max_delay=0.1)
-
-            def rows() -> int:
-                return int(conn.execute(f"SELECT count(*) FROM {LOOP_TABLE}").fetchone()[0])  # type: ignore[index]
-
-            wait_for(lambda: rows() > first.committed.count, 120, "the sink applying the second round")
-            kafka.cut()
-            second.join()
-            time.sleep(8)  # past the job's poll timeout (3 s) and its calls' (3 s)
-            committed = Committed.merged(first.committed, second.committed)
-            kafka.heal()
-            at = time.monotonic()
-            wait_for(lambda: rows() == committed.count, 120, "every committed event in the sink's table")
-            measured("heal to resume: the sink job (driver and tasks) cut from Kafka", time.monotonic() - at)
-            ours = check_two_readers(kafka.direct, topic, PARTITIONS, committed, url)
-            ends = {(topic, p): o + 1 for p, o, _, _ in sorted(ours)}
-            assert positions(conn, "public", f"public.{LOOP_TABLE}") == ends
-            applied = [r[0] for r in conn.execute(f"SELECT event_id::text FROM {LOOP_TABLE}")]
-            assert sorted(applied) == sorted(e for ids in committed.by_key.values() for e in ids)
-            # One outbox event per row the sink wrote: no event was applied twice.
-            assert conn.execute("SELECT count(*) FROM outbox_events").fetchone() == (len(applied),)
-            assert job.process.poll() is None, job.output()
-        finally:
-            job.kill9()
-            assert terminate(relay) == 0
-    said = job.output()
-    assert said.count("waiting for it") == said.count("reading again after"), said[-4000:]
-
-
-# -- e: a soak on a bad link ---------------------------------------------------------------------------
-
 SOAK_FLAGS = (
     "--kafka-timeout",
     "5",
@@ -558,6 +499,147 @@ SOAK_FLAGS = (
     "request.timeout.ms=5000",
     "--no-cleanup",
 )
+
+
+@dataclass(frozen=True)
+class Loop:
+    """The loop, running: writers -> outbox -> the relay -> `topic` -> the sink job -> a table of its
+    own database, with one outbox event a row it writes (so a row applied twice shows)."""
+
+    kafka: Proxied
+    source: DatabaseUrl  # the writers' database, direct
+    topic: str
+    relay: Job
+    sink: Job
+    conn: psycopg.Connection  # to the sink's database, direct
+
+    def rows(self) -> int:
+        assert self.sink.process.poll() is None, self.sink.output()[-4000:]
+        return int(self.conn.execute(f"SELECT count(*) FROM {LOOP_TABLE}").fetchone()[0])  # type: ignore[index]
+
+    def check(self, committed: Committed, timeout: float = 120) -> dict[str, Any]:
+        """Every committed event: once in the relay's topic, by both readers and `outbox verify`; once
+        in the sink's table, its ledger at the topic's ends. Returns when each row was applied."""
+        wait_for(lambda: self.rows() == committed.count, timeout, "every committed event in the sink's table")
+        ours = check_two_readers(self.kafka.direct, self.topic, PARTITIONS, committed, self.source)
+        ends = {(self.topic, p): o + 1 for p, o, _, _ in sorted(ours)}
+        assert positions(self.conn, "public", f"public.{LOOP_TABLE}") == ends
+        applied = dict(self.conn.execute(f"SELECT event_id::text, applied_at FROM {LOOP_TABLE}").fetchall())
+        assert sorted(applied) == sorted(e for ids in committed.by_key.values() for e in ids)
+        assert self.conn.execute("SELECT count(*) FROM outbox_events").fetchone() == (len(applied),)
+        return applied
+
+
+@contextlib.contextmanager
+def loop(
+    kafka: Proxied,
+    db: Proxied,
+    server_url: DatabaseUrl,
+    tmp: Path,
+    *,
+    relay_through: bool,
+    sink_kafka: str,
+    sink_through: bool,
+    sink_env: dict[str, str] | None = None,
+) -> Iterator[Loop]:
+    """Start the loop on a new topic: the relay through the links or direct, the sink job reading
+    `sink_kafka` and reaching PostgreSQL through the link or direct. Everything stops on the way out."""
+    source = DatabaseUrl.parse(db.direct)
+    topic = create_topic(kafka.direct, unique("loop"), partitions=PARTITIONS)
+    through = {"DATABASE_URL": db.proxied, "KAFKA_BOOTSTRAP_SERVERS": kafka.proxied}
+    direct = {"DATABASE_URL": db.direct, "KAFKA_BOOTSTRAP_SERVERS": kafka.direct}
+    label = unique("loop")
+    relay, _ = relay_job(tmp, through if relay_through else direct, unique("relay"), *SOAK_FLAGS, label=label)
+    with fresh_database(server_url) as sink_url, psycopg.connect(sink_url.libpq, autocommit=True) as conn:
+        migrate.upgrade(sink_url, "public")
+        conn.execute(
+            f"CREATE TABLE {LOOP_TABLE} (event_id uuid PRIMARY KEY, n int, topic text NOT NULL,"
+            " applied_at timestamptz DEFAULT clock_timestamp())"
+        )
+        port = server_url_port(sink_url)
+        url = sink_url.raw.replace(f":{port}/", f":{db.links[0].port}/", 1) if sink_through else sink_url.raw
+        work = tmp / label
+        argv = [sink_kafka, topic, url, LOOP_TABLE, "loop-out", str(work / "cp"), str(work)]
+        sink = Job(["tests/jobs/loop_sink_job.py", *argv], tmp / f"{label}-sink.log", sink_env or {})
+        try:
+            sink.wait_for_output("started", 180)
+            relay.wait_for_output(ACTIVE, 60)
+            yield Loop(kafka, source, topic, relay, sink, conn)
+        finally:
+            sink.kill9()
+            assert terminate(relay) == 0
+
+
+def test_the_sink_job_cut_from_kafka_mid_batch_resumes_after_the_heal(  # type: ignore[no-untyped-def]
+    kafka: Proxied, db: Proxied, server_url: DatabaseUrl, tmp_path: Path
+) -> None:
+    """The sink job's driver and tasks reach Kafka through the link, cut while it applies the events
+    being written and held past its poll timeout; the relay goes direct. After the heal every
+    committed event is in the table once, and the job said each stall once and its end once."""
+    env = {"POLL_TIMEOUT_MS": "3000"}
+    with loop(
+        kafka,
+        db,
+        server_url,
+        tmp_path,
+        relay_through=False,
+        sink_kafka=kafka.proxied,
+        sink_through=False,
+        sink_env=env,
+    ) as running:
+        first = Writers(running.source, running.topic).start(transactions=20)
+        first.join()
+        second = Writers(running.source, running.topic).start(transactions=60, max_delay=0.1)
+        wait_for(lambda: running.rows() > first.committed.count, 120, "the sink applying the second round")
+        kafka.cut()
+        second.join()
+        time.sleep(8)  # past the job's poll timeout (3 s) and its calls' (3 s)
+        committed = Committed.merged(first.committed, second.committed)
+        kafka.heal()
+        at = time.monotonic()
+        wait_for(lambda: running.rows() == committed.count, 120, "every committed event in the sink's table")
+        measured("heal to resume: the sink job (driver and tasks) cut from Kafka", time.monotonic() - at)
+        running.check(committed)
+        said = running.sink.output()
+    assert said.count("waiting for it") == said.count("reading again after"), said[-4000:]
+
+
+def test_the_sink_outlives_postgresql_unreachable_mid_batch(  # type: ignore[no-untyped-def]
+    kafka: Proxied, db: Proxied, server_url: DatabaseUrl, tmp_path: Path
+) -> None:
+    """The sink job reaches PostgreSQL through the link, which goes away twice for 5 s while the job
+    applies (every connection dropped, new ones refused), as in a restart or a failover. A task that
+    lost its connection starts over, and so does a batch whose driver did: each says so in one line
+    and in one more once applied; the query lives on, and every event is applied once. (Before, a
+    batch that started while the server was away failed the query.)"""
+    (link,) = db.links
+    with loop(
+        kafka, db, server_url, tmp_path, relay_through=False, sink_kafka=kafka.direct, sink_through=True
+    ) as running:
+        # About 30 s of writing, so that each outage falls while events arrive: batches meet it.
+        writers = Writers(running.source, running.topic).start(transactions=100, max_delay=0.6)
+        for _ in range(2):
+            seen = running.rows()
+            wait_for(lambda seen=seen: running.rows() > seen, 60, "the sink applying new events")
+            link.close()
+            time.sleep(5)
+            link.open()
+        assert any(t.is_alive() for t in writers.threads), "the writers finished before the last outage"
+        writers.join()
+        running.check(writers.committed)
+        said = running.sink.output()
+    starts, ends = said.count("starting over for up to"), said.count("applied after")
+    assert starts == ends >= 1, said[-4000:]
+
+
+def worsen(links: tuple[Link, ...]) -> None:
+    """Each answer 200 +- 50 ms late; a third of the connections dropped mid-stream once 100 kB have
+    crossed them either way (Toxiproxy's limit_data; its reset_peer passes no byte before the reset,
+    a black hole). Not every one: a link that dropped every connection at 100 kB could never carry
+    a larger answer, which no real network does."""
+    for link in links:
+        link.add("latency", "downstream", latency=200, jitter=50)
+        link.add("limit_data", "both", toxicity=0.3, bytes=100_000)
 
 
 @dataclass(frozen=True)
@@ -580,67 +662,23 @@ def tail(latencies: list[float]) -> str:
     return f"p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, max {ordered[-1] * 1000:.0f} ms"
 
 
-def worsen(links: tuple[Link, ...]) -> None:
-    """Each answer 200 +- 50 ms late; a third of the connections dropped mid-stream once 100 kB have
-    crossed them either way (Toxiproxy's limit_data; its reset_peer passes no byte before the reset,
-    a black hole). Not every one: a link that dropped every connection at 100 kB could never carry
-    a larger answer, which no real network does."""
-    for link in links:
-        link.add("latency", "downstream", latency=200, jitter=50)
-        link.add("limit_data", "both", toxicity=0.3, bytes=100_000)
-
-
-def soak(kafka: Proxied, db: Proxied, server_url: DatabaseUrl, tmp: Path, label: str, bad: bool) -> Soak:
-    """The loop under load: writers commit outbox events at a steady pace; the relay (through the
-    links) publishes them; the sink job (through the links) applies them to a table of its own
-    database, writing one outbox event a row. Once both run, the links are made `bad` (worsen).
-    Checked record by record."""
-    url = DatabaseUrl.parse(db.direct)
-    topic = create_topic(kafka.direct, unique(f"soak-{label}"), partitions=PARTITIONS)
-    env = {"DATABASE_URL": db.proxied, "KAFKA_BOOTSTRAP_SERVERS": kafka.proxied}
-    relay, _ = relay_job(tmp, env, unique("relay"), *SOAK_FLAGS, label=f"relay-{label}")
-    work = tmp / label
-    with fresh_database(server_url) as sink_url, psycopg.connect(sink_url.libpq, autocommit=True) as conn:
-        migrate.upgrade(sink_url, "public")
-        conn.execute(
-            f"CREATE TABLE {LOOP_TABLE} (event_id uuid PRIMARY KEY, n int, topic text NOT NULL,"
-            " applied_at timestamptz DEFAULT clock_timestamp())"
-        )
-        through = sink_url.raw.replace(f":{server_url_port(sink_url)}/", f":{db.links[0].port}/", 1)
-        argv = [kafka.proxied, topic, through, LOOP_TABLE, "loop-out", str(work / "cp"), str(work)]
-        job = Job(["tests/jobs/loop_sink_job.py", *argv], tmp / f"sink-{label}.log", {})
-        try:
-            job.wait_for_output("started", 180)
-            relay.wait_for_output(ACTIVE, 60)
-            if bad:
-                worsen((*kafka.links, *db.links))
-            writers = Writers(url, topic, writers=8).start(transactions=200, max_delay=0.2)
-            writers.join()
-            committed = writers.committed
-
-            def rows() -> int:
-                assert job.process.poll() is None, job.output()[-4000:]
-                return int(conn.execute(f"SELECT count(*) FROM {LOOP_TABLE}").fetchone()[0])  # type: ignore[index]
-
-            wait_for(
-                lambda: rows() == committed.count, 300, f"every committed event in the sink's table ({label})"
-            )
-            check_two_readers(kafka.direct, topic, PARTITIONS, committed, url)
-            applied = dict(conn.execute(f"SELECT event_id::text, applied_at FROM {LOOP_TABLE}").fetchall())
-            assert sorted(applied) == sorted(e for ids in committed.by_key.values() for e in ids)
-            assert conn.execute("SELECT count(*) FROM outbox_events").fetchone() == (len(applied),)
-        finally:
-            job.kill9()
-            assert terminate(relay) == 0
-    with psycopg.connect(url.libpq) as source:
-        created = dict(
-            source.execute(
-                "SELECT event_id::text, created_at FROM outbox_events WHERE topic = %s", [topic]
-            ).fetchall()
-        )
+def soak(kafka: Proxied, db: Proxied, server_url: DatabaseUrl, tmp: Path, bad: bool) -> Soak:
+    """The loop under load, the relay and the sink job through the links, made `bad` (worsen) once
+    both run: 8 writers commit 200 transactions each at a steady pace. Checked record by record."""
+    with loop(
+        kafka, db, server_url, tmp, relay_through=True, sink_kafka=kafka.proxied, sink_through=True
+    ) as running:
+        if bad:
+            worsen((*kafka.links, *db.links))
+        writers = Writers(running.source, running.topic, writers=8).start(transactions=200, max_delay=0.2)
+        writers.join()
+        applied = running.check(writers.committed, timeout=300)
+    with psycopg.connect(running.source.libpq) as conn:
+        query = "SELECT event_id::text, created_at FROM outbox_events WHERE topic = %s"
+        created = dict(conn.execute(query, [running.topic]).fetchall())
     stamped = {
         dict(m.headers() or {})["event_id"].decode(): m.timestamp()[1] / 1000
-        for m in committed_messages(kafka.direct, topic, PARTITIONS)
+        for m in committed_messages(kafka.direct, running.topic, PARTITIONS)
     }
     relayed = [stamped[e] - created[e].timestamp() for e in applied]
     looped = [(applied[e] - created[e]).total_seconds() for e in applied]
@@ -654,7 +692,7 @@ def test_a_soak_on_a_bad_link_loses_nothing(  # type: ignore[no-untyped-def]
     """The loop under the same load twice: on clean links, then with the relay's and the sink job's
     links (Kafka and PostgreSQL) made bad (worsen). Both runs: every committed event once, by both
     readers, and once in the sink's table; their throughput and tail are printed side by side."""
-    clean = soak(kafka, db, server_url, tmp_path, "clean", bad=False)
-    bad = soak(kafka, db, server_url, tmp_path, "bad", bad=True)
+    clean = soak(kafka, db, server_url, tmp_path, bad=False)
+    bad = soak(kafka, db, server_url, tmp_path, bad=True)
     reported("a soak on clean links", clean.line())
     reported("the same soak, answers 200 +- 50 ms late, a third of connections dropped", bad.line())

@@ -4,7 +4,8 @@ Usage: loop_sink_job.py BOOTSTRAP PATTERN DATABASE_URL TABLE OUTBOX_TOPIC CHECKP
 Reads the relay's output topics with kafka_rc (read_committed), keyed on the
 event id in each payload, into TABLE; every row it writes also writes an outbox
 event to OUTBOX_TOPIC, so an event applied twice would show twice.
-Prints "started" once the query runs. POLL_TIMEOUT_MS: kafka_rc's pollTimeoutMs.
+Prints "started" once the query runs. POLL_TIMEOUT_MS: kafka_rc's pollTimeoutMs; APPLY_IN: the
+sink's apply_in.
 """
 
 import os
@@ -26,7 +27,8 @@ raw = (
     .load()
 )
 events = parse_json(raw, "event_id string, n int", key_column="event_id")
-sink = PostgresSink(table, url=url, outbox=Outbox(topic=out, key="written.event_id::text"))
+outbox = Outbox(topic=out, key="written.event_id::text")
+sink = PostgresSink(table, url=url, outbox=outbox, apply_in=os.environ.get("APPLY_IN", "auto"))  # type: ignore[arg-type]
 query = sink.start(events, checkpoint, trigger={"processingTime": "1 second"})
 print("started", flush=True)
 query.awaitTermination()
