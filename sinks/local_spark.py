@@ -1,4 +1,4 @@
-"""A local SparkSession for the demo, tests and development.
+"""A local SparkSession for the demo, tests and development (or a Spark Connect one: SPARK_REMOTE).
 
 Sets what makes a local session work on the first try: the driver's own
 Python for workers (else they "fail to connect back"), the loopback address,
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -27,23 +27,64 @@ def local_session(
     conf: Mapping[str, str] | None = None,
     jars: Sequence[Path] = (),
 ) -> SparkSession:
-    """jars: local jar files for the session (Spark's `--packages` may not reach Maven here)."""
+    """jars: local jar files for the session (Spark's `--packages` may not reach Maven here).
+
+    With SPARK_REMOTE set (`sc://host:port`, as pyspark itself reads it), a Spark
+    Connect session to that server instead: `master` and `jars` are the
+    server's then, and of `conf` only the runtime SQL settings apply.
+    """
+    remote = os.environ.get("SPARK_REMOTE")
+    if remote:
+        session = SparkSession.builder.remote(remote).getOrCreate()
+        for key, value in {**RUNTIME, **(conf or {})}.items():
+            if key.startswith("spark.sql."):
+                session.conf.set(key, value)
+        return session
+    prepare_environment()
+    builder = SparkSession.builder
+    for key, value in session_settings(
+        work_dir, app_name=app_name, master=master, conf=conf, jars=jars
+    ).items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def prepare_environment(env: MutableMapping[str, str] = os.environ) -> MutableMapping[str, str]:
+    """What a Spark JVM (and the Python workers it starts) needs in its environment to work on the
+    first try: Java, this Python for workers (else they "fail to connect back"), the loopback
+    address, and no /tmp/hsperfdata_<user> left behind by the launcher."""
     java = find_java()
-    os.environ.setdefault("JAVA_HOME", str(java.path.resolve().parent.parent))
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    # Spark's launcher JVM, like the driver, must not leave /tmp/hsperfdata_<user> behind.
-    if "-XX:-UsePerfData" not in os.environ.get("SPARK_LAUNCHER_OPTS", ""):
-        os.environ["SPARK_LAUNCHER_OPTS"] = (
-            os.environ.get("SPARK_LAUNCHER_OPTS", "") + " -XX:-UsePerfData"
-        ).strip()
+    env.setdefault("JAVA_HOME", str(java.path.resolve().parent.parent))
+    env["PYSPARK_PYTHON"] = sys.executable
+    env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    if "-XX:-UsePerfData" not in env.get("SPARK_LAUNCHER_OPTS", ""):
+        env["SPARK_LAUNCHER_OPTS"] = (env.get("SPARK_LAUNCHER_OPTS", "") + " -XX:-UsePerfData").strip()
+    return env
+
+
+# Settings a client may change in a running session, Spark Connect's too.
+RUNTIME = {
+    "spark.sql.shuffle.partitions": "2",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+}
+
+
+def session_settings(
+    work_dir: Path,
+    *,
+    app_name: str = "outbox",
+    master: str = "local[2]",
+    conf: Mapping[str, str] | None = None,
+    jars: Sequence[Path] = (),
+) -> dict[str, str]:
+    """A local driver's settings: loopback, quiet, every scratch directory inside `work_dir`."""
     work_dir = work_dir.resolve()
     scratch = work_dir / "spark-local"
     scratch.mkdir(parents=True, exist_ok=True)
     log_config = Path(__file__).with_name("log4j2.properties")
     java_tmp = f"-Djava.io.tmpdir={scratch} -Dlog4j2.configurationFile={log_config} -XX:-UsePerfData"
-    settings = {
+    return {
         "spark.master": master,
         "spark.app.name": app_name,
         "spark.local.dir": str(scratch),
@@ -55,16 +96,11 @@ def local_session(
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.log.level": "ERROR",
-        "spark.sql.shuffle.partitions": "2",
-        "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.python.worker.reuse": "true",
+        **RUNTIME,
         **({"spark.jars": ",".join(str(j) for j in jars)} if jars else {}),
         **(conf or {}),
     }
-    builder = SparkSession.builder
-    for key, value in settings.items():
-        builder = builder.config(key, value)
-    return builder.getOrCreate()
 
 
 def kafka_connector_jars() -> list[Path]:
@@ -77,7 +113,11 @@ def kafka_connector_jars() -> list[Path]:
 
 
 def stop_session(spark: SparkSession, timeout: float = 30.0) -> None:
-    """Stop the session and wait for its JVM to exit, so nothing outlives the caller."""
+    """Stop the session and wait for its JVM to exit, so nothing outlives the caller (a Spark Connect
+    session: release it on the server, which lives on)."""
+    if os.environ.get("SPARK_REMOTE"):
+        spark.stop()
+        return
     from pyspark import SparkContext
 
     gateway = SparkContext._gateway

@@ -16,10 +16,11 @@ import pytest
 
 from core.config import DatabaseUrl
 from outbox import migrate
+from outbox.dev.connect import ConnectServer
 from outbox.dev.kafka import Broker
 from outbox.dev.stack import running
 from tests import containers
-from tests.helpers import MEASURED, OwnPostgres, create_topic, fresh_database, unique
+from tests.helpers import MEASURED, REPO, OwnPostgres, create_topic, fresh_database, unique
 from tests.sink_support import ORDERS
 
 
@@ -173,6 +174,18 @@ def spark(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-
     register(session)
     yield session
     stop_session(session)
+
+
+@pytest.fixture(scope="session")
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
+    """A Spark Connect server (local[2]) for the run, with Spark's own Kafka source too: clients
+    reach it as `connect_server.url`, from jobs of their own (SPARK_REMOTE), since a process
+    holds either a classic session or a Connect one."""
+    from sinks.local_spark import kafka_connector_jars
+
+    root = tmp_path_factory.mktemp("connect")
+    with ConnectServer(root, jars=kafka_connector_jars(), env={"PYTHONPATH": str(REPO)}) as server:
+        yield server
 
 
 @pytest.fixture

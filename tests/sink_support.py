@@ -12,9 +12,10 @@ import psycopg
 from psycopg import sql
 from pyspark.sql.types import StructType
 
+from core.config import DatabaseUrl
 from outbox.jvm import kafka_tools
 from sinks.postgres import PostgresSink, parse_json
-from tests.helpers import produce_transaction, read_committed, transactional_producer
+from tests.helpers import Job, produce_transaction, read_committed, transactional_producer
 from tests.source_support import stream
 
 SCHEMA = "event_id string, n long, amount decimal(12,2), version int"
@@ -183,3 +184,19 @@ def hold_partition_1(blocker: psycopg.Connection, topic: str) -> None:
 
 def partition_0_applied_1_waiting(pg: psycopg.Connection) -> bool:
     return ledger(pg).get(0, 0) > 0 and waiting_on_a_lock(pg) == 1
+
+
+def sink_job(
+    bootstrap: str,
+    topic: str,
+    db: DatabaseUrl,
+    tmp: Path,
+    run: str,
+    pause_at: int | str,
+    *extra: str,
+    env: dict[str, str] | None = None,
+) -> Job:
+    """tests/jobs/sink_job.py on the orders table, 400 records a batch, its checkpoint in `tmp`;
+    `pause_at` a batch id, -1, or "start" (see the job); env: SPARK_REMOTE for a Connect client."""
+    argv = [bootstrap, topic, db.raw, "orders", str(tmp / "checkpoint"), str(tmp / run), "400", str(pause_at)]
+    return Job(["tests/jobs/sink_job.py", *argv, *extra], tmp / f"{run}.log", env or {})

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
@@ -40,6 +40,15 @@ class Cluster:
         self.options = options
         self.timeout = timeout
         self.patience = options.unavailable_timeout_s or (None if waits else timeout)
+        self.admin = self._connect()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Without the admin client, a connection and not a value: Spark Connect pickles the sink's
+        batch function, and with it this, to run it beside the server."""
+        return {k: v for k, v in self.__dict__.items() if k != "admin"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
         self.admin = self._connect()
 
     def _connect(self) -> AdminClient:

@@ -40,12 +40,20 @@ def lost(last: LastBatch | None, query: str | None, batch: int) -> range:
     return range(last.batch + 1, batch)
 
 
-def query_id(batch: DataFrame) -> str | None:
-    """The id of the streaming query running `batch`; None outside one (or where Spark does not say)."""
+def query_id(batch: DataFrame, checkpoint: str | None = None) -> str | None:
+    """The id of the streaming query running `batch`; None outside one (or where Spark does not say).
+
+    Classic Spark says it in a local property of the batch's thread. A Spark
+    Connect client has no SparkContext: there the id comes from the query's
+    `checkpoint`, whose metadata file Spark writes before the first batch.
+    """
     try:
         return batch.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
-    except PySparkException:  # Spark Connect has no SparkContext
-        return None
+    except PySparkException:
+        if checkpoint is None:
+            return None
+    metadata = batch.sparkSession.read.text(f"{checkpoint.rstrip('/')}/metadata").first()
+    return str(json.loads(metadata[0])["id"]) if metadata else None
 
 
 def lost_batches(sink: str, gone: range, batch: int, ledger: Positions) -> SinkError:

@@ -56,7 +56,7 @@ def parse_json(
         return column.alias(f.name)
 
     corrupt = F.col("_event").getField(_CORRUPT)
-    error = F.when(corrupt.isNotNull(), _unreadable_fields(text, event, options or {}))
+    error = F.when(corrupt.isNotNull(), _unreadable_fields(text, event, options or None))
     return parsed.select(*(field(f) for f in event.fields), *KEEP, error.alias(ERROR_COLUMN))
 
 
@@ -68,8 +68,11 @@ def _struct(frame: DataFrame, schema: str | T.StructType) -> T.StructType:
     return probe
 
 
-def _unreadable_fields(text: Column, event: T.StructType, options: dict[str, Any]) -> Column:
-    """Why a value did not parse: each field present as text but absent as its type, or the JSON itself."""
+def _unreadable_fields(text: Column, event: T.StructType, options: dict[str, Any] | None) -> Column:
+    """Why a value did not parse: each field present as text but absent as its type, or the JSON itself.
+
+    No options is None, never {}: Spark Connect sends {} as an empty map, typed MAP<VOID, VOID>,
+    which from_json refuses (INVALID_OPTIONS.NON_STRING_TYPE)."""
     as_text = T.StructType([T.StructField(f.name, T.StringType()) for f in event.fields])
     raw = F.from_json(text, as_text, options)
     typed = F.from_json(text, event, options)

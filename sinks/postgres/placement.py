@@ -6,14 +6,14 @@ reach one task: a second task holding more of the same partition would find
 the ledger already past its rows and skip them. `route` proves this from the
 frame's logical plan when the query starts (a plain function of a plain tree,
 `Node`); what it cannot prove takes the driver path, which is right for any
-frame. `read_plan` is the glue that turns Spark's plan into that tree.
+frame. `spark_plan.read_plan` is the glue that turns Spark's plan into that tree.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from core.errors import ConfigError
 
@@ -108,41 +108,3 @@ def choose(root: Node | None, position: frozenset[int], apply_in: ApplyIn) -> Ro
             " or repartition by topic and partition"
         )
     return found
-
-
-def read_plan(frame: Any) -> tuple[Node | None, frozenset[int]]:
-    """The frame's analyzed logical plan as a `Node` tree, and the ids of its topic and partition columns.
-
-    (None, ...) where the plan is not reachable (Spark Connect has no JVM handle).
-    """
-    try:
-        plan = frame._jdf.queryExecution().analyzed()
-    except AttributeError:
-        return None, frozenset()
-    position = frozenset(a.exprId().id() for a in _seq(plan.output()) if a.name() in ("topic", "partition"))
-    return _node(plan), position
-
-
-def _node(plan: Any) -> Node:
-    name = plan.nodeName()
-    children = tuple(_node(c) for c in _seq(plan.children()))
-    if name == "StreamingRelationV2":
-        options = {str(k).lower(): str(v) for k, v in plan.extraOptions().items()}
-        return Node(name, children, source=plan.sourceName(), options=options)
-    if name == "Repartition":
-        return Node(name, children, partitions=plan.numPartitions(), shuffle=plan.shuffle())
-    if name == "RepartitionByExpression":
-        # By hash (columns) or by range (columns' sort orders): equal values land in one partition.
-        columns = [e.child() if _kind(e) == "SortOrder" else e for e in _seq(plan.partitionExpressions())]
-        plain = all(_kind(c) == "AttributeReference" for c in columns)
-        by = tuple(c.exprId().id() for c in columns) if plain else None
-        return Node(name, children, partitions=plan.numPartitions(), by=by)
-    return Node(name, children)
-
-
-def _kind(expression: Any) -> str:
-    return str(expression.getClass().getSimpleName())
-
-
-def _seq(seq: Any) -> list[Any]:
-    return [seq.apply(i) for i in range(seq.size())]

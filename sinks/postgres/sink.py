@@ -22,10 +22,11 @@ from sinks.ledger import positions
 from sinks.postgres.apply import BatchResult, apply_batch
 from sinks.postgres.catalog import describe
 from sinks.postgres.continuity import LastBatch, lost, lost_batches, query_id
-from sinks.postgres.placement import ApplyIn, Route, choose, read_plan
+from sinks.postgres.placement import ApplyIn, Route, choose
 from sinks.postgres.plan import Conversion, Plan, plan
 from sinks.postgres.refusal import SinkError
 from sinks.postgres.retry import with_retries
+from sinks.postgres.spark_plan import is_connect, read_plan
 from sinks.postgres.spec import Mode, OnError, Outbox, SinkSpec
 from sinks.postgres.stage import RESULT_SCHEMA, StageJob, stager
 from sinks.postgres.statements import Statements
@@ -115,9 +116,12 @@ class PostgresSink:
         """The ledger's name for this sink (`ledger.sink` of the kafka_rc source)."""
         return self.spec.name
 
-    def writer(self, frame: DataFrame) -> BatchWriter:
-        """A foreachBatch function for `frame`, checked against the table now, not mid-stream."""
-        return BatchWriter(self.spec, frame, self.delete, self.kafka)
+    def writer(self, frame: DataFrame, checkpoint_location: str | None = None) -> BatchWriter:
+        """A foreachBatch function for `frame`, checked against the table now, not mid-stream.
+
+        On Spark Connect, name the query's `checkpoint_location`: the writer reads
+        the query's id there, which its check that no batch was lost needs."""
+        return BatchWriter(self.spec, frame, self.delete, self.kafka, checkpoint_location)
 
     def start(
         self,
@@ -127,7 +131,7 @@ class PostgresSink:
         trigger: dict[str, Any] | None = None,
         query_name: str | None = None,
     ) -> StreamingQuery:
-        self._writer = self.writer(frame)
+        self._writer = self.writer(frame, checkpoint_location)
         stream = frame.writeStream.foreachBatch(self._writer).option(
             "checkpointLocation", checkpoint_location
         )
@@ -152,9 +156,16 @@ class BatchWriter:
     """Applies each micro-batch: in the tasks where the frame allows it, else staged then on the driver."""
 
     def __init__(
-        self, spec: SinkSpec, frame: DataFrame, delete: Delete, kafka: Mapping[str, str] | None = None
+        self,
+        spec: SinkSpec,
+        frame: DataFrame,
+        delete: Delete,
+        kafka: Mapping[str, str] | None = None,
+        checkpoint: str | None = None,
     ) -> None:
         self.spec = spec
+        self.checkpoint = checkpoint
+        self._query: str | None = None
         root, position = read_plan(frame)
         self.route = choose(root, position, spec.apply_in)
         self._topics = TopicCheck(source_options(root, kafka or {}), spec.name, spec.ledger_schema)
@@ -195,7 +206,7 @@ class BatchWriter:
         The batch is recorded once every task committed, in a later commit: a
         database that still shows it still holds every task's commit.
         """
-        query = query_id(batch)
+        query = self.query_id(batch)
         with self.exclusive() as conn:
             self._check(conn, query, batch_id)
             result = self.summarize(batch_id, self.tasks(batch).collect())
@@ -242,7 +253,7 @@ class BatchWriter:
         Takes the sink's advisory lock until `apply` ends: two queries writing one
         sink would share its stage table, so the second one fails at once instead.
         """
-        start, query = time.perf_counter(), query_id(batch)
+        start, query = time.perf_counter(), self.query_id(batch)
         conn = connect(self.spec.url, autocommit=True)
         try:
             self._lock(conn)
@@ -291,6 +302,16 @@ class BatchWriter:
             names=self.plan.columns,
             token=0,
         )
+
+    def query_id(self, batch: DataFrame) -> str | None:
+        """The streaming query's id. On Spark Connect read once from the checkpoint: the server
+        unpickles this writer for each run of the query, so it serves one query only."""
+        if self._query is None:
+            found = query_id(batch, self.checkpoint)
+            if not is_connect(batch):
+                return found
+            self._query = found
+        return self._query
 
     def _check(self, conn: psycopg.Connection, query: str | None, batch_id: int) -> None:
         """Before a batch: the database lost no batch before it (continuity.py), and the ledger's

@@ -5,35 +5,16 @@ from __future__ import annotations
 import random
 import signal
 import time
-from pathlib import Path
 
-from core.config import DatabaseUrl
 from outbox.dev.kafka import Broker
-from tests.helpers import Job, create_topic, unique
-from tests.sink_support import check_exactly_once, ledger, log_ends, produce_orders, table
-
-JOB = "tests/jobs/sink_job.py"
-
-
-def job(bootstrap: str, topic: str, db: DatabaseUrl, tmp: Path, run: str, pause_at: int, *extra: str) -> Job:
-    argv = [
-        JOB,
-        bootstrap,
-        topic,
-        db.raw,
-        "orders",
-        str(tmp / "checkpoint"),
-        str(tmp / run),
-        "400",
-        str(pause_at),
-    ]
-    return Job([*argv, *extra], tmp / f"{run}.log", {})
+from tests.helpers import create_topic, unique
+from tests.sink_support import check_exactly_once, ledger, log_ends, produce_orders, sink_job, table
 
 
 def test_kill9_after_executors_staged_then_restart(bootstrap, topic, db, pg, tmp_path) -> None:  # type: ignore[no-untyped-def]
     expected = produce_orders(bootstrap, topic, 1500)
 
-    first = job(bootstrap, topic, db, tmp_path, "first", 2)
+    first = sink_job(bootstrap, topic, db, tmp_path, "first", 2)
     first.wait_for_output("staged 2", timeout=180)
     first.kill9()
     # The executors committed batch 2's rows to the stage table; none of them reached the table or ledger.
@@ -44,7 +25,7 @@ def test_kill9_after_executors_staged_then_restart(bootstrap, topic, db, pg, tmp
     assert 0 < len(table(pg)) < len(expected)
     before = ledger(pg)
 
-    second = job(bootstrap, topic, db, tmp_path, "second", -1, "available-now")
+    second = sink_job(bootstrap, topic, db, tmp_path, "second", -1, "available-now")
     assert second.wait(300) == 0, second.output()
 
     assert "applied 2" in second.output()  # the killed batch was replayed, not skipped
@@ -59,12 +40,12 @@ def test_kill9_at_random_points_then_restart(bootstrap, topic, db, pg, tmp_path)
         # New events before each run, so each has batches left to apply and be killed in
         # (with all events written up front, two quick runs could finish them all).
         expected.update(produce_orders(bootstrap, topic, 700))
-        victim = job(bootstrap, topic, db, tmp_path, f"run{run}", -1)
+        victim = sink_job(bootstrap, topic, db, tmp_path, f"run{run}", -1)
         victim.wait_for_output("applied", timeout=180)  # then somewhere in a later batch's stage or apply
         time.sleep(delay)
         victim.kill9()
 
-    last = job(bootstrap, topic, db, tmp_path, "last", -1, "available-now")
+    last = sink_job(bootstrap, topic, db, tmp_path, "last", -1, "available-now")
     assert last.wait(300) == 0, f"kills after {delays}: {last.output()}"
     check_exactly_once(pg, bootstrap, topic, expected)
 
@@ -74,7 +55,7 @@ def test_broker_killed_mid_stream_then_restarted(own_broker: Broker, db, pg, tmp
     bootstrap = own_broker.bootstrap
     topic = create_topic(bootstrap, unique("orders"), partitions=2)
     expected = produce_orders(bootstrap, topic, 1500)
-    streaming = job(bootstrap, topic, db, tmp_path, "streaming", -1)
+    streaming = sink_job(bootstrap, topic, db, tmp_path, "streaming", -1)
     streaming.wait_for_output("applied 1", timeout=180)
     own_broker.restart(signal.SIGKILL)
     expected.update(produce_orders(bootstrap, topic, 700))
@@ -86,6 +67,6 @@ def test_broker_killed_mid_stream_then_restarted(own_broker: Broker, db, pg, tmp
     if streaming.process.poll() is None:
         streaming.kill9()  # it rode the outage out (or hangs: the checks below say which)
     else:  # it failed on the outage: a restart from its checkpoint finishes the topic
-        resumed = job(bootstrap, topic, db, tmp_path, "resumed", -1, "available-now")
+        resumed = sink_job(bootstrap, topic, db, tmp_path, "resumed", -1, "available-now")
         assert resumed.wait(300) == 0, resumed.output()
     check_exactly_once(pg, bootstrap, topic, expected)

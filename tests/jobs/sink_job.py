@@ -3,7 +3,10 @@
 Usage: sink_job.py BOOTSTRAP TOPIC DATABASE_URL TABLE CHECKPOINT WORKDIR MAX_OFFSETS PAUSE_AT [available-now]
 PAUSE_AT is a batch id: after its rows are staged (executors committed) and before
 it is applied, the job prints "staged N" and waits to be killed (-1: never).
-Prints "applied N" after each applied batch.
+Prints "applied N" after each applied batch. With PAUSE_AT "start" the job runs
+`sink.start` as a user would (in the tasks where the frame allows it) and prints
+its route instead: what a Spark Connect client (SPARK_REMOTE) can see, since its
+batch function runs beside the server.
 """
 
 import sys
@@ -21,19 +24,22 @@ spark = local_session(Path(work), app_name="sink-job", master="local[2]")
 register(spark)
 events = orders_stream(spark, bootstrap, topic, max_offsets)
 sink = PostgresSink(table, url=url, outbox=Outbox(topic="out", key="written.event_id::text"))
-writer = sink.writer(events)
+trigger = {"availableNow": True} if available_now else {"processingTime": "1 second"}
+if pause_at == "start":
+    query = sink.start(events, checkpoint, trigger=trigger)
+    print(f"route: {sink.route}", flush=True)
+else:
+    writer = sink.writer(events)
 
+    def batch(frame, batch_id):  # type: ignore[no-untyped-def]
+        staged = writer.stage(frame, batch_id)
+        if batch_id == int(pause_at):
+            print(f"staged {batch_id}", flush=True)
+            time.sleep(3600)
+        writer.apply(staged)
+        print(f"applied {batch_id}", flush=True)
 
-def batch(frame, batch_id):  # type: ignore[no-untyped-def]
-    staged = writer.stage(frame, batch_id)
-    if batch_id == int(pause_at):
-        print(f"staged {batch_id}", flush=True)
-        time.sleep(3600)
-    writer.apply(staged)
-    print(f"applied {batch_id}", flush=True)
-
-
-stream = events.writeStream.foreachBatch(batch).option("checkpointLocation", checkpoint)
-query = (stream.trigger(availableNow=True) if available_now else stream).start()
+    stream = events.writeStream.foreachBatch(batch).option("checkpointLocation", checkpoint)
+    query = (stream.trigger(availableNow=True) if available_now else stream).start()
 query.awaitTermination()
 print("done", flush=True)

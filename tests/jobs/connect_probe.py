@@ -1,0 +1,28 @@
+"""Questions a Spark Connect client asks, answered as one JSON line (SPARK_REMOTE names the server).
+
+Usage: connect_probe.py routes WORKDIR
+       connect_probe.py read WORKDIR BOOTSTRAP TOPIC
+routes: the sink's route for each of tests.placement_frames, and the expected one.
+read: kafka_rc's batch read of TOPIC, as [partition, offset, key, value] rows.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+from sinks.kafka_source import register
+from sinks.local_spark import local_session, stop_session
+from tests.placement_frames import expected, routes
+from tests.source_support import batch_read
+
+command, work = sys.argv[1:3]
+spark = local_session(Path(work), app_name="connect-probe")
+register(spark)
+if command == "routes":
+    answer: object = {"routes": routes(spark), "expected": expected(spark)}
+else:
+    bootstrap, topic = sys.argv[3:5]
+    rows = batch_read(spark, bootstrap, topic)
+    answer = sorted([r.partition, r.offset, r.key.decode(), r.value.decode()] for r in rows)
+print(json.dumps({"session": type(spark).__module__, "answer": answer}), flush=True)
+stop_session(spark)
