@@ -17,8 +17,11 @@ install: $(STAMP)
 # BROKERS=3: the loop on a three-node Kafka cluster (RF 3, min.insync 2), its nodes killed in turn.
 BROKERS ?= 1
 
+# CONNECT=1: the Spark job as a Spark Connect client of a server of the demo's own.
+CONNECT ?= 0
+
 demo: $(STAMP)
-	$(PY) -m demos.loop --brokers $(BROKERS) $(DEMO_FLAGS)
+	$(PY) -m demos.loop --brokers $(BROKERS) $(if $(filter 1,$(CONNECT)),--connect) $(DEMO_FLAGS)
 
 demo-smoke: $(STAMP)
 	$(PY) -m demos.smoke

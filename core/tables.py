@@ -25,6 +25,9 @@ SINK_TOPICS = "sink_topics"
 SINK_DEAD_LETTERS = "sink_dead_letters"
 SINK_STAGE_PREFIX = "sink_stage_"  # + a digest of the sink's name: one staged batch's rows
 
+# Columns that later revisions added to a table: whoever requires the table needs them too.
+ADDED_COLUMNS = {SINK_BATCHES: ("result",)}
+
 # What a writer of outbox rows supplies; id, txid and created_at come from their defaults.
 OUTBOX_COLUMNS = ("event_id", "topic", "key", "value", "header_keys", "header_values")
 
@@ -50,3 +53,15 @@ def require(conn: psycopg.Connection[Any], url: DatabaseUrl, schema: str, names:
     missing = [name for name, (regclass,) in zip(names, found, strict=True) if regclass is None]
     if missing:
         raise missing_tables(schema, missing, url)
+    wanted = [(t, c) for t in names for c in ADDED_COLUMNS.get(t, ())]
+    present = conn.execute(
+        "SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = %s"
+        " AND (table_name, column_name) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+        [schema, [t for t, _ in wanted], [c for _, c in wanted]],
+    ).fetchall()
+    behind = [f"{schema}.{t}.{c}" for t, c in wanted if (t, c) not in set(present)]
+    if behind:
+        raise ConfigError(
+            f"{', '.join(behind)} {'is' if len(behind) == 1 else 'are'} missing in {url.safe}: its tables are"
+            f" of an older revision; run `outbox db upgrade --schema {schema}` first"
+        )

@@ -128,13 +128,19 @@ def produce_orders(bootstrap: str, topic: str, count: int) -> dict[str, tuple]:
 
 
 def check_exactly_once(
-    pg: psycopg.Connection, bootstrap: str, topic: str, expected: dict[str, tuple], dead: int = 0
+    pg: psycopg.Connection,
+    bootstrap: str,
+    topic: str,
+    expected: dict[str, tuple],
+    dead: int = 0,
+    deleted: int = 0,
 ) -> None:
-    """Table, ledger, outbox and `dead` dead letters as if every committed record was applied once."""
+    """Table, ledger, outbox and `dead` dead letters as if every committed record was applied once;
+    `deleted`: events inserted, then deleted by a tombstone."""
     assert table(pg) == expected
     assert ledger(pg) == log_ends(bootstrap, topic)
-    # One outbox event per change: each insert, each edit; no redelivery, replay or restart adds one.
-    changes = len(expected) + sum(1 for v in expected.values() if v[1] == Decimal("9.99"))
+    # One outbox event per change: each insert, edit and delete; no redelivery, replay or restart adds one.
+    changes = len(expected) + sum(1 for v in expected.values() if v[1] == Decimal("9.99")) + 2 * deleted
     assert pg.execute("SELECT count(*) FROM outbox_events").fetchone() == (changes,)
     assert pg.execute("SELECT count(*) FROM sink_dead_letters").fetchone() == (dead,)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
@@ -54,3 +55,27 @@ def stream_to_memory(
 
 def records(n: int, tag: str) -> list[tuple[bytes, bytes]]:
     return [(f"k{i % 7}".encode(), f"{tag}-{i}".encode()) for i in range(n)]
+
+
+# Wrong kafka_rc options, by what is wrong ("bootstrap" stands for the broker's address).
+MISTAKES = {
+    "no bootstrap": {"subscribe": "t"},
+    "no topic": {"kafka.bootstrap.servers": "bootstrap"},
+    "unknown option": {"kafka.bootstrap.servers": "bootstrap", "subscribe": "t", "pollTimeout": "1"},
+    "missing topic": {"kafka.bootstrap.servers": "bootstrap", "subscribe": "no-such-topic-here"},
+}
+
+
+def mistakes(spark: SparkSession, bootstrap: str) -> dict[str, str | None]:
+    """What a batch read with each of MISTAKES tells its caller: the framework's own line out of
+    whatever Spark wrapped it in (None where the read went through)."""
+    told: dict[str, str | None] = {}
+    for what, options in MISTAKES.items():
+        given = {k: bootstrap if v == "bootstrap" else v for k, v in options.items()}
+        try:
+            spark.read.format("kafka_rc").options(**given).load().collect()
+            told[what] = None
+        except Exception as exc:  # classic and Connect wrap it in classes of their own
+            found = re.search(r"(?:ConfigError|OutboxError): (.+)", str(exc))
+            told[what] = found[1].strip() if found else str(exc)
+    return told

@@ -83,6 +83,12 @@ def parser() -> argparse.ArgumentParser:
         help="Kafka nodes: 1, or a cluster (3: RF 3, min.insync 2) whose nodes are killed in turn"
         " (default 1; `make demo BROKERS=3`)",
     )
+    p.add_argument(
+        "--connect",
+        action="store_true",
+        help="run the Spark job as a Spark Connect client of a server of the demo's own; its kill -9s"
+        " are of both (`make demo CONNECT=1`)",
+    )
     p.add_argument("--no-chaos", action="store_true", help="kill nothing: a quiet run")
     p.add_argument("--seed", type=int, default=None, help="random seed for the input and the kill times")
     p.add_argument(
@@ -124,11 +130,13 @@ def main(argv: list[str] | None = None) -> int:
         kills=kills,
         seed=seed,
         drain_timeout=args.drain_timeout,
+        connect=args.connect,
     )
-    console.print(f"demo: {args.events:,} events over {args.duration:.0f}s, kills {kills}, seed {seed}")
+    how = ", Spark Connect" if args.connect else ""
+    console.print(f"demo: {args.events:,} events over {args.duration:.0f}s, kills {kills}, seed {seed}{how}")
     try:
         find_java(needed_by="The demo's Spark job and Kafka broker")
-        for left in ("kafka", "checkpoint", "spark", "logs"):  # from a run that was killed
+        for left in ("kafka", "checkpoint", "spark", "connect", "logs"):  # from a run that was killed
             shutil.rmtree(args.dir / left, ignore_errors=True)
         with running(args.dir / "services", services=["postgres"]) as started:
             url = DatabaseUrl.parse(os.environ.get("DATABASE_URL") or started["DATABASE_URL"])

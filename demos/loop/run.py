@@ -31,6 +31,7 @@ from demos.loop.fill import Filler
 from demos.loop.show import Display, Timeline
 from demos.loop.verdict import Out, Verdict, committed_events, judge
 from outbox import migrate
+from outbox.dev.connect import ConnectServer
 from outbox.dev.kafka import Broker, Cluster, replicas
 from outbox.dev.process import spawn
 from outbox.dev.process import tail as tail_of
@@ -66,6 +67,7 @@ class Settings:
     kills: dict[str, int]  # spark, relay, broker
     seed: int
     drain_timeout: float
+    connect: bool = False  # the Spark job a Spark Connect client of a server of the demo's own
 
 
 class Child:
@@ -114,6 +116,24 @@ class Child:
             return text in self.log.read_text(errors="replace")
         except OSError:
             return False
+
+
+class ConnectChild(Child):
+    """The Spark job as a Spark Connect client, with its server: the server runs the query, its
+    batches and tasks, so a kill -9 of the job is of both, and the server starts first again."""
+
+    def __init__(self, server: ConnectServer, argv: list[str], env: dict[str, str], logs: Path) -> None:
+        self.server = server
+        super().__init__("spark", argv, {**env, "SPARK_REMOTE": server.url}, logs)
+
+    def start(self) -> None:
+        if self.server.process is None:
+            self.server.start()
+        super().start()
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        super().kill(sig)
+        self.server.kill9()
 
 
 class Tail(threading.Thread):
@@ -226,21 +246,21 @@ class Loop:
         env["PYTHONPATH"] = os.pathsep.join([str(Path.cwd()), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         logs = self.work / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        spark = Child(
-            "spark",
-            [
-                "-m",
-                "demos.loop.transform",
-                self.bootstrap,
-                self.input,
-                self.output,
-                SCHEMA,
-                TABLE,
-                str(self.work / "checkpoint"),
-                str(self.work / "spark"),
-            ],
-            env,
-            logs,
+        job = [
+            "-m",
+            "demos.loop.transform",
+            self.bootstrap,
+            self.input,
+            self.output,
+            SCHEMA,
+            TABLE,
+            str(self.work / "checkpoint"),
+            str(self.work / "spark"),
+        ]
+        spark = (
+            ConnectChild(ConnectServer(self.work / "connect", env=env), job, env, logs)
+            if self.s.connect
+            else Child("spark", job, env, logs)
         )
         relay = Child(
             "relay",

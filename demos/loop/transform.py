@@ -6,7 +6,9 @@ changes, in the same transaction. Keyed on the account, the sink applies an
 account's events of one batch one by one in offset order, so its outbox events
 keep the account's order; `version` makes a redelivered or older event a no-op.
 Prints "started" once the query runs and
-"applied BATCH ROWS" after each batch.
+"applied BATCH ROWS" once it sees a batch applied (`sink.last`, which a Spark
+Connect client reads from PostgreSQL). With SPARK_REMOTE set the job is a
+Spark Connect client of that server (`make demo CONNECT=1`).
 
 Usage: python -m demos.loop.transform BOOTSTRAP INPUT OUTPUT SCHEMA TABLE CHECKPOINT WORKDIR
 """
@@ -50,22 +52,19 @@ def main(
         ledger_schema=schema,
         outbox=Outbox(topic=output, key="written.account::text"),
     )
-    write = sink.writer(squares)
-
-    def batch(frame, batch_id):  # type: ignore[no-untyped-def]
-        began = time.monotonic()
-        staged = write.stage(frame, batch_id)
-        mid = time.monotonic()
-        result = write.apply(staged)
-        print(
-            f"applied {batch_id} {result.upserted} at {mid - BORN:.1f}s:"
-            f" stage {mid - began:.1f}s apply {time.monotonic() - mid:.1f}s",
-            flush=True,
-        )
-
-    query = squares.writeStream.foreachBatch(batch).option("checkpointLocation", checkpoint).start()
+    query = sink.start(squares, checkpoint)
     print(f"started {time.monotonic() - BORN:.1f}s", flush=True)
-    query.awaitTermination()
+    before = sink.last  # the last batch of an earlier run of this query: not this run's work
+    seen = before.batch_id if before else None
+    while not query.awaitTermination(0.5):  # raises if the query failed
+        last = sink.last  # on Spark Connect, read from PostgreSQL: the batches run beside the server
+        if last is not None and last.batch_id != seen:
+            seen = last.batch_id
+            print(
+                f"applied {last.batch_id} {last.upserted} at {time.monotonic() - BORN:.1f}s:"
+                f" stage {last.stage_seconds:.1f}s apply {last.apply_seconds:.1f}s",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""`outbox dev up | down | status | broker`: throwaway PostgreSQL and Kafka on this machine.
+"""`outbox dev up | down | status | broker | connect`: throwaway PostgreSQL, Kafka and Spark Connect here.
 
 `up` prints `export NAME=value` lines, so `eval "$(outbox dev up)"` points
 every other command, the demo and the tests at the services it started.
@@ -9,6 +9,9 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
+import sys
+import threading
 from pathlib import Path
 
 from core.config import OUTBOX_DEV_DIR
@@ -63,6 +66,18 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     broker.add_argument("node", type=int, help="the node's id, 1..N")
     broker.set_defaults(handler=cmd_broker)
+    connect = with_dir(
+        actions.add_parser(
+            "connect",
+            help="run a Spark Connect server on loopback until Ctrl-C; print its export line",
+            description="A Spark Connect server from the installed pyspark's jars, on 127.0.0.1: jobs"
+            " reach it with SPARK_REMOTE (or SparkSession.builder.remote). Runs in the foreground"
+            " until SIGINT or SIGTERM. Its batches and tasks run with this Python and environment.",
+        )
+    )
+    connect.add_argument("--port", type=int, help="its port (default: a free one)")
+    connect.add_argument("--master", default="local[2]", help="its cluster (default local[2])")
+    connect.set_defaults(handler=cmd_connect)
 
 
 def export_lines(status: Status) -> list[str]:
@@ -102,3 +117,19 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not status.running and not status.given:
         print("# nothing is running (run `outbox dev up`)")
     return 1 if status.dead or not (status.running or status.given) else 0
+
+
+def cmd_connect(args: argparse.Namespace) -> int:
+    from outbox.dev.connect import ConnectServer
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with ConnectServer(args.dir / "connect", master=args.master, port=args.port) as server:
+        print(f"export SPARK_REMOTE={server.url}", flush=True)
+        print(f"# Spark Connect server running (log {server.log}); Ctrl-C stops it", flush=True)
+        while not stop.wait(1):
+            if server.process is None or server.process.poll() is not None:
+                print(f"# the server exited; its log: {server.log}", file=sys.stderr)
+                return 1
+    return 0

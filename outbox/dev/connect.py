@@ -17,7 +17,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from outbox.dev.process import free_port, port_in_use, spawn, stop, wait_until
+from outbox.dev.process import choose_port, port_in_use, spawn, stop, wait_until
 from outbox.dev.spark import spark_home
 from sinks.local_spark import prepare_environment, session_settings
 
@@ -35,7 +35,7 @@ class ConnectServer:
     """One Spark Connect server: `master` its cluster (`local[2]`, or a standalone master's URL).
 
     env: the server's own variables (its batch functions' and tasks' too); conf:
-    Spark settings for it. `kill9` and `start` again keep the port, so clients
+    Spark settings for it; port: a free one unless given. `kill9` and `start` again keep the port, so clients
     can reconnect to the same URL.
     """
 
@@ -47,10 +47,11 @@ class ConnectServer:
         jars: Sequence[Path] = (),
         conf: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
+        port: int | None = None,
     ) -> None:
         self.root = root.resolve()
         self.root.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
+        self.port = choose_port(port, "--port")
         self.url = f"sc://127.0.0.1:{self.port}"
         self.log = self.root / "connect-server.log"
         settings = session_settings(self.root, app_name="outbox-connect", master=master, conf=conf, jars=jars)

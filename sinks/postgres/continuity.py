@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame
 
 from sinks.kafka_source.ranges import to_offsets
 from sinks.ledger import Positions
 from sinks.postgres.refusal import SinkError
+from sinks.postgres.spark_plan import is_connect
 
 
 @dataclass(frozen=True)
@@ -47,11 +47,10 @@ def query_id(batch: DataFrame, checkpoint: str | None = None) -> str | None:
     Connect client has no SparkContext: there the id comes from the query's
     `checkpoint`, whose metadata file Spark writes before the first batch.
     """
-    try:
+    if not is_connect(batch):
         return batch.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
-    except PySparkException:
-        if checkpoint is None:
-            return None
+    if checkpoint is None:
+        return None
     metadata = batch.sparkSession.read.text(f"{checkpoint.rstrip('/')}/metadata").first()
     return str(json.loads(metadata[0])["id"]) if metadata else None
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 import psycopg
@@ -100,11 +101,19 @@ class PostgresSink:
         self.delete = delete
         self.kafka = dict(kafka or {})
         self._writer: BatchWriter | None = None
+        self._query: StreamingQuery | None = None
 
     @property
     def last(self) -> BatchResult | None:
-        """What the last batch of the query started by `start` did."""
-        return self._writer.last if self._writer else None
+        """What the last batch of the query started by `start` did. On Spark Connect, where the
+        batches run beside the server, read from PostgreSQL (the batch's record)."""
+        writer, query = self._writer, self._query
+        if writer is None or writer.last is not None or query is None:
+            return writer.last if writer else None
+        with connect(self.spec.url, autocommit=True) as conn:
+            params = {"sink": self.spec.name, "query": str(query.id)}
+            row = conn.execute(writer.statements.reported(), params).fetchone()
+        return BatchResult(**row[0]) if row and row[0] else None
 
     @property
     def route(self) -> Route | None:
@@ -139,7 +148,8 @@ class PostgresSink:
             stream = stream.trigger(**trigger)
         if query_name:
             stream = stream.queryName(query_name)
-        return stream.start()
+        self._query = stream.start()
+        return self._query
 
 
 @dataclass(frozen=True)
@@ -211,17 +221,24 @@ class BatchWriter:
             self._check(conn, query, batch_id)
             result = self.summarize(batch_id, self.tasks(batch).collect())
             if query:
-                self._record_after_tasks(conn, query, batch_id)
+                self._record_after_tasks(conn, query, result)
         return result
 
-    def _record_after_tasks(self, conn: psycopg.Connection, query: str, batch_id: int) -> None:
-        """Record the batch; if PostgreSQL restarted under the batch (its tasks retried), on a new session."""
-        record = (self.statements.record_batch(), self._batch(query, batch_id))
+    def _record_after_tasks(self, conn: psycopg.Connection, query: str, result: BatchResult) -> None:
+        """Record the batch and its outcome; if PostgreSQL restarted under the batch (its tasks
+        retried), on a new session."""
         try:
-            conn.execute(*record)
+            conn.execute(self.statements.record_batch(), self._batch(query, result.batch_id))
+            self._report(conn, query, result)
         except psycopg.OperationalError:
             with connect(self.spec.url, autocommit=True) as again:
-                again.execute(*record)
+                again.execute(self.statements.record_batch(), self._batch(query, result.batch_id))
+                self._report(again, query, result)
+
+    def _report(self, conn: psycopg.Connection, query: str, result: BatchResult) -> None:
+        """The batch's outcome beside its record, where a Spark Connect client reads `sink.last`."""
+        params = {**self._batch(query, result.batch_id), "result": json.dumps(asdict(result))}
+        conn.execute(self.statements.report_batch(), params)
 
     def tasks(self, batch: DataFrame) -> DataFrame:
         """The batch's tasks, one result row each once its transaction committed; lazy until collected."""
@@ -287,8 +304,10 @@ class BatchWriter:
         except BaseException:
             _drop_stage(staged.conn, self.statements)  # a failed batch leaves nothing behind
             raise
-        staged.conn.close()  # releases the lock
         self.last = replace(result, stage_seconds=staged.seconds, apply_seconds=time.perf_counter() - start)
+        with staged.conn:  # closing it releases the lock
+            if staged.query:
+                self._report(staged.conn, staged.query, self.last)
         log.info("sink %s: %s", self.spec.name, self.last)
         return self.last
 

@@ -150,6 +150,22 @@ class Statements:
             ).format(self.names.batches)
         )
 
+    def report_batch(self) -> sql.Composable:
+        """The recorded batch's outcome (a BatchResult as JSON), once it committed: for any client."""
+        return bindable(
+            sql.SQL(
+                "UPDATE {} SET result = %(result)s::jsonb"
+                " WHERE sink = %(sink)s AND query_id = %(query)s AND batch_id = %(batch)s"
+            ).format(self.names.batches)
+        )
+
+    def reported(self) -> sql.Composable:
+        return bindable(
+            sql.SQL("SELECT result FROM {} WHERE sink = %(sink)s AND query_id = %(query)s").format(
+                self.names.batches
+            )
+        )
+
     # -- applying ----------------------------------------------------------------------------------------
 
     def claim(self) -> sql.Composable:

@@ -1,12 +1,15 @@
 """kill -9 of a Spark Connect server, and of its client, in the middle of the sink's batches.
 
-The server runs the query, its batch function and its tasks; the client only
-started it and waits. Either may die. After a restart from the same checkpoint,
+The server runs the query and its batch function; its tasks run on a Spark
+standalone cluster's executors, JVMs of their own that outlive a killed server
+for a moment (an orphaned task may still commit). The client only started the
+query and waits. Either may die. After a restart from the same checkpoint,
 every committed event is applied once, and the ledger stands at the log's end.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from pathlib import Path
@@ -15,8 +18,16 @@ import psycopg
 
 from core.config import DatabaseUrl
 from outbox.dev.connect import ConnectServer
+from outbox.dev.spark import StandaloneCluster
 from tests.helpers import REPO, Job, wait_for
 from tests.sink_support import check_exactly_once, produce_orders, sink_job, table
+
+# Two one-core executors, one on each worker; a task that failed runs again on the other.
+EXECUTORS = {
+    "spark.executor.memory": "768m",
+    "spark.cores.max": "2",
+    "spark.excludeOnFailure.taskAndStage.enabled": "true",
+}
 
 
 def client(server: ConnectServer, bootstrap: str, topic: str, db: DatabaseUrl, tmp: Path, run: str) -> Job:
@@ -28,12 +39,19 @@ def client(server: ConnectServer, bootstrap: str, topic: str, db: DatabaseUrl, t
 def test_server_and_client_killed_mid_batch_then_restarted(  # type: ignore[no-untyped-def]
     bootstrap, topic, db, pg: psycopg.Connection, tmp_path: Path
 ) -> None:
-    """The server killed while its tasks apply a batch, then restarted on the same port; then the
-    client killed while the restarted server applies (the query lives on in the server until the
-    next client's run of it takes over); then a last run to the end of the topic."""
-    with ConnectServer(tmp_path / "connect", env={"PYTHONPATH": str(REPO)}) as server:
+    """The server killed while its tasks apply a batch on the cluster, then restarted on the same
+    port; then the client killed while the restarted server applies (the query lives on in the
+    server until the next client's run of it takes over); then a last run to the end of the topic."""
+    with contextlib.ExitStack() as stack:
+        cluster = StandaloneCluster(tmp_path / "cluster", workers=2, cores=1)
+        stack.callback(cluster.stop)
+        env = {"PYTHONPATH": str(REPO)}
+        server = stack.enter_context(
+            ConnectServer(tmp_path / "connect", master=cluster.url, conf=EXECUTORS, env=env)
+        )
         expected = produce_orders(bootstrap, topic, 1500)
         first = client(server, bootstrap, topic, db, tmp_path, "first")
+        first.wait_for_output("applies each batch in the Spark tasks", 180)
         wait_for(lambda: len(table(pg)) > 0, 180, "the first batch applied")
         time.sleep(random.uniform(0.0, 1.5))
         server.kill9()

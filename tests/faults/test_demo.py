@@ -3,6 +3,8 @@
 import json
 from pathlib import Path
 
+import pytest
+
 from core.config import DatabaseUrl
 from outbox.dev.process import cmdline_contains
 from tests.helpers import Job
@@ -24,10 +26,12 @@ def test_smoke_demo_applies_every_committed_event_once(
     assert not work.exists(), "the demo must delete its scratch directory"
 
 
+@pytest.mark.parametrize("mode", ["classic", "connect"])
 def test_the_loop_under_chaos_delivers_every_committed_event_once_in_order(
-    server_url: DatabaseUrl, tmp_path: Path
+    server_url: DatabaseUrl, tmp_path: Path, mode: str
 ) -> None:
-    """`make demo` in small: kill -9 the Spark job and the relay twice each, the broker once."""
+    """`make demo` in small: kill -9 the Spark job and the relay twice each, the broker once; and
+    `make demo CONNECT=1`, the Spark job a Connect client whose server is killed -9 with it."""
     work, chart = tmp_path / "loop", tmp_path / "loop.png"
     kills = {"spark": 2, "relay": 2, "broker": 1}
     job = Job(
@@ -51,6 +55,7 @@ def test_the_loop_under_chaos_delivers_every_committed_event_once_in_order(
             "--chart",
             str(chart),
             "--json",
+            *(["--connect"] if mode == "connect" else []),
         ],
         tmp_path / "loop.log",
         # A broker of the demo's own, so that it can restart it.

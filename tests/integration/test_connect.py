@@ -8,21 +8,23 @@ beside the server (the sink's batch function, kafka_rc's reads) runs there.
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 from typing import Any
 
 from outbox.dev.connect import ConnectServer
+from outbox.dev.process import cmdline_contains, free_port, port_in_use
 from tests.helpers import Job, produce_transaction, read_committed, transactional_producer
-from tests.sink_support import check_exactly_once, produce_orders
+from tests.sink_support import check_exactly_once, produce_orders, produce_poison
+from tests.source_support import mistakes
 
 PROBE = "tests/jobs/connect_probe.py"
 SINK_JOB = "tests/jobs/sink_job.py"
 
 
-def probe(server: ConnectServer, tmp: Path, *argv: str) -> Any:
-    job = Job(
-        [PROBE, argv[0], str(tmp / "work"), *argv[1:]], tmp / f"{argv[0]}.log", {"SPARK_REMOTE": server.url}
-    )
+def probe(url: str, tmp: Path, question: str, *args: str) -> Any:
+    """Ask tests/jobs/connect_probe.py, as a client of the server at `url`."""
+    job = Job([PROBE, question, str(tmp / "work"), *args], tmp / f"{question}.log", {"SPARK_REMOTE": url})
     assert job.wait(180) == 0, job.output()[-4000:]
     said = json.loads(job.output().strip().splitlines()[-1])
     assert said["session"].startswith("pyspark.sql.connect"), said  # a Connect client, not a classic driver
@@ -34,7 +36,7 @@ def test_the_sink_routes_connect_frames_as_classic_ones(
 ) -> None:
     """The placement decision read from the client's plan, with no JVM: the same as classic's
     (test_sink_placement_frames) for every frame of the shared list."""
-    answer = probe(connect_server, tmp_path, "routes")
+    answer = probe(connect_server.url, tmp_path, "routes")
     assert answer["routes"] == answer["expected"]
 
 
@@ -45,17 +47,35 @@ def test_kafka_rc_reads_committed_records_only(  # type: ignore[no-untyped-def]
     produce_transaction(producer, topic, [(b"k1", b"kept-1"), (b"k2", b"kept-2")])
     produce_transaction(producer, topic, [(b"k1", b"aborted")], commit=False)
     produce_transaction(producer, topic, [(b"k3", b"kept-3")])
-    rows = probe(connect_server, tmp_path, "read", bootstrap, topic)
+    rows = probe(connect_server.url, tmp_path, "read", bootstrap, topic)
     wanted = sorted([p, o, k.decode(), v.decode()] for p, o, k, v in read_committed(bootstrap, topic, 2))
     assert rows == wanted and len(rows) == 3
+
+
+def test_kafka_rc_tells_a_connect_client_what_it_tells_a_classic_one(  # type: ignore[no-untyped-def]
+    spark, connect_server: ConnectServer, bootstrap, tmp_path: Path
+) -> None:
+    """Wrong options get the same one line in both modes (the server's Python raised it)."""
+    told = probe(connect_server.url, tmp_path, "mistakes", bootstrap)
+    assert told == mistakes(spark, bootstrap)
+    assert all(told.values()), told
+    assert told["no bootstrap"] == "option kafka.bootstrap.servers is required", told
 
 
 def test_the_sink_applies_every_committed_event_once(  # type: ignore[no-untyped-def]
     connect_server: ConnectServer, bootstrap, topic, db, pg, tmp_path: Path
 ) -> None:
-    """Redelivered duplicates, edits and an aborted transaction, in batches of 400, applied in the
-    server's tasks; then the same checkpoint run again, and a new one: nothing changes."""
+    """Redelivered duplicates, edits, an aborted transaction, poison records and tombstones, in
+    batches of 400, applied in the server's tasks; then the same checkpoint run again, and a new
+    one: nothing changes. The client reads what the last batch did (`sink.last`) though the
+    batches ran beside the server."""
     expected = produce_orders(bootstrap, topic, 1000)
+    dead = produce_poison(bootstrap, topic)
+    gone = list(expected)[-5:]  # not among the edited ones, the first tenth
+    produce_transaction(transactional_producer(bootstrap), topic, [(i.encode(), None) for i in gone])
+    for i in gone:
+        del expected[i]
+    first: dict[str, Any] | None = None
     for run, checkpoint in (("first", "one"), ("again", "one"), ("lost-checkpoint", "two")):
         argv = [SINK_JOB, bootstrap, topic, db.raw, "orders", str(tmp_path / checkpoint), str(tmp_path / run)]
         job = Job(
@@ -65,7 +85,37 @@ def test_the_sink_applies_every_committed_event_once(  # type: ignore[no-untyped
         )
         assert job.wait(300) == 0, job.output()[-4000:]
         assert "applies each batch in the Spark tasks" in job.output(), job.output()[-4000:]
-        check_exactly_once(pg, bootstrap, topic, expected)
+        check_exactly_once(pg, bootstrap, topic, expected, dead=dead, deleted=len(gone))
         # The check that no batch was lost knows the query: its id, read from the checkpoint.
         query = json.loads((tmp_path / checkpoint / "metadata").read_text())["id"]
-        assert pg.execute("SELECT query_id FROM sink_batches").fetchall() == [(query,)]
+        recorded = pg.execute("SELECT query_id, batch_id FROM sink_batches").fetchall()
+        assert [q for q, _ in recorded] == [query]
+        last = json.loads(job.output().split("last: ", 1)[1].splitlines()[0])
+        assert last["batch_id"] == recorded[0][1] and last["staged"] > 0, last
+        if run == "first":  # its last batch brought new events
+            assert last["fresh"] > 0, last
+        elif run == "again":  # no batch: the query's last one is still the first run's
+            assert last == first, (last, first)
+        else:  # a new query over events all applied
+            assert last["fresh"] == last["upserted"] == last["deleted"] == last["dead"] == 0, last
+        first = first or last
+
+
+def test_outbox_dev_connect_serves_until_stopped(bootstrap, topic, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """`outbox dev connect`: the export line, a client served, and on SIGTERM nothing left."""
+    port, work = free_port(), tmp_path / "dev"
+    command = Job(
+        ["-m", "outbox", "dev", "connect", "--dir", str(work), "--port", str(port)], tmp_path / "dev.log", {}
+    )
+    url = f"sc://127.0.0.1:{port}"
+    command.wait_for_output(f"export SPARK_REMOTE={url}", 180)
+    produce_transaction(transactional_producer(bootstrap), topic, [(b"k", b"v")])
+    assert [row[2:] for row in probe(url, tmp_path, "read", bootstrap, topic)] == [["k", "v"]]
+    command.process.send_signal(signal.SIGTERM)
+    assert command.wait(60) == 0, command.output()
+    assert not port_in_use(port)
+    assert not [pid for pid in pids() if cmdline_contains(pid, str(work))], "a process outlived the command"
+
+
+def pids() -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]

@@ -7,6 +7,7 @@ import json
 import re
 import uuid
 from collections.abc import Iterator
+from dataclasses import asdict
 from decimal import Decimal
 
 import psycopg
@@ -43,6 +44,8 @@ def test_duplicates_within_and_across_batches_apply_once(spark, bootstrap, topic
     assert all(rows[i] == (n, Decimal("1.00"), None) for n, i in enumerate(ids) if n >= 20)
     assert ledger(pg) == log_ends(bootstrap, topic)
     assert sink.last is not None and sink.last.dead == 0
+    # The same outcome recorded beside the batch, where a Spark Connect client reads it.
+    assert pg.execute("SELECT result FROM sink_batches").fetchall() == [(asdict(sink.last),)]
 
 
 def test_versions_never_move_backwards(spark, db, pg) -> None:  # type: ignore[no-untyped-def]
@@ -452,6 +455,13 @@ def test_position_columns_and_ledger_are_required(spark, database, db, pg) -> No
         PostgresSink("orders", url=db.raw).writer(spark.createDataFrame([], "event_id string, n long"))
     with pytest.raises(ConfigError, match="outbox db upgrade --schema elsewhere"):
         PostgresSink("orders", url=db.raw, ledger_schema="elsewhere").writer(
+            spark.createDataFrame([], f"event_id string, n long, {KAFKA}")
+        )
+
+    # Tables of an older revision: the column a later one added is named, with the same remedy.
+    migrate.downgrade(db, "public", "0006")
+    with pytest.raises(ConfigError, match=r"public\.sink_batches\.result is missing .* older revision; run"):
+        PostgresSink("orders", url=db.raw).writer(
             spark.createDataFrame([], f"event_id string, n long, {KAFKA}")
         )
 

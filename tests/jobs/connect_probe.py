@@ -2,8 +2,10 @@
 
 Usage: connect_probe.py routes WORKDIR
        connect_probe.py read WORKDIR BOOTSTRAP TOPIC
+       connect_probe.py mistakes WORKDIR BOOTSTRAP
 routes: the sink's route for each of tests.placement_frames, and the expected one.
 read: kafka_rc's batch read of TOPIC, as [partition, offset, key, value] rows.
+mistakes: what a client is told of kafka_rc options that are wrong, one message each.
 """
 
 import json
@@ -13,13 +15,15 @@ from pathlib import Path
 from sinks.kafka_source import register
 from sinks.local_spark import local_session, stop_session
 from tests.placement_frames import expected, routes
-from tests.source_support import batch_read
+from tests.source_support import batch_read, mistakes
 
 command, work = sys.argv[1:3]
 spark = local_session(Path(work), app_name="connect-probe")
 register(spark)
 if command == "routes":
     answer: object = {"routes": routes(spark), "expected": expected(spark)}
+elif command == "mistakes":
+    answer = mistakes(spark, sys.argv[3])
 else:
     bootstrap, topic = sys.argv[3:5]
     rows = batch_read(spark, bootstrap, topic)

@@ -5,12 +5,14 @@ PAUSE_AT is a batch id: after its rows are staged (executors committed) and befo
 it is applied, the job prints "staged N" and waits to be killed (-1: never).
 Prints "applied N" after each applied batch. With PAUSE_AT "start" the job runs
 `sink.start` as a user would (in the tasks where the frame allows it) and prints
-its route instead: what a Spark Connect client (SPARK_REMOTE) can see, since its
-batch function runs beside the server.
+its route, and at the end `sink.last` as JSON: what a Spark Connect client
+(SPARK_REMOTE) can see, since its batch function runs beside the server.
 """
 
+import json
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from sinks.kafka_source import register
@@ -42,4 +44,6 @@ else:
     stream = events.writeStream.foreachBatch(batch).option("checkpointLocation", checkpoint)
     query = (stream.trigger(availableNow=True) if available_now else stream).start()
 query.awaitTermination()
+if pause_at == "start":
+    print(f"last: {json.dumps(asdict(sink.last) if sink.last else None)}", flush=True)
 print("done", flush=True)
