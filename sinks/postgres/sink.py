@@ -176,6 +176,12 @@ class BatchWriter:
         self.spec = spec
         self.checkpoint = checkpoint
         self._query: str | None = None
+        if checkpoint is None and is_connect(frame):
+            log.warning(
+                "sink %s: on Spark Connect the writer reads the query's id in its checkpoint; without"
+                " sink.writer(frame, checkpoint_location) it cannot check that PostgreSQL lost no batch",
+                spec.name,
+            )
         root, position = read_plan(frame)
         self.route = choose(root, position, spec.apply_in)
         self._topics = TopicCheck(source_options(root, kafka or {}), spec.name, spec.ledger_schema)
