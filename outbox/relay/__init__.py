@@ -3,6 +3,7 @@
 position.py      where a relay stands, what it publishes next, where a halt stops (pure)
 row.py           an outbox row, as the PostgreSQL edge hands it to the Kafka edge
 outbox_table.py  PostgreSQL: the shard's lock, snapshot-delta reads, cleanup, dead letters
+cleaner.py       cleanup on a session of its own, beside the publishing loop
 kafka.py         Kafka: one transaction per batch, with the position
 positions.py     the positions topic: made sure of, and read back at start
 resume.py        where a session starts: Kafka's position against the database's mark (pure)

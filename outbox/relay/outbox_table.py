@@ -184,7 +184,8 @@ class OutboxTable:
 
     # -- session -------------------------------------------------------------
 
-    def connect(self) -> None:
+    def connect(self, *, listen: bool = True) -> None:
+        """listen: for the channel writers notify on commit (the publishing session's, not the cleaner's)."""
         self._conn = connect(
             self.url,
             autocommit=True,
@@ -193,13 +194,13 @@ class OutboxTable:
             settings=keepalive(self.timeout),
         )
         try:
-            self._start_session()
+            self._start_session(listen)
         except (ConfigError, ServiceUnavailable):
             self.close()
             raise
 
     @round_trip("the session's first queries")
-    def _start_session(self) -> None:
+    def _start_session(self, listen: bool) -> None:
         conn = self.conn
         limit_session(conn, server_limits(self.timeout, self.silence))
         tables.require(conn, self.url, self.schema, USED)
@@ -210,7 +211,8 @@ class OutboxTable:
         if row[0]:
             raise Standby(f"PostgreSQL at {self.url.safe} is a standby (in recovery)")
         self.system = str(row[1])
-        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
+        if listen:
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
 
     def close(self) -> None:
         if self._conn is not None:
@@ -347,8 +349,8 @@ class OutboxTable:
 
 
 @contextlib.contextmanager
-def opened(table: OutboxTable) -> Iterator[OutboxTable]:
-    table.connect()
+def opened(table: OutboxTable, *, listen: bool = True) -> Iterator[OutboxTable]:
+    table.connect(listen=listen)
     try:
         yield table
     finally:

@@ -12,6 +12,7 @@ failure: its transaction was aborted, so Kafka stands where the loop does.)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
@@ -27,10 +28,11 @@ from confluent_kafka import KafkaException
 from core.config import DatabaseUrl
 from core.errors import ConfigError, OutboxError, ServiceUnavailable, Standby
 from core.postgres import reason
+from outbox.relay.cleaner import Cleaner
 from outbox.relay.kafka import Publisher, kafka_failure
 from outbox.relay.metrics import RelayMetrics
 from outbox.relay.outbox_table import OutboxTable, opened
-from outbox.relay.pause import BEFORE_CLEANUP, Pause
+from outbox.relay.pause import Pause
 from outbox.relay.poison import DEAD_LETTER, HALT, Poison
 from outbox.relay.position import Identity, Position, Shard, Target, advance, halt
 from outbox.relay.resume import resume
@@ -172,11 +174,15 @@ class Relay:
 
     # -- one session: lock, fence, read position, publish --------------------
 
-    def _session(self) -> None:
+    def _table(self) -> OutboxTable:
         s = self.settings
-        table = OutboxTable(
+        return OutboxTable(
             s.url, s.schema, s.name, s.shard, s.synchronous_commit, s.database_timeout, s.silence
         )
+
+    def _session(self) -> None:
+        s = self.settings
+        table = self._table()
         with opened(table):
             if not self._stand_by(table):
                 return
@@ -204,7 +210,17 @@ class Relay:
                     "active",
                     extra={**self._context, "position": position.base, "after_id": position.after_id},
                 )
-                self._publish(table, publisher, position)
+                cleaner = None
+                if s.cleanup:
+                    cleaner = Cleaner(
+                        self._table,
+                        self.metrics,
+                        batch=s.cleanup_batch,
+                        retention=s.retention,
+                        pause=self.pause,
+                    )
+                with cleaner or contextlib.nullcontext():
+                    self._publish(table, publisher, position, cleaner)
             finally:
                 self.metrics.active.set(0)
                 publisher.close()
@@ -229,9 +245,11 @@ class Relay:
             self.stop.wait(self.settings.poll_interval)
         return False
 
-    def _publish(self, table: OutboxTable, publisher: Publisher, position: Position) -> None:
+    def _publish(
+        self, table: OutboxTable, publisher: Publisher, position: Position, cleaner: Cleaner | None
+    ) -> None:
         s, m = self.settings, self.metrics
-        last_cleanup = 0.0
+        recorded = 0.0  # when the base was last recorded for the other relays
         one_by_one = 0  # rows to publish one per transaction, to find which one Kafka refuses
         # Through a backlog, the next part is read while this one is produced and
         # committed: the read only depends on the position `advance` already chose,
@@ -289,18 +307,15 @@ class Relay:
                 self._failures = 0
                 m.halted.set(0)
                 m.health(True, "active")
-                if time.monotonic() - last_cleanup > 1.0:
+                if cleaner is not None:
+                    cleaner.check()
+                if time.monotonic() - recorded > 1.0:
                     _settle(ahead)  # the connection must be idle; the part read stays ahead
+                    # On this session, not the cleaner's: the mark's transaction updates the same row.
                     table.record_base(position.base)
-                    last_cleanup = time.monotonic()
-                    if s.cleanup:
-                        if self.pause is not None:
-                            self.pause(BEFORE_CLEANUP)
-                        with m.cleanup_seconds.time():
-                            deleted = table.cleanup(position.base, s.cleanup_batch, s.retention)
-                        m.cleaned.inc(deleted)
-                        if deleted == s.cleanup_batch:
-                            last_cleanup = 0.0  # more to delete: again at the next batch
+                    recorded = time.monotonic()
+                    if cleaner is not None:
+                        cleaner.published(position.base)
                 if step.position.target is None:  # the delta is done: wait for the next commit
                     table.wait(s.poll_interval, self.stop)
 
@@ -351,5 +366,5 @@ def _describe(exc: BaseException, url: DatabaseUrl, bootstrap: str) -> str:
     if isinstance(exc, KafkaException):
         return str(kafka_failure(exc, bootstrap))
     if isinstance(exc, psycopg.Error):
-        return f"PostgreSQL: {reason(exc, url)}"
+        return f"PostgreSQL at {url.safe}: {reason(exc, url)}"
     return url.scrub(str(exc))

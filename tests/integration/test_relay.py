@@ -192,6 +192,25 @@ def test_a_record_over_the_topics_limit_is_the_only_one_refused_and_at_once(
     print(f"the rows around the refused record went out {took:.1f} s after the relay became active")
 
 
+def test_a_held_cleanup_holds_back_no_event(
+    tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, events_topic: str
+) -> None:
+    """Deleting published rows is off the publishing loop: a cleanup held at its start, as a slow
+    DELETE holds it, must not hold back the events committed meanwhile."""
+    first = Writers(outbox_db, events_topic).start(transactions=10)
+    first.join()
+    job, resume = relay_job(tmp_path, env, unique("relay"), pause_at="before-cleanup")
+    job.wait_for_output("paused at before-cleanup", 60)
+    second = Writers(outbox_db, events_topic).start(transactions=10)
+    second.join()
+    committed = Committed.merged(first.committed, second.committed)
+    assert_exactly_once(wait_published(bootstrap, events_topic, 3, committed.count, timeout=30), committed)
+    assert outbox_rows(outbox_db) == committed.count, "rows deleted by a cleanup that was held"
+    resume.touch()
+    wait_for(lambda: outbox_rows(outbox_db) == 0, 30, "cleanup once it goes on")
+    assert terminate(job) == 0
+
+
 def test_cleanup_leaves_what_a_slower_relay_of_the_same_outbox_has_not_published(
     tmp_path: Path, outbox_db: DatabaseUrl, bootstrap: str, own_broker: Broker
 ) -> None:
