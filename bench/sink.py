@@ -17,12 +17,17 @@ range-partitioned by topic and partition, as a user of such a frame would do, an
 its cost is measured alone too. Beside them:
   source:  Spark's Kafka source -> parse_json -> noop: the input with no writing at all;
            no writer fed by it can be faster;
+  source_arrow: the same, handed to Python as Arrow (mapInArrow) as the sink's tasks get it;
   source_memory, source_memory_ranged: the Parquet feeds -> noop;
   sink_rc: the sink fed by kafka_rc instead, the framework's own source;
   sink_driver: the sink from Kafka with apply_in="driver", the staged path.
   source_rf3, sink_rf3: the source alone and the sink, from the same events on a three-broker
            cluster (replication factor 3, min.insync.replicas 2): the cost of replication
            to the reader (--no-cluster leaves them out).
+Where the time goes: the sink's tasks time each stage (sinks/postgres/clock.py: input, that is
+the source, its decoding and Spark's Arrow; encode; COPY; the ledger's lock; the apply
+statement; the commit) and the hand-written peer its own (input, COPY, upsert, commit); both
+are printed per event, and the source runs say what the input costs without a writer.
 All runs use the same micro-batch size. Steady state excludes the first batch.
 Each writer first runs once from Kafka unmeasured: the JVMs' first reads are slower.
 CPU per row is machine-wide (bench/cpu.py): broker, PostgreSQL and Spark together.
@@ -44,6 +49,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import flags  # bench/flags.py
 import numpy as np
@@ -59,7 +65,10 @@ from core.config import DatabaseUrl
 from outbox import migrate
 from outbox.dev.kafka import Cluster
 from outbox.dev.stack import running
+from sinks.postgres.clock import STAGES
 
+# The hand-written peer's stages: rows from Spark, COPY (row by row: encode and send), upsert, commit.
+HAND_STAGES = ("input", "copy", "apply", "commit")
 SCHEMA = "event_id string, n long, amount decimal(12,2), note string"
 TABLE = "CREATE TABLE {} (event_id uuid PRIMARY KEY, n bigint, amount numeric(12,2), note text)"
 # The Spark runs that write, each to bench_<name>.
@@ -228,8 +237,17 @@ def spark_runs(
 
             return each
 
+        clocks: dict[str, dict[str, Any]] = {}
+
         def hand(table: str, _frame):  # type: ignore[no-untyped-def]
-            return hand_written_upsert(url.libpq, table)
+            clock = clocks[table] = {stage: spark.sparkContext.accumulator(0.0) for stage in HAND_STAGES}
+            return hand_written_upsert(url.libpq, table, clock)
+
+        def to_arrow(batch, _: int) -> None:  # type: ignore[no-untyped-def]
+            """The rows handed to Python as Arrow, as the sink's tasks get them, and dropped."""
+            batch.mapInArrow(lambda batches: (b.slice(0, 0) for b in batches), batch.schema).write.format(
+                "noop"
+            ).mode("append").save()
 
         with psycopg.connect(url.libpq, autocommit=True) as conn:
             for name in (*WRITERS, "warm_sink", "warm_jdbc", "warm_hand"):
@@ -247,6 +265,7 @@ def spark_runs(
             measure(f"warm_{writer}", events, make(f"bench_warm_{writer}", events))
         runs: dict[str, dict] = {
             "source": measure("source", kafka(), noop),
+            "source_arrow": measure("source_arrow", kafka(), to_arrow),
             "source_memory": measure("source_memory", memory(), noop),
             "source_memory_ranged": measure("source_memory_ranged", ranged(), noop),
         }
@@ -274,6 +293,18 @@ def spark_runs(
                 {"rows": b.staged, "stage_s": round(b.stage_seconds, 3), "apply_s": round(b.apply_seconds, 3)}
                 for b in batches
             ]
+            # Steady batches only, as the rates are: task seconds per stage over their rows.
+            steady = batches[1:] or batches
+            rows = sum(b.staged for b in steady) or 1
+            runs[name]["stages_us"] = {
+                stage: sum(b.stages.get(stage, 0.0) for b in steady) / rows * 1e6 for stage in STAGES
+            }
+        for table, clock in clocks.items():
+            name = table.removeprefix("bench_")
+            if name in runs:  # the whole run, first batch included: accumulators do not say per batch
+                runs[name]["stages_us"] = {
+                    s: a.value / runs[name]["rows_all"] * 1e6 for s, a in clock.items()
+                }
     finally:
         stop_session(spark)
     return runs
@@ -287,11 +318,18 @@ def settle(url: DatabaseUrl) -> None:
         conn.execute("CHECKPOINT")
 
 
-def hand_written_upsert(libpq: str, table: str) -> Callable:
-    """foreachBatch as users write it by hand: each task COPYs its rows, then upserts them."""
+def hand_written_upsert(libpq: str, table: str, clock: dict[str, Any]) -> Callable:
+    """foreachBatch as users write it by hand: each task COPYs its rows, then upserts them.
+
+    clock: a Spark accumulator per stage (HAND_STAGES), which its tasks add their seconds to.
+    The rows are taken from Spark before the COPY, so that the source's share can be told apart.
+    """
 
     def each(batch, _: int) -> None:  # type: ignore[no-untyped-def]
         def task(rows) -> None:  # type: ignore[no-untyped-def]
+            t0 = time.perf_counter()
+            rows = list(rows)
+            t1 = time.perf_counter()
             with psycopg.connect(libpq) as conn:
                 conn.execute(
                     "CREATE TEMP TABLE incoming (event_id uuid, n bigint, amount numeric(12,2), note text)"
@@ -300,10 +338,16 @@ def hand_written_upsert(libpq: str, table: str) -> Callable:
                 with conn.cursor().copy("COPY incoming FROM STDIN") as copy:
                     for row in rows:
                         copy.write_row(row)
+                t2 = time.perf_counter()
                 conn.execute(
                     f"INSERT INTO {table} SELECT * FROM incoming ON CONFLICT (event_id) DO UPDATE"
                     " SET n = EXCLUDED.n, amount = EXCLUDED.amount, note = EXCLUDED.note"
                 )
+                t3 = time.perf_counter()
+                conn.commit()
+            laps = (t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3)
+            for stage, seconds in zip(HAND_STAGES, laps, strict=True):
+                clock[stage].add(seconds)
 
         batch.select("event_id", "n", "amount", "note").foreachPartition(task)
 
@@ -326,6 +370,7 @@ def run(frame, each_batch: Callable, checkpoint: Path) -> dict:  # type: ignore[
     rows = [b["numInputRows"] for b in batches]
     result = figures(rows, [b["durationMs"]["triggerExecution"] / 1000 for b in batches])
     result["whole_run_per_s"] = sum(rows) / usage.wall_s
+    result["rows_all"] = sum(rows)
     result["cpu_us_per_row"] = usage.cpu_us_per(sum(rows)) or float("nan")
     result["cpu_us_per_row_by"] = usage.components_us_per(sum(rows))
     return result
@@ -475,6 +520,33 @@ def main() -> int:
     for name in (n for n in SINKS if n in runs):
         detail = " ".join(f"{b['stage_s']:.2f}/{b['apply_s']:.2f}" for b in runs[name]["batches_detail"])
         print(f"  {name:<12} {detail}")
+    # Where the time goes: each writer's task seconds per event and stage (summed over its tasks,
+    # so up to the cores' count times the wall time), beside its wall time per event; and the
+    # source alone, without and with Spark's conversion to Arrow, in wall time per event.
+    breakdown: dict[str, object] = {"unit": "task microseconds per event; wall_us: wall per event"}
+    print("where the time goes, task us per event by stage (wall us per event):")
+    for name in (n for n in runs if "stages_us" in runs[n]):
+        stages = {k: round(v, 2) for k, v in runs[name]["stages_us"].items()}
+        breakdown[name] = {**stages, "wall_us": round(1e6 / steady(name), 2)}
+        cells = " | ".join(f"{k} {v:.1f}" for k, v in stages.items())
+        print(f"  {name:<12} {cells}  ({1e6 / steady(name):.1f})")
+    fetch, arrow = 1e6 / steady("source"), 1e6 / steady("source_arrow")
+    breakdown |= {"source_wall_us": round(fetch, 2), "source_to_arrow_wall_us": round(arrow, 2)}
+    print(
+        f"  source alone (fetch, decode) {fetch:.1f}; and to Arrow in Python {arrow:.1f}"
+        f" (Arrow: {arrow - fetch:+.1f})"
+    )
+    result["breakdown"] = breakdown
+    # The bound on this machine, all cores busy: any upsert fed by the same source costs at least
+    # the source alone plus the bare COPY + upsert (psycopg) in CPU per row; a writer's best ratio
+    # to a peer is the peer's CPU per row over that floor.
+    floor = runs["source"]["cpu_us_per_row"] + base["cpu_us_per_row"]
+    result["floor_cpu_us_per_row"] = round(floor, 1)
+    print(f"the floor from Kafka: source alone + bare upsert = {floor:.1f} CPU us per row; so at best")
+    for peer in ("jdbc", "hand"):
+        best = runs[peer]["cpu_us_per_row"] / floor
+        result[f"bound_ratio_sink_vs_{peer}"] = round(best, 3)
+        print(f"  sink / {peer:<4}: {best:.2f} (its {runs[peer]['cpu_us_per_row']:.1f} us over the floor)")
     wrong = {
         name: run["written"]
         for name, run in runs.items()

@@ -54,6 +54,8 @@ def require(conn: psycopg.Connection[Any], url: DatabaseUrl, schema: str, names:
     if missing:
         raise missing_tables(schema, missing, url)
     wanted = [(t, c) for t in names for c in ADDED_COLUMNS.get(t, ())]
+    if not wanted:
+        return
     present = conn.execute(
         "SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = %s"
         " AND (table_name, column_name) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",

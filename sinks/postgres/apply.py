@@ -11,7 +11,7 @@ and dead-lettered.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -31,6 +31,8 @@ class BatchResult:
     retries: int = 0  # task transactions started over (lost connection, deadlock)
     stage_seconds: float = 0.0  # in the tasks: the slowest task's COPY; on the driver: the stage job
     apply_seconds: float = 0.0  # in the tasks: the slowest task's apply and commit
+    # In the tasks: seconds per stage (sinks.postgres.clock), summed over the batch's tasks.
+    stages: dict[str, float] = field(default_factory=dict)
 
     @property
     def replayed(self) -> int:

@@ -22,6 +22,7 @@ from core.postgres import connect
 from sinks.ledger import positions
 from sinks.postgres.apply import BatchResult, apply_batch
 from sinks.postgres.catalog import describe
+from sinks.postgres.clock import STAGES
 from sinks.postgres.continuity import LastBatch, lost, lost_batches, query_id
 from sinks.postgres.placement import ApplyIn, Route, choose
 from sinks.postgres.plan import Conversion, Plan, plan
@@ -256,8 +257,13 @@ class BatchWriter:
         if refused:
             raise SinkError(refused[0])
         counts = (sum(getattr(r, c) for r in done) for c in COUNTS)
-        slowest = (max((getattr(r, t) for r in done), default=0.0) for t in TIMES)
-        self.last = BatchResult(batch_id, *counts, *slowest)
+        stages = {stage: sum(getattr(r, t) for r in done) for stage, t in zip(STAGES, TIMES, strict=True)}
+
+        def slowest(*parts: str) -> float:
+            return max((sum(getattr(r, f"{p}_seconds") for p in parts) for r in done), default=0.0)
+
+        staging, applying = slowest("encode", "copy"), slowest("lock", "apply", "commit")
+        self.last = BatchResult(batch_id, *counts, staging, applying, stages)
         log.info("sink %s: %s", self.spec.name, self.last)
         return self.last
 

@@ -10,7 +10,7 @@ the bad rows are found; those are staged as dead letters with the raw record.
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import psycopg
@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from sinks.postgres.clock import Clock
 from sinks.postgres.refusal import ROW_ERRORS, reason
 from sinks.postgres.statements import ATTEMPT_SETTING
 
@@ -64,10 +65,12 @@ def attempt_id(token: int) -> int:
     return (token << 32) | ((context.taskAttemptId() if context else 0) & 0xFFFFFFFF)
 
 
-def copy_batch(conn: psycopg.Connection, job: StageJob, batch: pa.RecordBatch) -> int:
+def copy_batch(
+    conn: psycopg.Connection, job: StageJob, batch: pa.RecordBatch, clock: Clock | None = None
+) -> int:
     """COPY one Arrow batch into the stage, its unwritable rows as dead letters; returns how many."""
     rows, bad = split_unwritable(batch, job)
-    errors = [*bad.items(), *copy_bisect(conn, job, rows, _kept(batch, bad))]
+    errors = [*bad.items(), *copy_bisect(conn, job, rows, _kept(batch, bad), clock or Clock())]
     if errors:
         write_dead(conn, job, batch, errors)
     return len(errors)
@@ -88,26 +91,28 @@ def split_unwritable(batch: pa.RecordBatch, job: StageJob) -> tuple[pa.RecordBat
     return batch.filter(keep), bad
 
 
-def _kept(batch: pa.RecordBatch, bad: dict[int, str]) -> list[int]:
-    return [i for i in range(batch.num_rows) if i not in bad] if bad else list(range(batch.num_rows))
+def _kept(batch: pa.RecordBatch, bad: dict[int, str]) -> Sequence[int]:
+    return [i for i in range(batch.num_rows) if i not in bad] if bad else range(batch.num_rows)
 
 
 def copy_bisect(
-    conn: psycopg.Connection, job: StageJob, rows: pa.RecordBatch, index: list[int]
+    conn: psycopg.Connection, job: StageJob, rows: pa.RecordBatch, index: Sequence[int], clock: Clock
 ) -> list[tuple[int, str]]:
     """COPY `rows`; on a data error, halve until each bad row is found. Returns (original index, error)."""
     if rows.num_rows == 0:
         return []
+    with clock.stage("encode"):
+        data = to_csv(rows, len(job.names))
     try:
-        with conn.transaction(), conn.cursor().copy(job.copy_rows) as copy:
-            copy.write(to_csv(rows, len(job.names)))
+        with clock.stage("copy"), conn.transaction(), conn.cursor().copy(job.copy_rows) as copy:
+            copy.write(data)
         return []
     except ROW_ERRORS as exc:
         if rows.num_rows == 1:
             return [(index[0], reason(exc, job.names))]
     half = rows.num_rows // 2
-    return copy_bisect(conn, job, rows.slice(0, half), index[:half]) + copy_bisect(
-        conn, job, rows.slice(half), index[half:]
+    return copy_bisect(conn, job, rows.slice(0, half), index[:half], clock) + copy_bisect(
+        conn, job, rows.slice(half), index[half:], clock
     )
 
 

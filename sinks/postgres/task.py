@@ -26,13 +26,14 @@ import pyarrow as pa
 
 from core.postgres import connect, keepalive, limit_session, server_limits, watched
 from sinks.postgres.apply import Counts, apply_rows
+from sinks.postgres.clock import STAGES, Clock
 from sinks.postgres.refusal import SinkError
 from sinks.postgres.retry import with_retries
 from sinks.postgres.stage import StageJob, attempt_id, copy_batch
 from sinks.postgres.statements import ATTEMPT_SETTING, Statements
 
 COUNTS = ("staged", "fresh", "upserted", "deleted", "dead", "retries")
-TIMES = ("copy_seconds", "apply_seconds")
+TIMES = tuple(f"{stage}_seconds" for stage in STAGES)
 TASK_RESULT = ", ".join([*(f"{c} long" for c in COUNTS), *(f"{t} double" for t in TIMES), "refused string"])
 _SCHEMA = pa.schema(
     [*((c, pa.int64()) for c in COUNTS), *((t, pa.float64()) for t in TIMES), ("refused", pa.string())]
@@ -52,7 +53,6 @@ class Outcome:
     counts: Counts
     refused: str | None = None  # why the sink refused the rows (on_error='fail'); nothing was committed
     retries: int = 0
-    seconds: tuple[float, float] = (0.0, 0.0)  # copying, then applying and committing
 
 
 NOTHING = Outcome((0, 0, 0, 0, 0))
@@ -60,22 +60,26 @@ NOTHING = Outcome((0, 0, 0, 0, 0))
 
 def applier(job: TaskJob) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     def apply(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        rows = [b for b in batches if b.num_rows]  # kept: a transaction that starts over copies them again
+        clock = Clock()
+        with clock.stage("input"):  # the source, its decoding and Spark's Arrow, upstream of here
+            rows = [
+                b for b in batches if b.num_rows
+            ]  # kept: a transaction that starts over copies them again
         outcome = NOTHING
         if rows:
             attempt, who = attempt_id(job.stage.token), f"sink task (pid {os.getpid()})"
             outcome, retries = with_retries(
-                lambda: apply_task(job, rows, attempt), job.statements.spec.retry_for, who
+                lambda: apply_task(job, rows, attempt, clock), job.statements.spec.retry_for, who
             )
             outcome = replace(outcome, retries=retries)
-        values = [*outcome.counts, outcome.retries, *outcome.seconds, outcome.refused]
+        values = [*outcome.counts, outcome.retries, *clock.seconds.values(), outcome.refused]
         columns = {f: [v] for f, v in zip(_SCHEMA.names, values, strict=True)}
         yield pa.RecordBatch.from_pydict(columns, _SCHEMA)
 
     return apply
 
 
-def apply_task(job: TaskJob, rows: list[pa.RecordBatch], attempt: int) -> Outcome:
+def apply_task(job: TaskJob, rows: list[pa.RecordBatch], attempt: int, clock: Clock) -> Outcome:
     st = job.statements
     held = pa.Table.from_batches(rows)
     topics, partitions = positions(held)
@@ -86,7 +90,6 @@ def apply_task(job: TaskJob, rows: list[pa.RecordBatch], attempt: int) -> Outcom
         "partitions": partitions,
     }
     spec = st.spec
-    start = time.perf_counter()
     # Named in pg_stat_activity, with the process, for whoever looks at who holds a lock.
     name = f"outbox-sink task, pid {os.getpid()}"
     settings = keepalive(spec.database_timeout)
@@ -100,17 +103,21 @@ def apply_task(job: TaskJob, rows: list[pa.RecordBatch], attempt: int) -> Outcom
                     conn, server_limits(spec.database_timeout, spec.silence, bound_statements=False)
                 )
                 with conn.transaction():
-                    conn.execute("SELECT set_config(%s, %s, true)", [ATTEMPT_SETTING, str(attempt)])
-                    conn.execute(st.create_stage())
+                    with clock.stage("copy"):
+                        conn.execute("SELECT set_config(%s, %s, true)", [ATTEMPT_SETTING, str(attempt)])
+                        conn.execute(st.create_stage())
                     for batch in rows:
-                        copy_batch(conn, job.stage, batch)
-                    copied = time.perf_counter()
-                    conn.execute(st.claim(), params)
-                    conn.execute(st.lock(), params)
-                    counts = apply_rows(conn, st, params)
+                        copy_batch(conn, job.stage, batch, clock)
+                    with clock.stage("lock"):
+                        conn.execute(st.claim(), params)
+                        conn.execute(st.lock(), params)
+                    with clock.stage("apply"):
+                        counts = apply_rows(conn, st, params)
+                    committing = time.perf_counter()
+                clock.seconds["commit"] += time.perf_counter() - committing
         except SinkError as exc:  # rolled back: the driver fails the batch with this line
             return replace(NOTHING, refused=str(exc))
-    return Outcome(counts, seconds=(copied - start, time.perf_counter() - copied))
+    return Outcome(counts)
 
 
 def positions(rows: pa.Table) -> tuple[list[str], list[int]]:

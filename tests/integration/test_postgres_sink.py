@@ -18,6 +18,7 @@ from core.config import DatabaseUrl
 from core.errors import ConfigError
 from outbox import migrate
 from sinks.postgres import Outbox, PostgresSink, parse_json
+from sinks.postgres.clock import STAGES
 from sinks.postgres.refusal import SinkError
 from tests.cli import outbox
 from tests.helpers import produce_transaction, transactional_producer, unique
@@ -44,6 +45,8 @@ def test_duplicates_within_and_across_batches_apply_once(spark, bootstrap, topic
     assert all(rows[i] == (n, Decimal("1.00"), None) for n, i in enumerate(ids) if n >= 20)
     assert ledger(pg) == log_ends(bootstrap, topic)
     assert sink.last is not None and sink.last.dead == 0
+    # Where its tasks' time went, stage by stage (what bench/sink.py breaks a run's cost into).
+    assert list(sink.last.stages) == list(STAGES) and sink.last.stages["copy"] > 0 < sink.last.stages["apply"]
     # The same outcome recorded beside the batch, where a Spark Connect client reads it.
     assert pg.execute("SELECT result FROM sink_batches").fetchall() == [(asdict(sink.last),)]
 
