@@ -1,12 +1,15 @@
 """Debezium, the relay's peer in bench/relay.py: its PostgreSQL connector and outbox EventRouter
-on a Kafka Connect standalone worker, run from Maven's jars (outbox/jvm/poms/debezium.xml).
+on Kafka Connect, run from Maven's jars (outbox/jvm/poms/debezium.xml), in two forms.
 
 Why Connect and not Debezium Server or the embedded engine: Connect is how
-platform teams run Debezium (and Debezium Server 3.x wants Java 21). A
-standalone worker keeps its offsets in a file flushed every
-`offset.flush.interval.ms` (Connect's default, 60 s), which is what a kill -9
-replays from: Debezium is at-least-once here, as in any Connect deployment
-without KIP-618's exactly-once source support (a distributed cluster).
+platform teams run Debezium (and Debezium Server 3.x wants Java 21).
+- At least once: a standalone worker keeps its offsets in a file flushed every
+  `offset.flush.interval.ms` (Connect's default, 60 s), which is what a kill -9
+  replays from, as in any Connect deployment without KIP-618.
+- Exactly once: a distributed worker (a cluster of one) with
+  `exactly.once.source.support=enabled` (KIP-618): the connector's records
+  and its offsets go to Kafka in one transaction per poll, its offsets and
+  configuration in Connect's internal topics.
 The connector reads our own outbox table (`outbox_events`) through a logical
 replication slot with pgoutput, and the EventRouter routes each row by its
 `topic` column, keys it by `key`, and puts `event_id` in a header, as the relay does.
@@ -15,8 +18,11 @@ replication slot with pgoutput, and the EventRouter routes each row by its
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -32,14 +38,32 @@ from outbox.jvm import log4j2, maven
 from outbox.jvm.java import find_java
 
 
-def worker(bootstrap: str, work: Path, port: int) -> dict[str, str]:
-    return {
+def worker(bootstrap: str, work: Path, port: int, group: str | None = None) -> dict[str, str]:
+    """A standalone worker's settings; with `group`, a distributed worker's, exactly once."""
+    common = {
         "bootstrap.servers": bootstrap,
         "key.converter": "org.apache.kafka.connect.converters.ByteArrayConverter",
         "value.converter": "org.apache.kafka.connect.converters.ByteArrayConverter",
-        "offset.storage.file.filename": str(work / "offsets"),
         "listeners": f"http://127.0.0.1:{port}",
         "plugin.discovery": "only_scan",
+    }
+    if group is None:
+        return {**common, "offset.storage.file.filename": str(work / "offsets")}
+    internal = {
+        f"{kind}.storage.{key}": value
+        for kind in ("config", "offset", "status")
+        for key, value in (("topic", f"{group}-{kind}s"), ("replication.factor", "-1"))
+    }
+    return {
+        **common,
+        **internal,
+        "group.id": group,
+        "exactly.once.source.support": "enabled",
+        # A cluster of one: a worker that comes back after a kill -9 gets its connector at once,
+        # not after the default 5 minutes held for the lost member, nor its session's 10 s.
+        "scheduled.rebalance.max.delay.ms": "0",
+        "session.timeout.ms": "6000",
+        "heartbeat.interval.ms": "2000",
     }
 
 
@@ -84,17 +108,35 @@ def connector(url: DatabaseUrl, schema: str, slot: str) -> dict[str, str]:
 
 
 class Debezium:
-    """One connector on one standalone worker; start, kill (-9 or not) and start again on its offsets."""
+    """One connector on one worker; start, kill (-9 or not) and start again on its offsets.
 
-    def __init__(self, work: Path, url: DatabaseUrl, bootstrap: str, schema: str = "public") -> None:
-        self.work, self.url = work, url
-        self.slot = f"bench_dbz_{int(time.time())}"
+    exactly_once: a distributed worker with KIP-618's exactly-once source support, the
+    connector asking for it (`exactly.once.support=required`), a transaction per poll.
+    """
+
+    def __init__(
+        self,
+        work: Path,
+        url: DatabaseUrl,
+        bootstrap: str,
+        schema: str = "public",
+        *,
+        exactly_once: bool = False,
+    ) -> None:
+        self.work, self.url, self.schema = work, url, schema
+        self.slot = f"bench_dbz_{'eos_' if exactly_once else ''}{int(time.time())}"
         java = find_java(needed_by="Debezium (Kafka Connect)")
         jars = maven.jars("debezium", what="Debezium's jars", instead="or skip Debezium with --no-debezium")
         work.mkdir(parents=True, exist_ok=True)
-        (work / "worker.properties").write_text(render(worker(bootstrap, work, free_port())))
-        (work / "connector.properties").write_text(render(connector(url, schema, self.slot)))
+        self.port = free_port()
+        group = self.slot if exactly_once else None
+        (work / "worker.properties").write_text(render(worker(bootstrap, work, self.port, group)))
+        self.config = connector(url, schema, self.slot)
+        if exactly_once:
+            self.config |= {"exactly.once.support": "required", "transaction.boundary": "poll"}
+        (work / "connector.properties").write_text(render(self.config))
         (work / "log4j2.properties").write_text(log4j2.file_config(work / "connect.log"))
+        main = "ConnectDistributed" if exactly_once else "ConnectStandalone"
         self.argv = [
             str(java.path),
             "-Xmx1g",
@@ -103,10 +145,11 @@ class Debezium:
             f"-Dlog4j2.configurationFile={work / 'log4j2.properties'}",
             "-cp",
             maven.classpath(jars),
-            "org.apache.kafka.connect.cli.ConnectStandalone",
+            f"org.apache.kafka.connect.cli.{main}",
             str(work / "worker.properties"),
-            str(work / "connector.properties"),
+            *([] if exactly_once else [str(work / "connector.properties")]),
         ]
+        self.exactly_once = exactly_once
         self.pid: int | None = None
 
     def start(self, timeout: float = 120.0) -> None:
@@ -114,10 +157,28 @@ class Debezium:
         proc = spawn(self.argv, self.work / "stdout.log", die_with_parent=signal.SIGKILL)
         self.pid = proc.pid
         deadline = time.monotonic() + timeout
-        while not self._streaming():
+        submitted = not self.exactly_once  # a distributed worker takes its connector over REST
+        while not (submitted and self._streaming()):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise ConfigError(f"Debezium did not start streaming: see {self.work / 'connect.log'}")
+            submitted = submitted or self._submit()
             time.sleep(0.2)
+
+    def _submit(self) -> bool:
+        """PUT the connector's configuration (again, after a restart: the same one); False until the
+        worker's REST API answers."""
+        body = json.dumps({k: v for k, v in self.config.items() if k != "name"}).encode()
+        call = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/connectors/{self.slot}/config",
+            data=body,
+            method="PUT",
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(call, timeout=10):
+                return True
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.pid is not None:

@@ -6,7 +6,9 @@ Writes N outbox rows of ~SIZE bytes once, then publishes the same rows, in the s
   exactly-once:  the relay (snapshot-delta reads, Kafka transaction with the position);
   at-least-once: the same relay without Kafka transactions (records, flush, position, flush);
   Debezium:      the PostgreSQL connector with the outbox EventRouter on a Kafka Connect
-                 standalone worker (bench/debezium.py), reading the same rows, copied into
+                 standalone worker (at least once), and again on a distributed worker with
+                 KIP-618's exactly-once source support (bench/debezium.py), each reading the
+                 same rows, copied into
                  a second outbox table while it is stopped, from its replication slot.
 Each relay gets its own name and cleanup is off, so each publishes all N rows; what a run
 published is dropped after it, so every run meets the same broker. Steady state excludes
@@ -84,7 +86,9 @@ STEPS = (
     "produce_to_read_p50_ms",
     "produce_to_read_p99_ms",
 )
-DBZ_SCHEMA = "dbz"  # Debezium's copy of the outbox table: its slot reads only what is written there
+# Each Debezium's copy of the outbox table: its slot reads only what is written there.
+PEERS = {"debezium": "dbz", "debezium_eos": "dbz_eos"}  # at least once (standalone), exactly once
+LABELS = {"debezium": "Debezium", "debezium_eos": "Debezium exactly-once"}
 
 
 def create_topic(bootstrap: str, name: str | None = None) -> str:
@@ -258,8 +262,8 @@ def debezium_run(
 ) -> dict[str, float]:
     """Debezium through the same backlog: rows written while it is stopped, then timed as it catches up."""
     with psycopg.connect(url.libpq, autocommit=True) as conn:
-        conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(DBZ_SCHEMA, tables.OUTBOX_EVENTS)))
-    copy_rows(url, DBZ_SCHEMA)
+        conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(dbz.schema, tables.OUTBOX_EVENTS)))
+    copy_rows(url, dbz.schema)
     arrivals = Arrivals(bootstrap, topic)
     arrivals.start()
     dbz.start()
@@ -489,19 +493,23 @@ def main() -> int:
         }
         url, bootstrap = DatabaseUrl.parse(env["DATABASE_URL"]), env["KAFKA_BOOTSTRAP_SERVERS"]
         migrate.upgrade(url, "public")
-        migrate.upgrade(url, DBZ_SCHEMA)
+        for schema in PEERS.values():
+            migrate.upgrade(url, schema)
         topic = create_topic(bootstrap)
         fill(url, topic, args.events, args.size)
-        dbz = None if args.no_debezium else Debezium(Path(tmp) / "debezium", url, bootstrap, DBZ_SCHEMA)
+        peers = {
+            name: Debezium(Path(tmp) / name, url, bootstrap, schema, exactly_once=name == "debezium_eos")
+            for name, schema in ({} if args.no_debezium else PEERS).items()
+        }
         cluster = Cluster(Path(tmp) / "cluster", size=3) if args.cluster else None
         try:
             if cluster is not None:
                 create_topic(cluster.bootstrap, topic)
-            result = measure(args, rates, url, bootstrap, topic, dbz, Path(tmp), cluster)
+            result = measure(args, rates, url, bootstrap, topic, peers, Path(tmp), cluster)
         finally:
             if cluster is not None:
                 cluster.close()
-            if dbz is not None:
+            for dbz in peers.values():
                 dbz.drop_slot()  # a slot left behind would hold WAL on the server for ever
     report(result, args.json)
     return 0 if all(lat["missing"] == 0 for lat in result["latency"]) else 1
@@ -513,11 +521,11 @@ def measure(
     url: DatabaseUrl,
     bootstrap: str,
     topic: str,
-    dbz: Debezium | None,
+    peers: dict[str, Debezium],
     tmp: Path,
     cluster: Cluster | None,
 ) -> dict:
-    if dbz is not None:
+    for dbz in peers.values():
         dbz.start()  # creates the slot and the publication: what is written from now on, it reads
         dbz.kill(signal.SIGTERM)
 
@@ -537,13 +545,13 @@ def measure(
         row = {"raw": raw, "eos": eos, "alo": alo, "eos_cpu_us": eos_cpu}
         line = f"round {n}: raw {raw:,.0f}/s, exactly-once {eos:,.0f}/s ({eos / raw:.2f})"
         line += f", at-least-once {alo:,.0f}/s"
-        if dbz is not None:
+        for name, dbz in peers.items():
             run, usage = measured(
-                lambda: debezium_run(url, bootstrap, dbz, topic, args.events, args.batch_size)
+                lambda dbz=dbz: debezium_run(url, bootstrap, dbz, topic, args.events, args.batch_size)
             )
             again()
-            row |= {"dbz": run["steady_per_s"], "dbz_cpu_us": usage.cpu_us_per(args.events)}
-            line += f", Debezium {row['dbz']:,.0f}/s (relay / Debezium {eos / row['dbz']:.2f})"
+            row |= {name: run["steady_per_s"], f"{name}_cpu_us": usage.cpu_us_per(args.events)}
+            line += f", {LABELS[name]} {row[name]:,.0f}/s (relay / it {eos / row[name]:.2f})"
         if cluster is not None:
             raw3 = raw_producer(url, cluster.bootstrap, args.batch_size)["steady_per_s"]
             eos3, eos3_cpu = relayed(exactly_once=True, servers=cluster.bootstrap)
@@ -576,19 +584,21 @@ def measure(
                 f" without cleanup p50/p99/max {_ms3(bare)}",
                 flush=True,
             )
-            if dbz is not None:
-                theirs = latency(url, bootstrap, rate, args.seconds, debezium_running(dbz), DBZ_SCHEMA)
+            for name, dbz in peers.items():
+                theirs = latency(url, bootstrap, rate, args.seconds, debezium_running(dbz), dbz.schema)
                 for split in [k for k in theirs if k.startswith(("commit_to_", "produce_to_"))]:
                     del theirs[split]  # Connect stamps records with its own choice of time
-                entry["debezium"] = theirs
-                print(f"latency at {rate}/s, round {n}: Debezium p50/p99/max {_ms3(theirs)}", flush=True)
+                entry[name] = theirs
+                print(
+                    f"latency at {rate}/s, round {n}: {LABELS[name]} p50/p99/max {_ms3(theirs)}", flush=True
+                )
             latencies.append(entry)
 
     faults = {"relay": fault(url, bootstrap, "public", *relay_process(url, bootstrap, tmp))}
     print(f"kill -9 mid-stream, relay: {faults['relay']}", flush=True)
-    if dbz is not None:
-        faults["debezium"] = fault(url, bootstrap, DBZ_SCHEMA, dbz.start, lambda: dbz.kill(signal.SIGKILL))
-        print(f"kill -9 mid-stream, Debezium: {faults['debezium']}", flush=True)
+    for name, dbz in peers.items():
+        faults[name] = fault(url, bootstrap, dbz.schema, dbz.start, lambda dbz=dbz: dbz.kill(signal.SIGKILL))
+        print(f"kill -9 mid-stream, {LABELS[name]}: {faults[name]}", flush=True)
     return {"args": vars(args), "rounds": rounds, "latency": latencies, "faults": faults}
 
 
@@ -610,7 +620,7 @@ def report(result: dict, as_json: bool) -> None:
             {
                 "rate_per_s": e["rate"],
                 "round": e["round"],
-                **{k: _lat(v) for k, v in e.items() if k in ("relay", "relay_no_cleanup", "debezium")},
+                **{k: _lat(v) for k, v in e.items() if k in ("relay", "relay_no_cleanup", *PEERS)},
             }
             for e in result["latency"]
         ],
@@ -631,13 +641,14 @@ def report(result: dict, as_json: bool) -> None:
             "ratio_rf3_vs_1_relay": round(median(r["eos_rf3"] / r["eos"] for r in rounds), 3),
             "ratio_rf3_relay_vs_rf3_raw": round(median(r["eos_rf3"] / r["raw_rf3"] for r in rounds), 3),
         }
-    if "dbz" in rounds[0]:
+    for name in (n for n in PEERS if n in rounds[0]):
         out |= {
-            "debezium_per_s": round(median(r["dbz"] for r in rounds)),
-            "ratio_relay_vs_debezium": round(median(r["eos"] / r["dbz"] for r in rounds), 3),
-            "target_vs_debezium": 2.0,
-            "debezium_cpu_us_per_event": _round(median(r["dbz_cpu_us"] or 0 for r in rounds)),
+            f"{name}_per_s": round(median(r[name] for r in rounds)),
+            f"ratio_relay_vs_{name}": round(median(r["eos"] / r[name] for r in rounds), 3),
+            f"{name}_cpu_us_per_event": _round(median(r[f"{name}_cpu_us"] or 0 for r in rounds)),
         }
+    if any(n in rounds[0] for n in PEERS):
+        out["target_vs_debezium"] = 2.0
     print(f"medians of {len(rounds)} rounds, {out['events']:,} events of {out['event_bytes']} B:")
     print(f"raw transactional producer : {out['raw_producer_per_s']:>9,} events/s (the limit)")
     print(
@@ -645,12 +656,12 @@ def report(result: dict, as_json: bool) -> None:
         f" {out['relay_cpu_us_per_event']} us CPU/event (machine-wide)"
     )
     print(f"relay, at-least-once       : {out['relay_at_least_once_per_s']:>9,} events/s")
-    if "debezium_per_s" in out:
+    for name in (n for n in PEERS if f"{n}_per_s" in out):
         print(
-            f"Debezium (Connect, pgoutput): {out['debezium_per_s']:>8,} events/s,"
-            f" {out['debezium_cpu_us_per_event']} us CPU/event (machine-wide)"
+            f"{LABELS[name] + ' (Connect)':<27}: {out[f'{name}_per_s']:>9,} events/s,"
+            f" {out[f'{name}_cpu_us_per_event']} us CPU/event (machine-wide)"
         )
-        print(f"relay / Debezium           : {out['ratio_relay_vs_debezium']:>9} (target >= 2.0)")
+        print(f"{'relay / ' + LABELS[name]:<27}: {out[f'ratio_relay_vs_{name}']:>9} (target >= 2.0)")
     print(f"relay / raw                : {out['ratio_relay_vs_raw']:>9} (target >= 0.8)")
     print(f"cost of exactly-once       : {out['exactly_once_cost']:>9.1%}")
     if "ratio_rf3_vs_1_relay" in out:
