@@ -60,6 +60,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from cpu import measured  # bench/cpu.py
 from debezium import Debezium  # bench/debezium.py
 from psycopg import sql
+from services import services  # bench/services.py
 
 from core import tables
 from core.config import DatabaseUrl
@@ -67,7 +68,6 @@ from core.kafka import client_settings
 from outbox import logs, migrate
 from outbox.dev.kafka import Cluster
 from outbox.dev.process import spawn
-from outbox.dev.stack import running
 from outbox.relay import Relay, RelaySettings
 from outbox.relay.kafka import PRODUCER_DEFAULTS
 from outbox.writer import Event, add_events
@@ -485,14 +485,8 @@ def main() -> int:
 
     with (
         tempfile.TemporaryDirectory(prefix="bench-relay-", dir=os.environ.get("TMPDIR")) as tmp,
-        running(Path(tmp) / "services") as started,
+        services(Path(tmp) / "services") as (url, bootstrap),
     ):
-        env = {
-            **started,
-            **{k: v for k in ("DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS") if (v := os.environ.get(k))},
-        }
-        url, bootstrap = DatabaseUrl.parse(env["DATABASE_URL"]), env["KAFKA_BOOTSTRAP_SERVERS"]
-        migrate.upgrade(url, "public")
         for schema in PEERS.values():
             migrate.upgrade(url, schema)
         topic = create_topic(bootstrap)
