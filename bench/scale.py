@@ -13,7 +13,9 @@ Three curves, each point printed as events/s and us/event, then one JSON object
             UNCLEANED (default 1M) rows it already published wait for cleanup.
             Its histograms say where a batch's time went (read, produce and commit).
   kafka_rc: EVENTS events read by kafka_rc (to a noop sink) from topics of
-            each of PARTITIONS partitions (default 1, 12, 48).
+            each of PARTITIONS partitions (default 1, 12, 48), and by Spark's
+            own Kafka source from the same topics, the peer.
+--curves picks some of them (default relay,sink,kafka_rc).
 The aim: at the largest point, the cost per event within 1.5x of the smallest;
 where it is not, the line names the stage that grew most.
 
@@ -27,6 +29,7 @@ Uses DATABASE_URL / KAFKA_BOOTSTRAP_SERVERS if set, else starts embedded service
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import tempfile
@@ -58,6 +61,7 @@ def main() -> int:
     parser.add_argument("--uncleaned", type=int, default=1_000_000, help="published rows not cleaned up")
     parser.add_argument("--partitions", default="1,12,48", help="partitions of the topics kafka_rc reads")
     parser.add_argument("--png", default="bench-scale.png", help="where to draw the curves ('' for none)")
+    parser.add_argument("--curves", default="relay,sink,kafka_rc", help="which curves to measure")
     args = parser.parse_args()
 
     def ints(text: str) -> list[int]:
@@ -69,15 +73,18 @@ def main() -> int:
     ):
         began = time.monotonic()
         result: dict[str, Any] = {"events": args.events, "event_bytes": args.size}
-        result["relay"] = relay_curve(url, bootstrap, args.events, ints(args.backlogs), args.uncleaned)
+        curves = set(args.curves.split(","))
+        result["relay"] = []
+        if "relay" in curves:
+            result["relay"] = relay_curve(url, bootstrap, args.events, ints(args.backlogs), args.uncleaned)
         result["sink"], result["kafka_rc"] = spark_curves(
             url,
             bootstrap,
             Path(tmp) / "spark",
             args.events,
             args.size,
-            ints(args.table_rows),
-            ints(args.partitions),
+            ints(args.table_rows) if "sink" in curves else [],
+            ints(args.partitions) if "kafka_rc" in curves else [],
         )
         result["seconds"] = round(time.monotonic() - began)
     verdicts = report(result)
@@ -258,11 +265,15 @@ def spark_curves(
 
         for parts in partitions:
             topic = topic_of(parts)
-            measured = run(read("kafka_rc", topic), noop, work / f"chk-rc-{parts}")
-            point = {"partitions": parts, "per_s": measured["steady_per_s"]}
-            point["us_per_event"] = 1e6 / point["per_s"]
+            ours = run(read("kafka_rc", topic), noop, work / f"chk-rc-{parts}")["steady_per_s"]
+            theirs = run(read("kafka", topic), noop, work / f"chk-kafka-{parts}")["steady_per_s"]
+            point = {"partitions": parts, "per_s": ours, "us_per_event": 1e6 / ours, "spark_per_s": theirs}
             source_points.append(point)
-            print(f"kafka_rc, {parts:>2} partitions: {_rate(point)}", flush=True)
+            print(
+                f"kafka_rc, {parts:>2} partitions: {_rate(point)}; Spark's own source {theirs:,.0f} events/s"
+                f" ({1e6 / theirs:.1f} us/event)",
+                flush=True,
+            )
     finally:
         stop_session(spark)
     return sink_points, source_points
@@ -302,11 +313,22 @@ def verdict(curve: str, points: list[dict[str, Any]], x: str) -> dict[str, Any]:
 
 def report(result: dict[str, Any]) -> list[dict[str, Any]]:
     backlog = [p for p in result["relay"] if p["what"] == "backlog"]
-    verdicts = [
-        verdict("sink: rows in the table", result["sink"], "rows"),
-        verdict("relay: rows waiting in the outbox", backlog, "rows"),
-        verdict("kafka_rc: partitions", result["kafka_rc"], "partitions"),
+    curves = [
+        ("sink: rows in the table", result["sink"], "rows"),
+        ("relay: rows waiting in the outbox", backlog, "rows"),
+        ("kafka_rc: partitions", result["kafka_rc"], "partitions"),
     ]
+    verdicts = [verdict(name, points, x) for name, points, x in curves if points]
+    if result["kafka_rc"]:
+        spark = result["kafka_rc"][-1]["spark_per_s"] / result["kafka_rc"][0]["spark_per_s"]
+        verdicts.append(
+            {
+                "curve": "Spark's own source: partitions (the peer)",
+                "ratio": round(1 / spark, 3),
+                "aim": AIM,
+                "met": 1 / spark <= AIM,
+            }
+        )
     uncleaned = next((p for p in result["relay"] if p["what"] == "uncleaned"), None)
     if uncleaned and backlog:
         ratio = uncleaned["us_per_event"] / backlog[0]["us_per_event"]
@@ -336,18 +358,27 @@ def draw(result: dict[str, Any], path: Path) -> None:
 
     backlog = [p for p in result["relay"] if p["what"] == "backlog"]
     curves = [
-        ("the sink: rows already in the table", result["sink"], "rows"),
-        ("the relay: rows waiting in the outbox", backlog, "rows"),
-        ("kafka_rc: partitions", result["kafka_rc"], "partitions"),
+        (title, points, x)
+        for title, points, x in (
+            ("the sink: rows already in the table", result["sink"], "rows"),
+            ("the relay: rows waiting in the outbox", backlog, "rows"),
+            ("kafka_rc: partitions", result["kafka_rc"], "partitions"),
+        )
+        if points
     ]
-    figure, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    figure, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 4.5), squeeze=False)
+    axes = axes[0]
     for ax, (title, points, x) in zip(axes, curves, strict=True):
         xs = [p[x] for p in points]
-        ax.plot(xs, [p["us_per_event"] for p in points], marker="o")
+        ax.plot(xs, [p["us_per_event"] for p in points], marker="o", label="ours")
+        if "spark_per_s" in points[0]:
+            ax.plot(xs, [1e6 / p["spark_per_s"] for p in points], marker="s", label="Spark's own source")
+            ax.legend()
         ax.set_title(title)
         ax.set_xlabel(x)
         ax.set_ylabel("us per event")
-        ax.set_ylim(bottom=0, top=max(p["us_per_event"] for p in points) * 1.25)  # room for the labels
+        highest = max(max(p["us_per_event"], 1e6 / p.get("spark_per_s", math.inf)) for p in points)
+        ax.set_ylim(bottom=0, top=highest * 1.25)  # room for the labels
         for px, p in zip(xs, points, strict=True):
             ax.annotate(
                 f"{p['per_s']:,.0f}/s", (px, p["us_per_event"]), textcoords="offset points", xytext=(0, 6)
