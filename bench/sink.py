@@ -539,13 +539,20 @@ def main() -> int:
     # The bound on this machine, all cores busy: any upsert fed by the same source costs at least
     # the source alone plus the bare COPY + upsert (psycopg) in CPU per row; a writer's best ratio
     # to a peer is the peer's CPU per row over that floor.
-    floor = runs["source"]["cpu_us_per_row"] + base["cpu_us_per_row"]
-    result["floor_cpu_us_per_row"] = round(floor, 1)
-    print(f"the floor from Kafka: source alone + bare upsert = {floor:.1f} CPU us per row; so at best")
-    for peer in ("jdbc", "hand"):
-        best = runs[peer]["cpu_us_per_row"] / floor
-        result[f"bound_ratio_sink_vs_{peer}"] = round(best, 3)
-        print(f"  sink / {peer:<4}: {best:.2f} (its {runs[peer]['cpu_us_per_row']:.1f} us over the floor)")
+    for feed, source, peers in (
+        ("Kafka", "source", ("jdbc", "hand")),
+        ("Parquet", "source_memory_ranged", ("jdbc_memory", "hand_memory")),
+    ):
+        floor = runs[source]["cpu_us_per_row"] + base["cpu_us_per_row"]
+        suffix = "" if feed == "Kafka" else "_memory"
+        result[f"floor{suffix}_cpu_us_per_row"] = round(floor, 1)
+        print(f"the floor from {feed}: source alone + bare upsert = {floor:.1f} CPU us per row; so at best")
+        for peer in peers:
+            best = runs[peer]["cpu_us_per_row"] / floor
+            result[f"bound_ratio_sink{suffix}_vs_{peer}"] = round(best, 3)
+            print(
+                f"  sink / {peer:<11}: {best:.2f} (its {runs[peer]['cpu_us_per_row']:.1f} us over the floor)"
+            )
     wrong = {
         name: run["written"]
         for name, run in runs.items()
