@@ -2,11 +2,11 @@
 
 A DELETE of a second's worth of rows takes tens of milliseconds at 10k events/s;
 run between two batches, every event committed meanwhile waited for it. Here
-the loop only hands over the base of each position it has published
-(`published`), about once a second, and never waits. Only rows visible in a base already committed
-to Kafka are deleted, so a cleaner that lags, or outlives its session by a
-moment, deletes nothing unpublished; which rows other relays still need, the
-DELETE itself checks (OutboxTable.cleanup).
+the loop only hands over, about once a second, the base of a position it has
+published (`published`), and never waits. Only rows visible in a base already
+committed to Kafka are deleted, so a cleaner that lags, or outlives its session
+by a moment, deletes nothing unpublished; which rows other relays still need,
+the DELETE itself checks (OutboxTable.cleanup).
 """
 
 from __future__ import annotations
