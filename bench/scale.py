@@ -42,6 +42,7 @@ from typing import Any
 import flags  # bench/flags.py
 import psycopg
 from kafka_load import produce  # bench/kafka_load.py
+from psycopg import sql
 from relay import create_topic  # bench/relay.py
 from services import services  # bench/services.py
 from sink import SCHEMA, TABLE, events, run, settle, stream  # bench/sink.py
@@ -187,16 +188,19 @@ def fill_table(url: DatabaseUrl, table: str, have: int, want: int) -> None:
     Its key's index is built again after, by one sort, not row by row."""
     if want <= have:
         return
+    name, key = sql.Identifier(table), sql.Identifier(f"{table}_pkey")
     with psycopg.connect(url.libpq, autocommit=True) as conn:
-        conn.execute(f"ALTER TABLE {table} DROP CONSTRAINT {table}_pkey")
+        conn.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(name, key))
         for start in range(have, want, 1_000_000):
             conn.execute(
-                f"INSERT INTO {table} SELECT gen_random_uuid(), g, (g %% 100000) / 100.0, repeat('x', 100)"
-                " FROM generate_series(%s, %s) AS g",
+                sql.SQL(
+                    "INSERT INTO {} SELECT gen_random_uuid(), g, (g %% 100000) / 100.0, repeat('x', 100)"
+                    " FROM generate_series(%s, %s) AS g"
+                ).format(name),
                 [start + 1, min(want, start + 1_000_000)],
             )
-        conn.execute(f"ALTER TABLE {table} ADD PRIMARY KEY (event_id)")
-        conn.execute(f"VACUUM ANALYZE {table}")
+        conn.execute(sql.SQL("ALTER TABLE {} ADD PRIMARY KEY (event_id)").format(name))
+        conn.execute(sql.SQL("VACUUM ANALYZE {}").format(name))
 
 
 def spark_curves(
