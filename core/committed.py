@@ -18,6 +18,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from core.errors import ConfigError, ServiceUnavailable
 from core.kafka import client_settings
 
+NEW_TOPIC_S = 5.0  # how long a topic that is not found is asked for again before it is said missing
+
 
 def read_committed(
     config: Mapping[str, object],
@@ -46,13 +48,19 @@ def read_committed(
     )
     servers = config.get("bootstrap.servers")
     try:
-        try:
-            metadata = consumer.list_topics(topic, timeout=min(timeout, 30))
-        except KafkaException as exc:
-            raise ServiceUnavailable(f"cannot reach Kafka at {servers}: {exc.args[0].str()}") from None
-        found = metadata.topics.get(topic)
-        if found is None or found.error is not None:
-            raise ConfigError(f"topic {topic!r} does not exist on {servers}")
+        # A topic created a moment ago may be unknown yet to the broker asked: asked again, briefly.
+        known_by = time.monotonic() + min(timeout, NEW_TOPIC_S)
+        while True:
+            try:
+                metadata = consumer.list_topics(topic, timeout=min(timeout, 30))
+            except KafkaException as exc:
+                raise ServiceUnavailable(f"cannot reach Kafka at {servers}: {exc.args[0].str()}") from None
+            found = metadata.topics.get(topic)
+            if found is not None and found.error is None:
+                break
+            if time.monotonic() > known_by:
+                raise ConfigError(f"topic {topic!r} does not exist on {servers}")
+            time.sleep(0.2)
         ends = {
             p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
             for p in found.partitions
