@@ -26,7 +26,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from core.errors import ConfigError, DataLossError, OutboxError
+from core.errors import ConfigError, DataLossError, OutboxError, ServiceUnavailable
 from sinks.kafka_source import ranges
 from sinks.kafka_source.cluster import Cluster
 from sinks.kafka_source.options import SourceOptions, parse
@@ -38,6 +38,7 @@ log = logging.getLogger("sinks.kafka_source")
 
 FORMAT = "kafka_rc"
 UNCOMMITTED = "#uncommitted"  # progress: records past the LSO, per topic and partition
+GONE_S = 5.0  # how long offsets that cannot be read are checked against a topic's deletion
 SCHEMA = (
     "key binary, value binary, topic string, partition int, offset long, timestamp timestamp,"
     " timestampType int, headers array<struct<key:string,value:binary>>"
@@ -170,12 +171,18 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = ranges.from_offsets(start)
-        tps = self.cluster.partitions()
-        gone = sorted({t for t, _ in begin} - {t for t, _ in tps})
-        if gone:
-            raise unsubscribed(gone, self.cluster.topics(), self.options)
+        tps = self._still_there(begin)
         ids = self.cluster.topic_ids(t for t, _ in tps)
-        earliest, latest = self.cluster.earliest(tps), self.cluster.latest(tps)
+        try:
+            earliest, latest = self.cluster.earliest(tps), self.cluster.latest(tps)
+        except ServiceUnavailable:
+            # A topic deleted between the metadata read and the offsets' (the broker answers
+            # "no leaders found"): said as the deletion it is, once the metadata shows it.
+            deadline = time.monotonic() + GONE_S
+            while time.monotonic() < deadline:
+                self._still_there(begin)
+                time.sleep(0.5)
+            raise
         self._watch(latest, ids)
         begin, losses = ranges.reconcile(begin, ranges.topic_ids(start), ids, earliest, latest)
         judge(losses, self.options, warn=True)
@@ -185,6 +192,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             latest = {tp: min(off, self._target.get(tp, begin[tp])) for tp, off in latest.items()}
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         return ranges.to_offsets(ranges.cap(begin, latest, max_rows), ids)
+
+    def _still_there(self, begin: dict[ranges.TopicPartitionKey, int]) -> list[ranges.TopicPartitionKey]:
+        """The subscribed partitions now; an error naming any topic read so far that is gone."""
+        tps = self.cluster.partitions()
+        gone = sorted({t for t, _ in begin} - {t for t, _ in tps})
+        if gone:
+            raise unsubscribed(gone, self.cluster.topics(), self.options)
+        return tps
 
     def _watch(self, lso: dict[ranges.TopicPartitionKey, int], ids: ranges.TopicIds) -> None:
         """Open transactions' hold on the LSO: in the progress (`latestOffset`), warned once when long."""
