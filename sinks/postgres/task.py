@@ -61,10 +61,10 @@ NOTHING = Outcome((0, 0, 0, 0, 0))
 def applier(job: TaskJob) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     def apply(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         clock = Clock()
-        with clock.stage("input"):  # the source, its decoding and Spark's Arrow, upstream of here
-            rows = [
-                b for b in batches if b.num_rows
-            ]  # kept: a transaction that starts over copies them again
+        # Kept: a transaction that starts over copies them again. Taking them is the input
+        # stage: the source, its decoding and Spark's Arrow, upstream of this code.
+        with clock.stage("input"):
+            rows = [b for b in batches if b.num_rows]
         outcome = NOTHING
         if rows:
             attempt, who = attempt_id(job.stage.token), f"sink task (pid {os.getpid()})"
