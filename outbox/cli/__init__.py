@@ -10,6 +10,7 @@ stderr, never as a traceback.
   relays.py  `outbox relays list|rebase|forget`: the relays an outbox's database records
   verify.py  `outbox verify`: a topic against what was committed
   transactions.py `outbox transactions`: open and hanging transactions on a topic
+  status.py  `outbox status`: relays, sink ledgers and dead letters on one screen
   options.py options several commands share
 """
 
@@ -21,7 +22,7 @@ import sys
 from collections.abc import Sequence
 
 from core.errors import OutboxError
-from outbox.cli import check, db, dev, relay, relays, transactions, verify
+from outbox.cli import check, db, dev, relay, relays, status, transactions, verify
 from outbox.stopping import release_stop_signals
 
 EXIT_USER_ERROR = 2
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     relay.register(commands)
     relays.register(commands)
     verify.register(commands)
+    status.register(commands)
     transactions.register(commands)
     return parser
 

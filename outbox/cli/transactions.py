@@ -100,8 +100,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.set_defaults(handler=cmd_transactions)
 
 
-def cmd_transactions(args: argparse.Namespace) -> int:
-    servers = bootstrap_servers(args.bootstrap_servers)
+def find(servers: str, topics: list[str]) -> tuple[list[Open], list[Hanging]]:
+    """The transactions open on `topics`, and those hanging there, as Kafka's own tool sees them."""
     ongoing = [
         row["TransactionalId"]
         for row in kafka_tools.transactions(servers, "list")
@@ -112,8 +112,18 @@ def cmd_transactions(args: argparse.Namespace) -> int:
         for tid in ongoing
         for row in kafka_tools.transactions(servers, "describe", "--transactional-id", tid)
     ]
-    opened = open_on(args.topic, described)
-    stuck = hanging(kafka_tools.transactions(servers, "find-hanging", "--topic", args.topic))
+    opened = [o for topic in topics for o in open_on(topic, described)]
+    stuck = [
+        h
+        for topic in topics
+        for h in hanging(kafka_tools.transactions(servers, "find-hanging", "--topic", topic))
+    ]
+    return opened, stuck
+
+
+def cmd_transactions(args: argparse.Namespace) -> int:
+    servers = bootstrap_servers(args.bootstrap_servers)
+    opened, stuck = find(servers, [args.topic])
     for found in opened:
         print(found.line(args.older_than))
     for lost in stuck:

@@ -58,7 +58,7 @@ class RelayMetrics:
             "outbox_relay_fetch_seconds", "Time to read a batch of rows from the outbox table"
         )
         self.cleanup_seconds = histogram(
-            "outbox_relay_cleanup_seconds", "Time to delete published rows (publishing waits meanwhile)"
+            "outbox_relay_cleanup_seconds", "Time to delete published rows (on the cleaner's own session)"
         )
         self._health = (True, "starting")
         self._lock = threading.Lock()

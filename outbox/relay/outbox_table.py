@@ -40,14 +40,14 @@ SYNCHRONOUS_COMMIT = ("local", "on", "remote_write", "remote_apply")
 
 # md5 is stable across server versions (hashtext is not promised to be): a row's
 # shard is the first 32 bits of md5(key, or the event id when there is no key) mod N.
-_KEY_HASH = "('x00000000' || left(md5(coalesce(e.key, uuid_send(e.event_id))), 8))::bit(64)::bigint"
+KEY_HASH = "('x00000000' || left(md5(coalesce(e.key, uuid_send(e.event_id))), 8))::bit(64)::bigint"
 
 
 def _shard_filter(shard: Shard) -> sql.Composable:
     if shard.count == 1:
         return sql.SQL("")
     return sql.SQL(" AND mod({hash}, {count}) = {index}").format(
-        hash=sql.SQL(_KEY_HASH), count=sql.Literal(shard.count), index=sql.Literal(shard.index)
+        hash=sql.SQL(KEY_HASH), count=sql.Literal(shard.count), index=sql.Literal(shard.index)
     )
 
 
@@ -99,7 +99,7 @@ class OutboxTable:
             "dead": sql.Identifier(schema, tables.RELAY_DEAD_LETTERS),
             "positions": sql.Identifier(schema, tables.RELAY_POSITIONS),
             "shard": _shard_filter(shard),
-            "hash": sql.SQL(_KEY_HASH),
+            "hash": sql.SQL(KEY_HASH),
         }
         # Two ways into a delta. Starting one: through the txid index, since the
         # delta is the transactions at or past the base's xmax plus those it saw
