@@ -11,6 +11,7 @@ stderr, never as a traceback.
   verify.py  `outbox verify`: a topic against what was committed
   transactions.py `outbox transactions`: open and hanging transactions on a topic
   status.py  `outbox status`: relays, sink ledgers and dead letters on one screen
+  trace.py   `outbox trace EVENT_ID`: one event's path through every system
   options.py options several commands share
 """
 
@@ -22,7 +23,7 @@ import sys
 from collections.abc import Sequence
 
 from core.errors import OutboxError
-from outbox.cli import check, db, dev, relay, relays, status, transactions, verify
+from outbox.cli import check, db, dev, relay, relays, status, trace, transactions, verify
 from outbox.stopping import release_stop_signals
 
 EXIT_USER_ERROR = 2
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     relays.register(commands)
     verify.register(commands)
     status.register(commands)
+    trace.register(commands)
     transactions.register(commands)
     return parser
 

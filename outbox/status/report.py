@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
+from outbox.jsonable import plain
+
 
 @dataclass(frozen=True)
 class Waiting:
@@ -161,15 +163,6 @@ def lines(status: Status, now: datetime) -> list[str]:
 
 def as_json(status: Status) -> dict[str, Any]:
     """The same, as one JSON-ready object; times as ISO 8601, derived figures included."""
-
-    def plain(value: Any) -> Any:
-        if isinstance(value, datetime):
-            return value.isoformat()
-        if isinstance(value, dict):
-            return {k: plain(v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [plain(v) for v in value]
-        return value
 
     doc = plain(asdict(status))
     for shard, r in zip(doc["relays"], status.relays, strict=True):

@@ -65,6 +65,12 @@ class PostgresSink:
     stopped answering it (a partition, a failover): it starts over, and after
     4x that fails for Spark to retry it. The server ends a task's session
     that went quiet for 2x that, and with it the locks a lost task held.
+
+    `trace`: record what the sink did with each input record (applied,
+    deleted, a duplicate, a stale version) in `sink_events`, in the same
+    transaction, for `outbox trace EVENT_ID`; the outbox events it writes then
+    take ids derived from their input record's place. The table grows by a
+    row per record: prune it with `outbox trace --prune DAYS`.
     """
 
     def __init__(
@@ -84,6 +90,7 @@ class PostgresSink:
         apply_in: ApplyIn = "auto",
         kafka: Mapping[str, str] | None = None,
         database_timeout: float = 30.0,
+        trace: bool = False,
     ) -> None:
         self.spec = SinkSpec(
             url=database_url(url),
@@ -98,6 +105,7 @@ class PostgresSink:
             name=name or "",
             apply_in=apply_in,
             database_timeout=database_timeout,
+            trace=trace,
         )
         self.delete = delete
         self.kafka = dict(kafka or {})
@@ -187,11 +195,9 @@ class BatchWriter:
         self.route = choose(root, position, spec.apply_in)
         self._topics = TopicCheck(source_options(root, kafka or {}), spec.name, spec.ledger_schema)
         with connect(spec.url) as conn:
+            used = (tables.SINK_PROGRESS, tables.SINK_DEAD_LETTERS, tables.SINK_BATCHES, tables.SINK_TOPICS)
             tables.require(
-                conn,
-                spec.url,
-                spec.ledger_schema,
-                (tables.SINK_PROGRESS, tables.SINK_DEAD_LETTERS, tables.SINK_BATCHES, tables.SINK_TOPICS),
+                conn, spec.url, spec.ledger_schema, used + ((tables.SINK_EVENTS,) if spec.trace else ())
             )
             self.plan = plan(frame.schema, describe(conn, spec.schema, spec.table), spec)
             self.statements = Statements(spec, self.plan)

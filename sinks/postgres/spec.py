@@ -44,6 +44,7 @@ class SinkSpec:
     name: str = ""
     apply_in: ApplyIn = "auto"
     database_timeout: float = 30.0  # seconds; see `silence` and `retry_for`
+    trace: bool = False  # record each input record's outcome for `outbox trace` (core/trace.py)
 
     @property
     def silence(self) -> float:

@@ -24,6 +24,7 @@ from psycopg import sql
 
 from core import tables
 from core.sqltext import bindable, user_sql
+from core.trace import event_hash_sql, outbox_event_id_sql
 from sinks.postgres.plan import Plan
 from sinks.postgres.spec import SinkSpec
 
@@ -42,6 +43,7 @@ class Names:
     dead: sql.Identifier
     outbox: sql.Identifier
     batches: sql.Identifier
+    events: sql.Identifier
 
     @classmethod
     def of(cls, spec: SinkSpec, *, in_task: bool = False) -> Names:
@@ -58,6 +60,7 @@ class Names:
             dead=sql.Identifier(ledger, tables.SINK_DEAD_LETTERS),
             outbox=sql.Identifier(ledger, tables.OUTBOX_EVENTS),
             batches=sql.Identifier(ledger, tables.SINK_BATCHES),
+            events=sql.Identifier(ledger, tables.SINK_EVENTS),
         )
 
 
@@ -299,8 +302,13 @@ class Statements:
             newer = sql.SQL(" AND (l.{s} IS NULL OR t.{t} IS NULL OR t.{t} <= l.{s})").format(
                 s=staged_v, t=target_v
             )
-        # Only the outbox reads the written rows; the counts need none of their columns.
-        returning = sql.SQL("t.*" if self.spec.outbox else "1")
+        # The outbox reads the written rows, the trace their keys; the counts need no column.
+        if self.spec.outbox:
+            returning: sql.Composable = sql.SQL("t.*")
+        elif self.spec.trace:
+            returning = _list([sql.SQL("t.{}").format(k) for k in self.target_keys])
+        else:
+            returning = sql.SQL("1")
         deleted = sql.SQL(
             "deleted AS (DELETE FROM {target} AS t USING latest AS l"
             " WHERE l._delete AND {match}{newer} RETURNING {returning})"
@@ -342,7 +350,60 @@ class Statements:
             conflict=conflict,
             returning=returning,
         )
-        return [deleted, upserted, *([self._outbox()] if self.spec.outbox else [])]
+        return [
+            deleted,
+            upserted,
+            *([self._outbox()] if self.spec.outbox else []),
+            *([self._traced(match)] if self.spec.trace else []),
+        ]
+
+    def _traced(self, match: sql.Composable) -> sql.Composable:
+        """Each applied event's outcome, in the same statement (core/trace.py).
+
+        Written and deleted rows are found by key in the statements' RETURNING;
+        only a skipped row looks at the table, whose pre-statement row says
+        whether the event was stale (an older version) or a duplicate.
+        """
+        n = self.names
+
+        def found(cte: str) -> sql.Composable:
+            on = sql.SQL(" AND ").join(
+                sql.SQL("{}.{} = l.{}").format(sql.Identifier(cte), t, s)
+                for t, s in zip(self.target_keys, self.keys, strict=True)
+            )
+            return sql.SQL("LEFT JOIN {c} ON {on}").format(c=sql.Identifier(cte), on=on)
+
+        first = self.target_keys[0]
+        stale = sql.SQL("")
+        version = sql.SQL("NULL")
+        if self.version:
+            target_v, staged_v = self.version
+            stale = sql.SQL(
+                " WHEN (SELECT t.{tv} FROM {target} AS t WHERE {match}) > l.{sv} THEN 'stale'"
+            ).format(tv=target_v, target=n.target, match=match, sv=staged_v)
+            version = sql.SQL("l.{}::text").format(staged_v)
+        key_text = sql.SQL("concat_ws(',', {})").format(
+            _list([sql.SQL("l.{}::text").format(k) for k in self.keys])
+        )
+        box = self.spec.outbox
+        return sql.SQL(
+            "traced AS (INSERT INTO {events} (event, sink, topic, kafka_partition, kafka_offset, outcome,"
+            " version, txid, outbox_topic)"
+            " SELECT {event}, %(sink)s, l._topic, l._partition, l._offset,"
+            " CASE WHEN upserted.{first} IS NOT NULL THEN 'applied'"
+            " WHEN deleted.{first} IS NOT NULL THEN 'deleted'{stale} ELSE 'duplicate' END,"
+            " {version}, pg_current_xact_id(), {outbox_topic}"
+            " FROM latest AS l {upserted} {deleted} RETURNING 1)"
+        ).format(
+            events=n.events,
+            event=event_hash_sql(key_text),
+            first=first,
+            stale=stale,
+            version=version,
+            outbox_topic=sql.Literal(box.topic if box else None),
+            upserted=found("upserted"),
+            deleted=found("deleted"),
+        )
 
     def _outbox(self) -> sql.Composable:
         box = self.spec.outbox
@@ -356,17 +417,30 @@ class Statements:
         names = sql.Literal(list(box.headers))
         values = sql.SQL("ARRAY[{}]::bytea[]").format(_list([utf8(e) for e in box.headers.values()]))
 
+        # Traced, an event's id comes from its input record's place, found by key in `latest`.
+        event_id: sql.Composable = sql.SQL("gen_random_uuid()")
+        joined: sql.Composable = sql.SQL("")
+        if self.spec.trace:
+            event_id = outbox_event_id_sql(sql.SQL("%(sink)s::text"), "l")
+            on = sql.SQL(" AND ").join(
+                sql.SQL("written.{} = l.{}").format(t, s)
+                for t, s in zip(self.target_keys, self.keys, strict=True)
+            )
+            joined = sql.SQL(" JOIN latest AS l ON {}").format(on)
+
         def select(source: str, value: sql.Composable) -> sql.Composable:
             return sql.SQL(
-                "SELECT gen_random_uuid(), {topic}, {key}, {value}, {names}::text[], {values}"
-                " FROM {source} AS written"
+                "SELECT {event_id}, {topic}, {key}, {value}, {names}::text[], {values}"
+                " FROM {source} AS written{joined}"
             ).format(
+                event_id=event_id,
                 topic=sql.Literal(box.topic),
                 key=utf8(box.key),
                 value=value,
                 names=names,
                 values=values,
                 source=sql.Identifier(source),
+                joined=joined,
             )
 
         return sql.SQL(

@@ -83,36 +83,53 @@ def positioned(drawn: list[Event]) -> list[tuple[int, int, Event]]:
     return out
 
 
-def model(log: list[tuple[int, int, Event]], mode: Mode, versioned: bool) -> tuple[dict, set, dict]:
-    """The rule, one event at a time: (table, dead letters, outbox events per key)."""
+def model(
+    log: list[tuple[int, int, Event]], mode: Mode, versioned: bool, traced: bool = False
+) -> tuple[dict, set, dict, dict]:
+    """The rule, one event at a time: (table, dead letters, outbox events per key, and when traced,
+    each record's outcome as `sink_events` says it)."""
     table: dict[str, tuple] = {}
     dead: set[tuple[int, int]] = set()
     outbox: dict[str, list] = {}
+    outcomes: dict[tuple[int, int], str] = {}
+
+    def skipped(row: tuple | None, version: int | None) -> str:
+        older = version is not None and row is not None and row[2] is not None and row[2] > version
+        return "stale" if older else "duplicate"
+
     for partition, offset, e in log_order(log):
+        at = (partition, offset)
         row = table.get(e.key)
         version = e.version if versioned else None
         if e.delete:
             if row is None:
+                outcomes[at] = "duplicate"
                 continue
             if versioned and version is not None and row[2] is not None and row[2] > version:
+                outcomes[at] = "stale"
                 continue  # an older delete never removes a newer row
             del table[e.key]
             outbox.setdefault(e.key, []).append(None)
+            outcomes[at] = "deleted"
             continue
         new = (e.n, _cents(e.amount), version)
         if e.amount < 0:  # CHECK (amount >= 0): refused whatever else happens
-            dead.add((partition, offset))
+            dead.add(at)
             continue
         if row is not None:
             if mode == "insert":
+                outcomes[at] = "duplicate"
                 continue
             if versioned and row[2] is not None and (version is None or row[2] > version):
+                outcomes[at] = skipped(row, version)
                 continue  # never replaced by an older (or unversioned) event
             if row == new:
+                outcomes[at] = "duplicate"
                 continue  # a redelivery changes nothing
         table[e.key] = new
         outbox.setdefault(e.key, []).append(new)
-    return table, dead, outbox
+        outcomes[at] = "applied"
+    return table, dead, outbox, outcomes if traced else {}
 
 
 def _cents(amount: object) -> Decimal:
@@ -163,7 +180,7 @@ def log_order(log: list[tuple[int, int, Event]]) -> list[tuple[int, int, Event]]
     return sorted(log, key=lambda x: (x[0], x[1]))
 
 
-def observed(conn: psycopg.Connection) -> tuple[dict, set, dict]:
+def observed(conn: psycopg.Connection) -> tuple[dict, set, dict, dict]:
     table = {
         k: (n, a, v) for k, n, a, v in conn.execute("SELECT event_id::text, n, amount, version FROM orders")
     }
@@ -173,7 +190,11 @@ def observed(conn: psycopg.Connection) -> tuple[dict, set, dict]:
         doc = None if value is None else json.loads(bytes(value))
         row = None if doc is None else (doc["n"], _cents(doc["amount"]), doc["version"])
         outbox.setdefault(key, []).append(row)
-    return table, dead, outbox
+    traced = {
+        (p, o): outcome
+        for p, o, outcome in conn.execute("SELECT kafka_partition, kafka_offset, outcome FROM sink_events")
+    }
+    return table, dead, outbox, traced
 
 
 @pytest.fixture
@@ -182,16 +203,27 @@ def checked_db(db: DatabaseUrl, pg: psycopg.Connection) -> DatabaseUrl:
     return db
 
 
-@pytest.mark.parametrize(("mode", "versioned"), [("upsert", False), ("upsert", True), ("insert", False)])
+@pytest.mark.parametrize(
+    ("mode", "versioned", "traced"),
+    [
+        ("upsert", False, False),
+        ("upsert", True, False),
+        ("insert", False, False),
+        ("upsert", True, True),
+        ("insert", False, True),
+    ],
+)
 def test_any_batch_boundaries_give_the_one_by_one_result(
-    checked_db: DatabaseUrl, mode: Mode, versioned: bool
+    checked_db: DatabaseUrl, mode: Mode, versioned: bool, traced: bool
 ) -> None:
+    """Traced, each record's outcome is the one-by-one rule's too; tracing changes nothing else."""
     spec = SinkSpec(
         url=checked_db,
         table="orders",
         mode=mode,
         version="version" if versioned else None,
         outbox=Outbox(topic="changes", key="written.event_id::text"),
+        trace=traced,
     )
     with psycopg.connect(checked_db.libpq, autocommit=True) as conn:
         statements = Statements(spec, plan(FRAME, describe(conn, "public", "orders"), spec))
@@ -206,9 +238,9 @@ def test_any_batch_boundaries_give_the_one_by_one_result(
             log = positioned(drawn)
             ends = [sum(1 for p, _, _ in log if p == q) for q in range(PARTITIONS)]
             for cuts in ([ends], one_record_each(log, ends), growing(cut_points, ends)):
-                conn.execute("TRUNCATE orders, sink_progress, sink_dead_letters, outbox_events")
+                conn.execute("TRUNCATE orders, sink_progress, sink_dead_letters, outbox_events, sink_events")
                 apply_in_batches(conn, statements, log, cuts)
-                assert observed(conn) == model(log, mode, versioned), f"batches cut at {cuts}"
+                assert observed(conn) == model(log, mode, versioned, traced), f"batches cut at {cuts}"
                 ledger = dict(
                     conn.execute("SELECT kafka_partition, next_offset FROM sink_progress").fetchall()
                 )

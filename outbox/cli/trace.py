@@ -1,0 +1,84 @@
+"""`outbox trace EVENT_ID`: one event's path, from its input record to its place in the output topic.
+
+What a tracing sink (PostgresSink(trace=True)) did with each input record of
+the event: applied at which version and when, deleted, skipped as a
+duplicate or as a stale version; the sink's dead letters that hold it; and
+for each outbox event its transaction wrote, whether it waits in the outbox
+(since when), was dead-lettered by a relay, or was published, and then, given
+Kafka, its partition and offset in the output topic. Exit 1 when nothing
+records the event. `--prune DAYS` deletes trace rows older than that instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import replace
+
+import psycopg
+
+from core import tables
+from core.config import KAFKA_BOOTSTRAP_SERVERS, bootstrap_servers, database_url, schema_name
+from core.errors import ConfigError, OutboxError
+from core.postgres import connect, reason
+from outbox.cli import options
+from outbox.trace import gather
+from outbox.trace.report import as_json, lines
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = options.database(
+        commands.add_parser(
+            "trace",
+            help="follow one event: input record, what the sink did, outbox, relay, output topic",
+            description=__doc__,
+        )
+    )
+    p.add_argument(
+        "event", nargs="?", metavar="EVENT_ID", help="the event's key as the sink's table holds it"
+    )
+    p.add_argument(
+        "--bootstrap-servers",
+        help="Kafka host:port list, to find published events in their topic (env KAFKA_BOOTSTRAP_SERVERS)",
+    )
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds to search a topic (default 30)")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of lines")
+    p.add_argument("--prune", type=float, metavar="DAYS", help="delete trace rows older than DAYS, then stop")
+    p.set_defaults(handler=cmd_trace)
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    if (args.event is None) == (args.prune is None):
+        raise ConfigError("give an EVENT_ID to trace, or --prune DAYS (not both)")
+    url, schema = database_url(args.url), schema_name(args.schema)
+    with connect(url, autocommit=True, application_name="outbox trace") as conn:
+        tables.require(conn, url, schema, gather.USED)
+        try:
+            if args.prune is not None:
+                return _prune(conn, schema, args.prune)
+            trace = gather.from_database(conn, schema, args.event)
+        except psycopg.Error as exc:
+            raise OutboxError(f"outbox trace in {url.safe}: {reason(exc, url)}") from None
+    given = args.bootstrap_servers or os.environ.get(KAFKA_BOOTSTRAP_SERVERS)
+    if given:
+        trace = gather.in_kafka(trace, bootstrap_servers(given), args.timeout)
+    elif any(r.outbox and r.outbox.state == "published" for r in trace.records):
+        trace = replace(trace, searched="give --bootstrap-servers to find the published events in Kafka")
+    if args.json:
+        print(json.dumps(as_json(trace)))
+    else:
+        print("\n".join(lines(trace)))
+    return 0 if trace.found else 1
+
+
+def _prune(conn: psycopg.Connection, schema: str, days: float) -> int:
+    if not days >= 0:
+        raise ConfigError(f"--prune needs a number of days >= 0, got {days:g}")
+    total = 0
+    for deleted in gather.prune(conn, schema, days):
+        total += deleted
+        print(f"deleted {total} trace row(s) so far", file=sys.stderr)
+    print(f"deleted {total} trace row(s) older than {days:g} day(s)")
+    return 0

@@ -1,0 +1,194 @@
+"""Reading an event's path: PostgreSQL first (what the sink did, the outbox, the relays' positions),
+then the output topic from shortly before the event was applied, for where the relay put it."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from psycopg import sql
+
+from core import tables
+from core.committed import read_committed
+from core.errors import ConfigError, ServiceUnavailable
+from core.kafka import client_settings
+from core.trace import event_hash, outbox_event_id
+from outbox.relay.outbox_table import KEY_HASH
+from outbox.relay.position import Identity, Shard
+from outbox.trace.report import Applied, DeadLetter, OutboxEvent, Published, Trace
+
+USED = (
+    tables.SINK_EVENTS,
+    tables.SINK_DEAD_LETTERS,
+    tables.OUTBOX_EVENTS,
+    tables.OUTBOX_IDENTITY,
+    tables.RELAY_POSITIONS,
+    tables.RELAY_DEAD_LETTERS,
+)
+# Kafka timestamps come from the relay's host: look this far before the event was applied.
+CLOCK_SKEW_S = 60.0
+
+
+def spellings(event: str) -> list[str]:
+    """The key texts an event id may have been recorded as: as given, and a uuid's canonical form."""
+    found = [event]
+    try:
+        canonical = str(uuid.UUID(event))
+    except ValueError:
+        return found
+    return found if canonical == event else [*found, canonical]
+
+
+def from_database(conn: psycopg.Connection[Any], schema: str, event: str) -> Trace:
+    names = {t: sql.Identifier(schema, t) for t in USED}
+    texts = spellings(event)
+    records = conn.execute(
+        sql.SQL(
+            "SELECT sink, topic, kafka_partition, kafka_offset, outcome, version, applied_at, txid::text,"
+            " outbox_topic FROM {} WHERE event = ANY(%s::uuid[])"
+            " ORDER BY applied_at, topic, kafka_partition, kafka_offset"
+        ).format(names[tables.SINK_EVENTS]),
+        [[event_hash(t) for t in texts]],
+    ).fetchall()
+    dead = conn.execute(
+        sql.SQL(
+            "SELECT sink, topic, kafka_partition, kafka_offset, error, failed_at FROM {}"
+            " WHERE key = ANY(%s::bytea[]) ORDER BY failed_at, id"
+        ).format(names[tables.SINK_DEAD_LETTERS]),
+        [[t.encode() for t in texts]],
+    ).fetchall()
+    applied = []
+    for sink, topic, partition, offset, outcome, version, at, txid, box_topic in records:
+        box = None
+        if box_topic and outcome in ("applied", "deleted"):
+            box = _outbox_event(conn, names, outbox_event_id(sink, topic, partition, offset), box_topic, txid)
+        applied.append(Applied(sink, topic, partition, offset, outcome, version, at, box))
+    return Trace(event, tuple(applied), tuple(DeadLetter(*d) for d in dead))
+
+
+def _outbox_event(
+    conn: psycopg.Connection[Any],
+    names: dict[str, sql.Identifier],
+    event_id: uuid.UUID,
+    topic: str,
+    txid: str,
+) -> OutboxEvent:
+    """Where the outbox event stands: still in the table (published or not, by the relays' bases),
+    dead-lettered by a relay, or gone, which cleanup does only to published rows."""
+    row = conn.execute(
+        sql.SQL("SELECT e.created_at FROM {events} e WHERE e.txid = %s::xid8 AND e.event_id = %s").format(
+            events=names[tables.OUTBOX_EVENTS]
+        ),
+        [txid, event_id],
+    ).fetchone()
+    if row is not None:
+        publishers = conn.execute(
+            sql.SQL(
+                "SELECT p.relay, p.shard, p.shards FROM {positions} p, {events} e"
+                " WHERE e.txid = %s::xid8 AND e.event_id = %s AND mod({hash}, p.shards) = p.shard"
+                " AND pg_visible_in_snapshot(e.txid, p.base::pg_snapshot) ORDER BY 1, 3, 2"
+            ).format(
+                positions=names[tables.RELAY_POSITIONS],
+                events=names[tables.OUTBOX_EVENTS],
+                hash=sql.SQL(KEY_HASH),
+            ),
+            [txid, event_id],
+        ).fetchall()
+        if not publishers:
+            return OutboxEvent(event_id, topic, "waiting", since=row[0])
+        return OutboxEvent(event_id, topic, "published", relay=_transactional_id(conn, names, *publishers[0]))
+    dead = conn.execute(
+        sql.SQL("SELECT relay, error FROM {} WHERE event_id = %s ORDER BY failed_at LIMIT 1").format(
+            names[tables.RELAY_DEAD_LETTERS]
+        ),
+        [event_id],
+    ).fetchone()
+    if dead is not None:
+        return OutboxEvent(event_id, topic, "dead-lettered", relay=dead[0], error=dead[1])
+    return OutboxEvent(event_id, topic, "published")
+
+
+def _transactional_id(
+    conn: psycopg.Connection[Any], names: dict[str, sql.Identifier], relay: str, index: int, count: int
+) -> str:
+    row = conn.execute(sql.SQL("SELECT id::text FROM {}").format(names[tables.OUTBOX_IDENTITY])).fetchone()
+    return Identity(relay, str(row[0]) if row else "?", Shard(index, count)).transactional_id
+
+
+def in_kafka(trace: Trace, servers: str, timeout: float) -> Trace:
+    """The published outbox events found in their topics: partition, offset, time."""
+    wanted = [r for r in trace.records if r.outbox and r.outbox.state == "published"]
+    found: dict[uuid.UUID, Published] = {}
+    for topic in sorted({r.outbox.topic for r in wanted if r.outbox}):
+        ids = {r.outbox.event_id for r in wanted if r.outbox and r.outbox.topic == topic}
+        since = min(r.at for r in wanted if r.outbox and r.outbox.topic == topic)
+        found |= _search(servers, topic, ids, since, timeout)
+    records = tuple(
+        replace(r, outbox=replace(r.outbox, published=found.get(r.outbox.event_id)))
+        if r.outbox and r.outbox.event_id in found
+        else r
+        for r in trace.records
+    )
+    missing = [r for r in wanted if r.outbox and r.outbox.event_id not in found]
+    note = None
+    if missing:
+        note = (
+            f"{len(missing)} published event(s) not found in Kafka from {CLOCK_SKEW_S:.0f} s before they"
+            " were applied: deleted by the topic's retention, or published by a relay on another cluster"
+        )
+    return replace(trace, records=records, searched=note)
+
+
+def _search(
+    servers: str, topic: str, ids: Iterable[uuid.UUID], since: datetime, timeout: float
+) -> dict[uuid.UUID, Published]:
+    """Read `topic` (read_committed) from `since` less the clock skew to its end, for these event ids."""
+    wanted = {str(i).encode(): i for i in ids}
+    start = _offsets_at(servers, topic, (since.timestamp() - CLOCK_SKEW_S) * 1000, timeout)
+    found = {}
+    for message in read_committed({"bootstrap.servers": servers}, topic, start=start, timeout=timeout):
+        headers = dict(message.headers() or [])
+        hit = wanted.get(headers.get("event_id") or b"")
+        if hit is not None:
+            stamp = datetime.fromtimestamp(message.timestamp()[1] / 1000).astimezone()
+            found[hit] = Published(message.partition(), message.offset(), stamp)
+    return found
+
+
+def _offsets_at(servers: str, topic: str, millis: float, timeout: float) -> dict[int, int]:
+    """Per partition, the first offset at or after `millis` (the end where nothing is that late)."""
+    consumer = Consumer(
+        client_settings({"bootstrap.servers": servers, "group.id": "outbox-trace"}, "consumer")
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        metadata = consumer.list_topics(topic, timeout=timeout)
+        listed = metadata.topics.get(topic)
+        if listed is None or listed.error is not None:
+            raise ConfigError(f"topic {topic!r} does not exist on {servers}")
+        asked = [TopicPartition(topic, p, int(millis)) for p in listed.partitions]
+        answered = consumer.offsets_for_times(asked, timeout=max(deadline - time.monotonic(), 1))
+    except KafkaException as exc:
+        raise ServiceUnavailable(f"cannot reach Kafka at {servers}: {exc.args[0].str()}") from None
+    finally:
+        consumer.close()
+    # -1: no record that late; read_committed's start then is the end, and nothing is read.
+    return {tp.partition: tp.offset for tp in answered if tp.offset >= 0} | {
+        tp.partition: 1 << 62 for tp in answered if tp.offset < 0
+    }
+
+
+def prune(conn: psycopg.Connection[Any], schema: str, days: float, batch: int = 50_000) -> Iterable[int]:
+    """Delete trace rows older than `days`, `batch` at a time (short locks, a progress line each)."""
+    query = sql.SQL(
+        "DELETE FROM {t} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {t}"
+        " WHERE applied_at < now() - make_interval(secs => %s) LIMIT %s))"
+    ).format(t=sql.Identifier(schema, tables.SINK_EVENTS))
+    while deleted := conn.execute(query, [days * 86400, batch]).rowcount:
+        yield deleted

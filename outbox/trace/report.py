@@ -1,0 +1,123 @@
+"""An event's path as plain values; rendering is a pure function of them."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+from outbox.jsonable import plain
+
+# What the sink did with an input record (core/trace.py's OUTCOMES), as a reader says it.
+SAID = {
+    "applied": "applied",
+    "deleted": "deleted its key's row",
+    "duplicate": "skipped: a duplicate (the row already held it)",
+    "stale": "skipped: a stale version (the row held a newer one)",
+}
+
+
+@dataclass(frozen=True)
+class Published:
+    partition: int
+    offset: int
+    at: datetime
+
+
+@dataclass(frozen=True)
+class OutboxEvent:
+    """The outbox event the sink's transaction wrote for one input record, and how far it got."""
+
+    event_id: uuid.UUID
+    topic: str
+    state: str  # "waiting", "published", "dead-lettered" (by a relay)
+    since: datetime | None = None  # waiting: when it was committed to the outbox
+    relay: str | None = None  # published: the relay shard's transactional.id; dead-lettered: the relay
+    published: Published | None = None  # where it is in the topic, when Kafka was searched and it was found
+    error: str | None = None  # dead-lettered: why
+
+
+@dataclass(frozen=True)
+class Applied:
+    """One input record of the event and what the sink did with it."""
+
+    sink: str
+    topic: str
+    partition: int
+    offset: int
+    outcome: str
+    version: str | None
+    at: datetime
+    outbox: OutboxEvent | None = None
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    sink: str
+    topic: str | None
+    partition: int | None
+    offset: int | None
+    error: str
+    at: datetime
+
+
+@dataclass(frozen=True)
+class Trace:
+    event: str
+    records: tuple[Applied, ...] = ()
+    dead_letters: tuple[DeadLetter, ...] = ()
+    searched: str | None = None  # why the output topic was not searched, if it was not
+
+    @property
+    def found(self) -> bool:
+        return bool(self.records or self.dead_letters)
+
+
+def _at(t: datetime) -> str:
+    return f"{t:%Y-%m-%d %H:%M:%S.%f}"[:-3] + f"{t:%z}".replace("+0000", "Z")
+
+
+def _outbox_line(box: OutboxEvent) -> str:
+    head = f"outbox event {box.event_id} for {box.topic}:"
+    if box.state == "waiting":
+        since = _at(box.since) if box.since else "?"
+        return f"{head} waiting in the outbox since {since}: no relay has published it yet"
+    if box.state == "dead-lettered":
+        return f"{head} dead-lettered by relay {box.relay}: {box.error}"
+    where = (
+        f" as {box.topic}[{box.published.partition}]@{box.published.offset} at {_at(box.published.at)}"
+        if box.published
+        else ""
+    )
+    by = f" by transactional.id {box.relay}" if box.relay else ""
+    return f"{head} published{where}{by}"
+
+
+def lines(trace: Trace) -> list[str]:
+    if not trace.found:
+        return [
+            f"event {trace.event}: no record of it: no tracing sink (PostgresSink(trace=True)) applied it,"
+            " and no sink dead letter holds it"
+        ]
+    out = [
+        f"event {trace.event}: {len(trace.records)} input record(s), {len(trace.dead_letters)} dead letter(s)"
+    ]
+    for r in trace.records:
+        version = f" at version {r.version}" if r.version is not None and r.outcome == "applied" else ""
+        out.append(
+            f"  input {r.topic}[{r.partition}]@{r.offset}: sink {r.sink} {SAID.get(r.outcome, r.outcome)}"
+            f"{version}, {_at(r.at)}"
+        )
+        if r.outbox:
+            out.append(f"    {_outbox_line(r.outbox)}")
+    for d in trace.dead_letters:
+        where = f"{d.topic}[{d.partition}]@{d.offset}" if d.topic is not None else "(no Kafka position)"
+        out.append(f"  input {where}: sink {d.sink} dead-lettered it, {_at(d.at)}: {d.error}")
+    if trace.searched:
+        out.append(f"  ({trace.searched})")
+    return out
+
+
+def as_json(trace: Trace) -> dict[str, Any]:
+    return {**plain(asdict(trace)), "found": trace.found}

@@ -1,0 +1,157 @@
+"""Tracing: what a tracing sink records per input record, and `outbox trace` following an event through
+the sink, the outbox, the relay and the output topic, on real Spark, PostgreSQL and Kafka."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import hypothesis.strategies as st
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from psycopg import sql
+
+from core.trace import event_hash, event_hash_sql, outbox_event_id, outbox_event_id_sql
+from sinks.postgres import Outbox, PostgresSink
+from tests.cli import outbox
+from tests.helpers import create_topic, produce_transaction, transactional_producer, unique
+from tests.relay_support import ACTIVE, relay_job, terminate, wait_published
+from tests.sink_support import apply_batches, event, run
+
+
+def _outcomes(pg: psycopg.Connection) -> list[tuple]:
+    return pg.execute(
+        "SELECT topic, kafka_partition, kafka_offset, outcome, version, outbox_topic FROM sink_events"
+        " ORDER BY kafka_offset"
+    ).fetchall()
+
+
+@pytest.mark.parametrize("tasks", [True, False], ids=["in-tasks", "on-driver"])
+def test_a_tracing_sink_records_each_records_outcome_with_the_rows(spark, db, pg, tasks) -> None:  # type: ignore[no-untyped-def]
+    a, b, c = (str(uuid.uuid4()) for _ in range(3))
+    sink = PostgresSink("orders", url=db.raw, version="version", trace=True, outbox=Outbox("orders-out"))
+    apply_batches(
+        spark,
+        sink,
+        [
+            [event(a, 1, "1.00", 2), event(b, 2, "1.00", 1)],  # 0, 1: applied
+            [event(a, 1, "1.00", 2), event(b, 2, "1.00", 0)],  # 2: a duplicate, 3: stale
+            [event(c, 3, "1.00", 1), event(c, 3, "2.00", 2), (b.encode(), None)],  # 4, 5: applied, 6: deleted
+        ],
+        tasks=tasks,
+    )
+    rows = _outcomes(pg)
+    assert [r[3] for r in rows] == [
+        "applied",
+        "applied",
+        "duplicate",
+        "stale",
+        "applied",
+        "applied",
+        "deleted",
+    ]
+    assert [r[4] for r in rows] == ["2", "1", "2", "0", "1", "2", None]
+    assert {(r[0], r[1], r[5]) for r in rows} == {("t", 0, "orders-out")}
+    # The same transaction's outbox events, under ids derived from their input records.
+    ids = {r[0] for r in pg.execute("SELECT event_id FROM outbox_events")}
+    assert ids == {outbox_event_id("public.orders", "t", 0, o) for o in (0, 1, 4, 5, 6)}
+    same_tx = pg.execute(
+        "SELECT count(*) FROM sink_events s JOIN outbox_events e ON e.txid = s.txid WHERE s.kafka_offset = 0"
+    ).fetchone()
+    assert same_tx is not None and same_tx[0] >= 1
+
+    kept = outbox("trace", "--prune", "1", env={"DATABASE_URL": db.raw})
+    assert (kept.code, kept.out) == (0, "deleted 0 trace row(s) older than 1 day(s)\n"), kept
+    pruned = outbox("trace", "--prune", "0", env={"DATABASE_URL": db.raw})
+    assert (pruned.code, pruned.out) == (0, "deleted 7 trace row(s) older than 0 day(s)\n"), pruned
+    assert _outcomes(pg) == []
+
+
+def test_outbox_trace_follows_events_from_input_record_to_output_topic(  # type: ignore[no-untyped-def]
+    spark, bootstrap, topic, db, pg, checkpoint, tmp_path, env
+) -> None:
+    out = create_topic(bootstrap, unique("out"))
+    a, b, d, never = (str(uuid.uuid4()) for _ in range(4))
+    refused = (d.encode(), json.dumps({"event_id": d, "n": None, "amount": "1.00", "version": 1}).encode())
+    produce_transaction(
+        transactional_producer(bootstrap),
+        topic,
+        [
+            event(a, 1, "1.00", 2),
+            event(b, 2, "1.00", 1),
+            event(a, 1, "1.00", 2),
+            event(b, 2, "1.00", 0),
+            refused,
+        ],
+        partition=0,
+    )
+    sink = PostgresSink(
+        "orders", url=db.raw, version="version", trace=True, outbox=Outbox(out, key="written.event_id::text")
+    )
+    run(spark, bootstrap, topic, checkpoint, sink)
+
+    # Before any relay ran: a's outbox event waits in the outbox.
+    waiting = outbox("trace", a, env={"DATABASE_URL": db.raw})
+    assert waiting.code == 0, waiting
+    said = waiting.out.splitlines()
+    assert said[0] == f"event {a}: 2 input record(s), 0 dead letter(s)"
+    assert said[1].startswith(f"  input {topic}[0]@0: sink public.orders applied at version 2, ")
+    assert said[2].startswith(f"    outbox event {outbox_event_id('public.orders', topic, 0, 0)} for {out}:")
+    assert "waiting in the outbox since" in said[2]
+    assert said[3].startswith(f"  input {topic}[0]@2: sink public.orders skipped: a duplicate")
+    assert len(said) == 4, waiting.out
+
+    # A stale version, and a row the table refused (n is NOT NULL), which a sink dead letter holds.
+    stale = json.loads(outbox("trace", b.upper(), "--json", env={"DATABASE_URL": db.raw}).out)
+    assert [(r["offset"], r["outcome"], r["version"]) for r in stale["records"]] == [
+        (1, "applied", "1"),
+        (3, "stale", "0"),
+    ]
+    dead = outbox("trace", d, env={"DATABASE_URL": db.raw})
+    assert dead.code == 0, dead
+    assert f"  input {topic}[0]@4: sink public.orders dead-lettered it, " in dead.out
+    assert "null value in column" in dead.out
+    unknown = outbox("trace", never, env={"DATABASE_URL": db.raw})
+    assert unknown.code == 1 and "no record of it" in unknown.out, unknown
+
+    # A relay publishes; the trace then finds a's event in the output topic.
+    job, _ = relay_job(tmp_path, {**env, "DATABASE_URL": db.raw}, unique("relay"))
+    try:
+        job.wait_for_output(ACTIVE, 60)
+        [(partition, offset, _, published_id)] = [
+            r
+            for r in wait_published(bootstrap, out, 1, 2)
+            if r[3] == str(outbox_event_id("public.orders", topic, 0, 0))
+        ]
+        found = json.loads(
+            outbox(
+                "trace", a, "--json", env={"DATABASE_URL": db.raw, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
+            ).out
+        )
+    finally:
+        assert terminate(job) == 0, job.output()
+    box = found["records"][0]["outbox"]
+    assert box["state"] == "published" and box["event_id"] == published_id
+    assert (box["published"]["partition"], box["published"]["offset"]) == (partition, offset)
+    assert found["records"][1]["outbox"] is None  # a duplicate wrote no outbox event
+    human = outbox("trace", a, "--bootstrap-servers", bootstrap, env={"DATABASE_URL": db.raw})
+    assert f"published as {out}[{partition}]@{offset} at " in human.out, human.out
+
+
+_TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40)
+
+
+@given(
+    sink=_TEXT, topic=_TEXT, partition=st.integers(0, 2**31 - 1), offset=st.integers(0, 2**63 - 1), key=_TEXT
+)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_the_ids_python_derives_are_the_ones_postgresql_writes(
+    pg, sink, topic, partition, offset, key
+) -> None:  # type: ignore[no-untyped-def]
+    """`outbox trace` computes in Python what the sink's SQL wrote: for any name, topic and key text."""
+    query = sql.SQL(
+        "SELECT {}, {} FROM (SELECT %s::text AS _topic, %s::int AS _partition, %s::bigint AS _offset) AS l"
+    ).format(event_hash_sql(sql.SQL("%s::text")), outbox_event_id_sql(sql.SQL("%s::text"), "l"))
+    row = pg.execute(query, [key, sink, topic, partition, offset]).fetchone()
+    assert row == (event_hash(key), outbox_event_id(sink, topic, partition, offset))

@@ -1,0 +1,73 @@
+"""`outbox trace`'s ids and lines, from plain values."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+
+from core.trace import event_hash, outbox_event_id
+from outbox.trace.gather import spellings
+from outbox.trace.report import Applied, DeadLetter, OutboxEvent, Published, Trace, as_json, lines
+
+AT = datetime(2026, 11, 25, 12, 0, 1, 250000, tzinfo=UTC)
+
+
+def test_a_uuid_is_looked_up_as_given_and_in_its_canonical_form() -> None:
+    u = uuid.uuid4()
+    assert spellings(str(u).upper()) == [str(u).upper(), str(u)]
+    assert spellings(str(u)) == [str(u)]
+    assert spellings("order-42") == ["order-42"]
+
+
+def test_ids_differ_by_every_part_of_the_place() -> None:
+    ids = {
+        outbox_event_id(*p)
+        for p in [("s", "t", 1, 10), ("s", "t", 11, 0), ("s", "t1", 1, 0), ("s\nt", "", 1, 10)]
+    }
+    assert len(ids) == 4
+    assert outbox_event_id("s", "t", 1, 10) == outbox_event_id("s", "t", 1, 10)
+    assert event_hash("é") != event_hash("e")
+
+
+def test_the_lines_say_each_outcome_and_where_the_outbox_event_is() -> None:
+    box = OutboxEvent(
+        uuid.UUID(int=1), "out", "published", relay="outbox-relay.r.x.0-of-1", published=Published(2, 40, AT)
+    )
+    trace = Trace(
+        "k",
+        (
+            Applied("s", "in", 0, 7, "applied", "3", AT, box),
+            Applied("s", "in", 0, 9, "stale", "2", AT),
+            Applied(
+                "s",
+                "in",
+                0,
+                11,
+                "applied",
+                None,
+                AT,
+                OutboxEvent(uuid.UUID(int=2), "out", "waiting", since=AT),
+            ),
+        ),
+        (DeadLetter("s", "in", 0, 12, "null value", AT),),
+    )
+    said = lines(trace)
+    assert said[0] == "event k: 3 input record(s), 1 dead letter(s)"
+    assert said[1] == "  input in[0]@7: sink s applied at version 3, 2026-11-25 12:00:01.250Z"
+    assert said[2] == (
+        f"    outbox event {uuid.UUID(int=1)} for out: published as out[2]@40 at 2026-11-25 12:00:01.250Z"
+        " by transactional.id outbox-relay.r.x.0-of-1"
+    )
+    assert said[3].startswith("  input in[0]@9: sink s skipped: a stale version")
+    assert said[5].endswith(
+        "waiting in the outbox since 2026-11-25 12:00:01.250Z: no relay has published it yet"
+    )
+    assert said[6] == "  input in[0]@12: sink s dead-lettered it, 2026-11-25 12:00:01.250Z: null value"
+    doc = json.loads(json.dumps(as_json(trace)))
+    assert doc["found"] is True and doc["records"][0]["outbox"]["published"]["offset"] == 40
+
+
+def test_nothing_found_says_where_it_looked() -> None:
+    assert not Trace("k").found
+    assert "no tracing sink (PostgresSink(trace=True)) applied it" in lines(Trace("k"))[0]
