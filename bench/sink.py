@@ -21,6 +21,8 @@ its cost is measured alone too. Beside them:
   source_memory, source_memory_ranged: the Parquet feeds -> noop;
   sink_rc: the sink fed by kafka_rc instead, the framework's own source;
   sink_driver: the sink from Kafka with apply_in="driver", the staged path.
+  sink_traced: the sink from Kafka with trace=True (each record's outcome recorded for
+           `outbox trace`): what tracing costs, against `sink`.
   source_rf3, sink_rf3: the source alone and the sink, from the same events on a three-broker
            cluster (replication factor 3, min.insync.replicas 2): the cost of replication
            to the reader (--no-cluster leaves them out).
@@ -71,7 +73,7 @@ HAND_STAGES = ("input", "copy", "apply", "commit")
 SCHEMA = "event_id string, n long, amount decimal(12,2), note string"
 TABLE = "CREATE TABLE {} (event_id uuid PRIMARY KEY, n bigint, amount numeric(12,2), note text)"
 # The Spark runs that write, each to bench_<name>.
-SINKS = ("sink", "sink_memory", "sink_rc", "sink_driver", "sink_rf3")
+SINKS = ("sink", "sink_memory", "sink_rc", "sink_driver", "sink_traced", "sink_rf3")
 WRITERS = (
     "sink",
     "jdbc",
@@ -81,6 +83,7 @@ WRITERS = (
     "hand_memory",
     "sink_rc",
     "sink_driver",
+    "sink_traced",
     "sink_rf3",
 )
 
@@ -198,8 +201,9 @@ def spark_runs(
 
         sinks: dict[str, object] = {}
 
-        def sink(table: str, frame, apply_in: str = "auto"):  # type: ignore[no-untyped-def]
-            writer = PostgresSink(table, url=url.raw, name=table, apply_in=apply_in).writer(frame)  # type: ignore[arg-type]
+        def sink(table: str, frame, apply_in: str = "auto", trace: bool = False):  # type: ignore[no-untyped-def]
+            made = PostgresSink(table, url=url.raw, name=table, apply_in=apply_in, trace=trace)  # type: ignore[arg-type]
+            writer = made.writer(frame)
             batches: list = []
             sinks[table] = (writer, batches)
 
@@ -264,6 +268,8 @@ def spark_runs(
                 name = writer + feed
                 events = ranged() if name == "sink_memory" else frame()
                 runs[name] = measure(name, events, make(f"bench_{name}", events))
+        events = kafka()
+        runs["sink_traced"] = measure("sink_traced", events, sink("bench_sink_traced", events, trace=True))
         events = kafka("kafka_rc")
         runs["sink_rc"] = measure("sink_rc", events, sink("bench_sink_rc", events))
         events = kafka()
@@ -453,6 +459,7 @@ def main() -> int:
         "ratio_sink_memory_vs_hand_memory": ratio(steady("sink_memory"), steady("hand_memory")),
         "ratio_sink_rc_vs_sink": ratio(steady("sink_rc"), steady("sink")),
         "ratio_sink_vs_sink_driver": ratio(steady("sink"), steady("sink_driver")),
+        "ratio_sink_traced_vs_sink": ratio(steady("sink_traced"), steady("sink")),
         "sink_batches": {n: runs[n]["batches_detail"] for n in SINKS if n in runs},
         "sink_routes": {n: runs[n]["route"] for n in SINKS if n in runs},
     }
@@ -464,6 +471,7 @@ def main() -> int:
         ("from Kafka: source alone, no writes", "source", steady("source")),
         ("from Kafka: PostgresSink, in the tasks", "sink", steady("sink")),
         ("from Kafka: PostgresSink, on the driver", "sink_driver", steady("sink_driver")),
+        ("from Kafka: PostgresSink, tracing", "sink_traced", steady("sink_traced")),
         ("from Kafka: JDBC append", "jdbc", steady("jdbc")),
         ("from Kafka: hand-written upsert", "hand", steady("hand")),
         ("from Parquet: source alone, no writes", "source_memory", steady("source_memory")),
@@ -488,6 +496,7 @@ def main() -> int:
         ("sink / jdbc", "ratio_sink_vs_jdbc", "target >= 1.2"),
         ("sink / hand-written", "ratio_sink_vs_hand", "target >= 1.5"),
         ("in the tasks / on the driver", "ratio_sink_vs_sink_driver", ""),
+        ("tracing / not", "ratio_sink_traced_vs_sink", "target >= 0.95"),
         ("from Parquet, sink / psycopg", "ratio_sink_memory_vs_psycopg", "target >= 0.8"),
         ("from Parquet, sink / jdbc", "ratio_sink_memory_vs_jdbc_memory", "target >= 1.5"),
         ("from Parquet, sink / hand-written", "ratio_sink_memory_vs_hand_memory", "target >= 1.0"),
@@ -536,6 +545,15 @@ def main() -> int:
         f" (Arrow: {arrow - fetch:+.1f})"
     )
     result["breakdown"] = breakdown
+    # Tracing's own cost, from the stage it adds to (the apply statement): less noisy than two runs' rates.
+    traced, plain = runs["sink_traced"]["stages_us"], runs["sink"]["stages_us"]
+    extra, share = traced["apply"] - plain["apply"], (traced["apply"] - plain["apply"]) / sum(plain.values())
+    result["trace_apply_us_per_event"] = round(extra, 2)
+    result["trace_share_of_sink_task_us"] = round(share, 3)
+    print(
+        f"tracing adds {extra:.1f} task us per event to the apply statement,"
+        f" {share:.1%} of the sink's task time per event"
+    )
     # The bound on this machine, all cores busy: any upsert fed by the same source costs at least
     # the source alone plus the bare COPY + upsert (psycopg) in CPU per row; a writer's best ratio
     # to a peer is the peer's CPU per row over that floor.

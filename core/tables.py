@@ -23,7 +23,7 @@ SINK_PROGRESS = "sink_progress"
 SINK_BATCHES = "sink_batches"
 SINK_TOPICS = "sink_topics"
 SINK_DEAD_LETTERS = "sink_dead_letters"
-SINK_EVENTS = "sink_events"  # a tracing sink's record of each input record (core/trace.py)
+SINK_TRACES = "sink_traces"  # what a tracing sink applied, per statement (core/trace.py)
 SINK_STAGE_PREFIX = "sink_stage_"  # + a digest of the sink's name: one staged batch's rows
 
 # Columns that later revisions added to a table: whoever requires the table needs them too.

@@ -1,10 +1,10 @@
-"""What the sink writes for tracing and `outbox trace` reads back: both halves derive it here.
+"""What a tracing sink writes and `outbox trace` reads back: the one rule both halves share.
 
-An event is found by its key as text (key columns joined with ','), hashed to
-a uuid so the trace table's one index compares 16 bytes. The outbox event a
-sink writes for an input record has an id derived from that record's place
-(sink, topic, partition, offset): the same record always gives the same id,
-and a trace finds it without a link stored per row.
+An event is found by its key as text: the key columns, in the table's types,
+as text, joined with ','. The outbox event a tracing sink writes for a row
+takes an id derived from the sink, the transaction, the round and that key
+text: unique (a key is written once per round of a transaction), and what a
+trace that found the key's record computes again, with no link stored.
 """
 
 from __future__ import annotations
@@ -14,26 +14,21 @@ import uuid
 
 from psycopg import sql
 
-OUTCOMES = ("applied", "deleted", "duplicate", "stale")
+
+def outbox_event_id(sink: str, txid: str, round_: int, key_text: str) -> uuid.UUID:
+    """The id of the outbox event a tracing sink wrote for the row of `key_text`: md5 as a uuid."""
+    return uuid.UUID(hashlib.md5(f"{sink}\n{txid}\n{round_}\n{key_text}".encode()).hexdigest())
 
 
-def event_hash(key_text: str) -> uuid.UUID:
-    """The uuid an event's key text is recorded under: md5 of its UTF-8 bytes, as PostgreSQL's md5()::uuid."""
-    return uuid.UUID(hashlib.md5(key_text.encode()).hexdigest())
-
-
-def outbox_event_id(sink: str, topic: str, partition: int, offset: int) -> uuid.UUID:
-    """The id of the outbox event the sink wrote for the input record at topic/partition/offset."""
-    return event_hash(f"{sink}\n{topic}\n{partition}\n{offset}")
-
-
-def event_hash_sql(key_text: sql.Composable) -> sql.Composable:
-    return sql.SQL("md5({})::uuid").format(key_text)
-
-
-def outbox_event_id_sql(sink: sql.Composable, row: str) -> sql.Composable:
-    """outbox_event_id over a row with _topic, _partition, _offset (alias `row`)."""
-    r = sql.Identifier(row)
-    return sql.SQL("md5(concat_ws(E'\\n', {sink}, {r}._topic, {r}._partition, {r}._offset))::uuid").format(
-        sink=sink, r=r
+def key_text_sql(alias: sql.Composable, columns: list[sql.Identifier]) -> sql.Composable:
+    """A row's key as text: its key columns, in the table's types, as text, joined with ','."""
+    return sql.SQL("concat_ws(',', {})").format(
+        sql.SQL(", ").join(sql.SQL("{}.{}::text").format(alias, c) for c in columns)
     )
+
+
+def outbox_event_id_sql(key_text: sql.Composable, round_: sql.Composable) -> sql.Composable:
+    """outbox_event_id in the applying statement (its %(sink)s parameter, its transaction)."""
+    return sql.SQL(
+        "md5(concat_ws(E'\\n', %(sink)s::text, pg_current_xact_id()::text, ({})::text, {}))::uuid"
+    ).format(round_, key_text)

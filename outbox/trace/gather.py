@@ -18,13 +18,14 @@ from core import tables
 from core.committed import read_committed
 from core.errors import ConfigError, ServiceUnavailable
 from core.kafka import client_settings
-from core.trace import event_hash, outbox_event_id
+from core.trace import outbox_event_id
 from outbox.relay.outbox_table import KEY_HASH
 from outbox.relay.position import Identity, Shard
+from outbox.trace import outcomes
 from outbox.trace.report import Applied, DeadLetter, OutboxEvent, Published, Trace
 
 USED = (
-    tables.SINK_EVENTS,
+    tables.SINK_TRACES,
     tables.SINK_DEAD_LETTERS,
     tables.OUTBOX_EVENTS,
     tables.OUTBOX_IDENTITY,
@@ -48,14 +49,21 @@ def spellings(event: str) -> list[str]:
 def from_database(conn: psycopg.Connection[Any], schema: str, event: str) -> Trace:
     names = {t: sql.Identifier(schema, t) for t in USED}
     texts = spellings(event)
-    records = conn.execute(
-        sql.SQL(
-            "SELECT sink, topic, kafka_partition, kafka_offset, outcome, version, applied_at, txid::text,"
-            " outbox_topic FROM {} WHERE event = ANY(%s::uuid[])"
-            " ORDER BY applied_at, topic, kafka_partition, kafka_offset"
-        ).format(names[tables.SINK_EVENTS]),
-        [[event_hash(t) for t in texts]],
+    rows = conn.execute(
+        sql.SQL("SELECT {} FROM {} WHERE events && %s::text[] ORDER BY {}").format(
+            sql.SQL(outcomes.COLUMNS), names[tables.SINK_TRACES], sql.SQL(outcomes.ORDER)
+        ),
+        [texts],
     ).fetchall()
+    applied = []
+    for r in outcomes.records([outcomes.TraceRow(*row) for row in rows], texts):
+        box = None
+        if r.wrote_outbox and r.outbox_topic:
+            box_id = outbox_event_id(r.sink, r.txid, r.round, r.event)
+            box = _outbox_event(conn, names, box_id, r.outbox_topic, r.txid)
+        applied.append(
+            Applied(r.sink, r.topic, r.partition, r.offset, r.outcome, r.version, r.applied_at, box)
+        )
     dead = conn.execute(
         sql.SQL(
             "SELECT sink, topic, kafka_partition, kafka_offset, error, failed_at FROM {}"
@@ -63,12 +71,6 @@ def from_database(conn: psycopg.Connection[Any], schema: str, event: str) -> Tra
         ).format(names[tables.SINK_DEAD_LETTERS]),
         [[t.encode() for t in texts]],
     ).fetchall()
-    applied = []
-    for sink, topic, partition, offset, outcome, version, at, txid, box_topic in records:
-        box = None
-        if box_topic and outcome in ("applied", "deleted"):
-            box = _outbox_event(conn, names, outbox_event_id(sink, topic, partition, offset), box_topic, txid)
-        applied.append(Applied(sink, topic, partition, offset, outcome, version, at, box))
     return Trace(event, tuple(applied), tuple(DeadLetter(*d) for d in dead))
 
 
@@ -189,6 +191,6 @@ def prune(conn: psycopg.Connection[Any], schema: str, days: float, batch: int = 
     query = sql.SQL(
         "DELETE FROM {t} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {t}"
         " WHERE applied_at < now() - make_interval(secs => %s) LIMIT %s))"
-    ).format(t=sql.Identifier(schema, tables.SINK_EVENTS))
+    ).format(t=sql.Identifier(schema, tables.SINK_TRACES))
     while deleted := conn.execute(query, [days * 86400, batch]).rowcount:
         yield deleted

@@ -66,11 +66,11 @@ class PostgresSink:
     4x that fails for Spark to retry it. The server ends a task's session
     that went quiet for 2x that, and with it the locks a lost task held.
 
-    `trace`: record what the sink did with each input record (applied,
-    deleted, a duplicate, a stale version) in `sink_events`, in the same
-    transaction, for `outbox trace EVENT_ID`; the outbox events it writes then
-    take ids derived from their input record's place. The table grows by a
-    row per record: prune it with `outbox trace --prune DAYS`.
+    `trace`: record what each applying statement did with its input records
+    in `sink_traces`, in the same transaction, for `outbox trace EVENT_ID`
+    (one row per statement, not per record); the outbox events it writes
+    then take ids a trace can compute. Prune old rows with
+    `outbox trace --prune DAYS`.
     """
 
     def __init__(
@@ -197,7 +197,7 @@ class BatchWriter:
         with connect(spec.url) as conn:
             used = (tables.SINK_PROGRESS, tables.SINK_DEAD_LETTERS, tables.SINK_BATCHES, tables.SINK_TOPICS)
             tables.require(
-                conn, spec.url, spec.ledger_schema, used + ((tables.SINK_EVENTS,) if spec.trace else ())
+                conn, spec.url, spec.ledger_schema, used + ((tables.SINK_TRACES,) if spec.trace else ())
             )
             self.plan = plan(frame.schema, describe(conn, spec.schema, spec.table), spec)
             self.statements = Statements(spec, self.plan)

@@ -24,13 +24,14 @@ from psycopg import sql
 
 from core import tables
 from core.sqltext import bindable, user_sql
-from core.trace import event_hash_sql, outbox_event_id_sql
+from core.trace import key_text_sql, outbox_event_id_sql
 from sinks.postgres.plan import Plan
 from sinks.postgres.spec import SinkSpec
 
 ATTEMPT_SETTING = "outbox_sink.attempt"
 META = ("_topic", "_partition", "_offset", "_delete")  # COPY order after the data columns
 Query = sql.Composed
+_WHOLE_BATCH = sql.SQL("0")  # the round of a batch applied in one statement
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class Names:
     dead: sql.Identifier
     outbox: sql.Identifier
     batches: sql.Identifier
-    events: sql.Identifier
+    traces: sql.Identifier
 
     @classmethod
     def of(cls, spec: SinkSpec, *, in_task: bool = False) -> Names:
@@ -60,7 +61,7 @@ class Names:
             dead=sql.Identifier(ledger, tables.SINK_DEAD_LETTERS),
             outbox=sql.Identifier(ledger, tables.OUTBOX_EVENTS),
             batches=sql.Identifier(ledger, tables.SINK_BATCHES),
-            events=sql.Identifier(ledger, tables.SINK_EVENTS),
+            traces=sql.Identifier(ledger, tables.SINK_TRACES),
         )
 
 
@@ -237,7 +238,8 @@ class Statements:
         latest = sql.SQL(
             "latest AS (SELECT * FROM sink_rounds WHERE _round = %(round)s AND _n BETWEEN %(lo)s AND %(hi)s)"
         )
-        return self._with([latest, *self._changes()], [_count("upserted"), _count("deleted")])
+        changes = self._changes(sql.SQL("%(round)s::int"))
+        return self._with([latest, *changes], [_count("upserted"), _count("deleted")])
 
     def dead_letter_row(self) -> sql.Composable:
         """A row the table refused: its key as text and the row as JSON (the raw record stays in Kafka)."""
@@ -291,7 +293,8 @@ class Statements:
             " WHERE s._attempt = ANY(%(attempts)s) AND s._offset >= g.applied)"
         ).format(stage=self.names.stage)
 
-    def _changes(self) -> list[sql.Composable]:
+    def _changes(self, round_: sql.Composable = _WHOLE_BATCH) -> list[sql.Composable]:
+        """round_: the round being applied (0: the whole batch in one statement), for tracing."""
         n = self.names
         match = sql.SQL(" AND ").join(
             sql.SQL("t.{} = l.{}").format(t, s) for t, s in zip(self.target_keys, self.keys, strict=True)
@@ -353,59 +356,45 @@ class Statements:
         return [
             deleted,
             upserted,
-            *([self._outbox()] if self.spec.outbox else []),
-            *([self._traced(match)] if self.spec.trace else []),
+            *([self._outbox(round_)] if self.spec.outbox else []),
+            *([self._traced(round_)] if self.spec.trace else []),
         ]
 
-    def _traced(self, match: sql.Composable) -> sql.Composable:
-        """Each applied event's outcome, in the same statement (core/trace.py).
+    def _event(self, alias: str, columns: list[sql.Identifier]) -> sql.Composable:
+        """The event a row is traced under: its key as text (core/trace.py)."""
+        return key_text_sql(sql.Identifier(alias), columns)
 
-        Written and deleted rows are found by key in the statements' RETURNING;
-        only a skipped row looks at the table, whose pre-statement row says
-        whether the event was stale (an older version) or a duplicate.
-        """
-        n = self.names
-
-        def found(cte: str) -> sql.Composable:
-            on = sql.SQL(" AND ").join(
-                sql.SQL("{}.{} = l.{}").format(sql.Identifier(cte), t, s)
-                for t, s in zip(self.target_keys, self.keys, strict=True)
-            )
-            return sql.SQL("LEFT JOIN {c} ON {on}").format(c=sql.Identifier(cte), on=on)
-
-        first = self.target_keys[0]
-        stale = sql.SQL("")
-        version = sql.SQL("NULL")
-        if self.version:
-            target_v, staged_v = self.version
-            stale = sql.SQL(
-                " WHEN (SELECT t.{tv} FROM {target} AS t WHERE {match}) > l.{sv} THEN 'stale'"
-            ).format(tv=target_v, target=n.target, match=match, sv=staged_v)
-            version = sql.SQL("l.{}::text").format(staged_v)
-        key_text = sql.SQL("concat_ws(',', {})").format(
-            _list([sql.SQL("l.{}::text").format(k) for k in self.keys])
+    def _traced(self, round_: sql.Composable) -> sql.Composable:
+        """One row for the statement: each record it applied or skipped, in parallel arrays, and the
+        events of the rows it wrote and deleted; outcomes are decided when a trace reads them
+        (outbox/trace/outcomes.py). One row and no index: tracing costs little per record."""
+        version = (
+            sql.SQL("array_agg(l.{}::text)").format(self.version[1]) if self.version else sql.SQL("NULL")
         )
         box = self.spec.outbox
+
+        def events_of(cte: str) -> sql.Composable:
+            return sql.SQL("coalesce((SELECT array_agg({}) FROM {} AS w), '{{}}')").format(
+                self._event("w", self.target_keys), sql.Identifier(cte)
+            )
+
         return sql.SQL(
-            "traced AS (INSERT INTO {events} (event, sink, topic, kafka_partition, kafka_offset, outcome,"
-            " version, txid, outbox_topic)"
-            " SELECT {event}, %(sink)s, l._topic, l._partition, l._offset,"
-            " CASE WHEN upserted.{first} IS NOT NULL THEN 'applied'"
-            " WHEN deleted.{first} IS NOT NULL THEN 'deleted'{stale} ELSE 'duplicate' END,"
-            " {version}, pg_current_xact_id(), {outbox_topic}"
-            " FROM latest AS l {upserted} {deleted} RETURNING 1)"
+            "traced AS (INSERT INTO {traces} (sink, txid, round, outbox_topic, topics, partitions, offsets,"
+            " events, versions, written, removed)"
+            " SELECT %(sink)s, pg_current_xact_id(), {round}, {outbox_topic}, array_agg(l._topic),"
+            " array_agg(l._partition), array_agg(l._offset), array_agg({event}), {version},"
+            " {written}, {removed} FROM latest AS l HAVING count(*) > 0 RETURNING 1)"
         ).format(
-            events=n.events,
-            event=event_hash_sql(key_text),
-            first=first,
-            stale=stale,
-            version=version,
+            traces=self.names.traces,
+            round=round_,
             outbox_topic=sql.Literal(box.topic if box else None),
-            upserted=found("upserted"),
-            deleted=found("deleted"),
+            event=self._event("l", self.keys),
+            version=version,
+            written=events_of("upserted"),
+            removed=events_of("deleted"),
         )
 
-    def _outbox(self) -> sql.Composable:
+    def _outbox(self, round_: sql.Composable) -> sql.Composable:
         box = self.spec.outbox
         assert box is not None
 
@@ -416,22 +405,17 @@ class Statements:
 
         names = sql.Literal(list(box.headers))
         values = sql.SQL("ARRAY[{}]::bytea[]").format(_list([utf8(e) for e in box.headers.values()]))
-
-        # Traced, an event's id comes from its input record's place, found by key in `latest`.
-        event_id: sql.Composable = sql.SQL("gen_random_uuid()")
-        joined: sql.Composable = sql.SQL("")
-        if self.spec.trace:
-            event_id = outbox_event_id_sql(sql.SQL("%(sink)s::text"), "l")
-            on = sql.SQL(" AND ").join(
-                sql.SQL("written.{} = l.{}").format(t, s)
-                for t, s in zip(self.target_keys, self.keys, strict=True)
-            )
-            joined = sql.SQL(" JOIN latest AS l ON {}").format(on)
+        # Traced, an event's id is derived (core/trace.py): a trace computes it from what it read.
+        event_id = (
+            outbox_event_id_sql(key_text_sql(sql.Identifier("written"), self.target_keys), round_)
+            if self.spec.trace
+            else sql.SQL("gen_random_uuid()")
+        )
 
         def select(source: str, value: sql.Composable) -> sql.Composable:
             return sql.SQL(
                 "SELECT {event_id}, {topic}, {key}, {value}, {names}::text[], {values}"
-                " FROM {source} AS written{joined}"
+                " FROM {source} AS written"
             ).format(
                 event_id=event_id,
                 topic=sql.Literal(box.topic),
@@ -440,7 +424,6 @@ class Statements:
                 names=names,
                 values=values,
                 source=sql.Identifier(source),
-                joined=joined,
             )
 
         return sql.SQL(

@@ -15,7 +15,7 @@ TABLES = {
     "outbox_identity",
     "sink_batches",
     "sink_topics",
-    "sink_events",
+    "sink_traces",
     "outbox_alembic_version",
 }
 

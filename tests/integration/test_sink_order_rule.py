@@ -24,6 +24,7 @@ from psycopg import sql
 from pyspark.sql import types as T
 
 from core.config import DatabaseUrl
+from outbox.trace.outcomes import COLUMNS, ORDER, TraceRow, records
 from sinks.postgres.apply import apply_batch
 from sinks.postgres.catalog import describe
 from sinks.postgres.plan import plan
@@ -87,7 +88,7 @@ def model(
     log: list[tuple[int, int, Event]], mode: Mode, versioned: bool, traced: bool = False
 ) -> tuple[dict, set, dict, dict]:
     """The rule, one event at a time: (table, dead letters, outbox events per key, and when traced,
-    each record's outcome as `sink_events` says it)."""
+    each record's outcome as a trace decides it)."""
     table: dict[str, tuple] = {}
     dead: set[tuple[int, int]] = set()
     outbox: dict[str, list] = {}
@@ -190,10 +191,8 @@ def observed(conn: psycopg.Connection) -> tuple[dict, set, dict, dict]:
         doc = None if value is None else json.loads(bytes(value))
         row = None if doc is None else (doc["n"], _cents(doc["amount"]), doc["version"])
         outbox.setdefault(key, []).append(row)
-    traced = {
-        (p, o): outcome
-        for p, o, outcome in conn.execute("SELECT kafka_partition, kafka_offset, outcome FROM sink_events")
-    }
+    rows = conn.execute(f"SELECT {COLUMNS} FROM sink_traces ORDER BY {ORDER}").fetchall()
+    traced = {(r.partition, r.offset): r.outcome for r in records([TraceRow(*row) for row in rows])}
     return table, dead, outbox, traced
 
 
@@ -238,7 +237,7 @@ def test_any_batch_boundaries_give_the_one_by_one_result(
             log = positioned(drawn)
             ends = [sum(1 for p, _, _ in log if p == q) for q in range(PARTITIONS)]
             for cuts in ([ends], one_record_each(log, ends), growing(cut_points, ends)):
-                conn.execute("TRUNCATE orders, sink_progress, sink_dead_letters, outbox_events, sink_events")
+                conn.execute("TRUNCATE orders, sink_progress, sink_dead_letters, outbox_events, sink_traces")
                 apply_in_batches(conn, statements, log, cuts)
                 assert observed(conn) == model(log, mode, versioned, traced), f"batches cut at {cuts}"
                 ledger = dict(

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from psycopg import sql
 
-from core.trace import event_hash, event_hash_sql, outbox_event_id, outbox_event_id_sql
+from core.trace import outbox_event_id, outbox_event_id_sql
+from outbox.trace.outcomes import COLUMNS, ORDER, Record, TraceRow, records
 from sinks.postgres import Outbox, PostgresSink
 from tests.cli import outbox
 from tests.helpers import create_topic, produce_transaction, transactional_producer, unique
@@ -20,11 +21,9 @@ from tests.relay_support import ACTIVE, relay_job, terminate, wait_published
 from tests.sink_support import apply_batches, event, run
 
 
-def _outcomes(pg: psycopg.Connection) -> list[tuple]:
-    return pg.execute(
-        "SELECT topic, kafka_partition, kafka_offset, outcome, version, outbox_topic FROM sink_events"
-        " ORDER BY kafka_offset"
-    ).fetchall()
+def _records(pg: psycopg.Connection) -> list[Record]:
+    rows = pg.execute(f"SELECT {COLUMNS} FROM sink_traces ORDER BY {ORDER}").fetchall()
+    return sorted(records([TraceRow(*row) for row in rows]), key=lambda r: r.offset)
 
 
 @pytest.mark.parametrize("tasks", [True, False], ids=["in-tasks", "on-driver"])
@@ -41,8 +40,8 @@ def test_a_tracing_sink_records_each_records_outcome_with_the_rows(spark, db, pg
         ],
         tasks=tasks,
     )
-    rows = _outcomes(pg)
-    assert [r[3] for r in rows] == [
+    traced = _records(pg)
+    assert [r.outcome for r in traced] == [
         "applied",
         "applied",
         "duplicate",
@@ -51,21 +50,19 @@ def test_a_tracing_sink_records_each_records_outcome_with_the_rows(spark, db, pg
         "applied",
         "deleted",
     ]
-    assert [r[4] for r in rows] == ["2", "1", "2", "0", "1", "2", None]
-    assert {(r[0], r[1], r[5]) for r in rows} == {("t", 0, "orders-out")}
-    # The same transaction's outbox events, under ids derived from their input records.
-    ids = {r[0] for r in pg.execute("SELECT event_id FROM outbox_events")}
-    assert ids == {outbox_event_id("public.orders", "t", 0, o) for o in (0, 1, 4, 5, 6)}
-    same_tx = pg.execute(
-        "SELECT count(*) FROM sink_events s JOIN outbox_events e ON e.txid = s.txid WHERE s.kafka_offset = 0"
-    ).fetchone()
-    assert same_tx is not None and same_tx[0] >= 1
+    assert [r.version for r in traced] == ["2", "1", "2", "0", "1", "2", None]
+    assert {(r.topic, r.partition, r.outbox_topic) for r in traced} == {("t", 0, "orders-out")}
+    # Each applied record's outbox event, under the id a trace computes from what it read.
+    expected = {outbox_event_id(r.sink, r.txid, r.round, r.event) for r in traced if r.wrote_outbox}
+    assert {r[0] for r in pg.execute("SELECT event_id FROM outbox_events")} == expected
+    assert len(expected) == 5
 
+    rows = len(pg.execute("SELECT 1 FROM sink_traces").fetchall())
     kept = outbox("trace", "--prune", "1", env={"DATABASE_URL": db.raw})
     assert (kept.code, kept.out) == (0, "deleted 0 trace row(s) older than 1 day(s)\n"), kept
     pruned = outbox("trace", "--prune", "0", env={"DATABASE_URL": db.raw})
-    assert (pruned.code, pruned.out) == (0, "deleted 7 trace row(s) older than 0 day(s)\n"), pruned
-    assert _outcomes(pg) == []
+    assert (pruned.code, pruned.out) == (0, f"deleted {rows} trace row(s) older than 0 day(s)\n"), pruned
+    assert _records(pg) == []
 
 
 def test_outbox_trace_follows_events_from_input_record_to_output_topic(  # type: ignore[no-untyped-def]
@@ -90,6 +87,8 @@ def test_outbox_trace_follows_events_from_input_record_to_output_topic(  # type:
         "orders", url=db.raw, version="version", trace=True, outbox=Outbox(out, key="written.event_id::text")
     )
     run(spark, bootstrap, topic, checkpoint, sink)
+    [first] = [r for r in _records(pg) if r.offset == 0]
+    a_box = str(outbox_event_id(first.sink, first.txid, first.round, a))
 
     # Before any relay ran: a's outbox event waits in the outbox.
     waiting = outbox("trace", a, env={"DATABASE_URL": db.raw})
@@ -97,7 +96,7 @@ def test_outbox_trace_follows_events_from_input_record_to_output_topic(  # type:
     said = waiting.out.splitlines()
     assert said[0] == f"event {a}: 2 input record(s), 0 dead letter(s)"
     assert said[1].startswith(f"  input {topic}[0]@0: sink public.orders applied at version 2, ")
-    assert said[2].startswith(f"    outbox event {outbox_event_id('public.orders', topic, 0, 0)} for {out}:")
+    assert said[2].startswith(f"    outbox event {a_box} for {out}:")
     assert "waiting in the outbox since" in said[2]
     assert said[3].startswith(f"  input {topic}[0]@2: sink public.orders skipped: a duplicate")
     assert len(said) == 4, waiting.out
@@ -120,9 +119,7 @@ def test_outbox_trace_follows_events_from_input_record_to_output_topic(  # type:
     try:
         job.wait_for_output(ACTIVE, 60)
         [(partition, offset, _, published_id)] = [
-            r
-            for r in wait_published(bootstrap, out, 1, 2)
-            if r[3] == str(outbox_event_id("public.orders", topic, 0, 0))
+            r for r in wait_published(bootstrap, out, 1, 2) if r[3] == a_box
         ]
         found = json.loads(
             outbox(
@@ -142,16 +139,15 @@ def test_outbox_trace_follows_events_from_input_record_to_output_topic(  # type:
 _TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40)
 
 
-@given(
-    sink=_TEXT, topic=_TEXT, partition=st.integers(0, 2**31 - 1), offset=st.integers(0, 2**63 - 1), key=_TEXT
-)
+@given(sink=_TEXT, key=_TEXT, round_=st.integers(0, 2**31 - 1), txid=st.integers(3, 2**63 - 1))
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_the_ids_python_derives_are_the_ones_postgresql_writes(
-    pg, sink, topic, partition, offset, key
-) -> None:  # type: ignore[no-untyped-def]
-    """`outbox trace` computes in Python what the sink's SQL wrote: for any name, topic and key text."""
-    query = sql.SQL(
-        "SELECT {}, {} FROM (SELECT %s::text AS _topic, %s::int AS _partition, %s::bigint AS _offset) AS l"
-    ).format(event_hash_sql(sql.SQL("%s::text")), outbox_event_id_sql(sql.SQL("%s::text"), "l"))
-    row = pg.execute(query, [key, sink, topic, partition, offset]).fetchone()
-    assert row == (event_hash(key), outbox_event_id(sink, topic, partition, offset))
+def test_the_outbox_ids_python_computes_are_the_ones_postgresql_writes(pg, sink, key, round_, txid) -> None:  # type: ignore[no-untyped-def]
+    """`outbox trace` computes in Python the id the sink's SQL gave an outbox event, for any sink name,
+    key text and round; the transaction's id is the one the statement runs in."""
+    query = sql.SQL("SELECT pg_current_xact_id()::text, {}").format(
+        outbox_event_id_sql(sql.SQL("%(key)s::text"), sql.SQL("%(round)s::int"))
+    )
+    with pg.transaction():
+        current, made = pg.execute(query, {"sink": sink, "key": key, "round": round_}).fetchone()
+    assert made == outbox_event_id(sink, current, round_, key)
+    assert outbox_event_id(sink, str(txid), round_, key) != outbox_event_id(sink, str(txid), round_ + 1, key)
