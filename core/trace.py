@@ -22,9 +22,8 @@ def outbox_event_id(sink: str, txid: str, round_: int, key_text: str) -> uuid.UU
 
 def key_text_sql(alias: sql.Composable, columns: list[sql.Identifier]) -> sql.Composable:
     """A row's key as text: its key columns, in the table's types, as text, joined with ','."""
-    return sql.SQL("concat_ws(',', {})").format(
-        sql.SQL(", ").join(sql.SQL("{}.{}::text").format(alias, c) for c in columns)
-    )
+    texts = [sql.SQL("{}.{}::text").format(alias, c) for c in columns]
+    return texts[0] if len(texts) == 1 else sql.SQL("concat_ws(',', {})").format(sql.SQL(", ").join(texts))
 
 
 def outbox_event_id_sql(key_text: sql.Composable, round_: sql.Composable) -> sql.Composable:

@@ -2,7 +2,8 @@
 
 A row holds, per input record the statement applied or skipped, in parallel
 arrays: its topic, partition and offset, its event (its key as text) and its
-version; and the events of the rows the statement wrote and deleted.
+version; the events of its deletes, of the rows it deleted, and of the rows it
+wrote (NULL when it wrote one per upsert, as it does but for duplicates).
 Recording a batch costs one row, not one per record, and no index: a trace
 reads the arrays instead (outbox/trace/outcomes.py decides each record's
 outcome from them). The arrays are stored uncompressed: compressing them
@@ -52,11 +53,12 @@ def upgrade() -> None:
         sa.Column("offsets", postgresql.ARRAY(sa.BigInteger), nullable=False),
         sa.Column("events", postgresql.ARRAY(sa.Text), nullable=False),
         sa.Column("versions", postgresql.ARRAY(sa.Text)),
-        sa.Column("written", postgresql.ARRAY(sa.Text), nullable=False),
+        sa.Column("written", postgresql.ARRAY(sa.Text)),  # NULL: a row for every upsert
+        sa.Column("deletes", postgresql.ARRAY(sa.Text), nullable=False),
         sa.Column("removed", postgresql.ARRAY(sa.Text), nullable=False),
         schema=schema,
     )
-    for column in ("topics", "partitions", "offsets", "events", "versions", "written", "removed"):
+    for column in ("topics", "partitions", "offsets", "events", "versions", "written", "deletes", "removed"):
         statement = sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET STORAGE EXTERNAL").format(
             sql.Identifier(schema, "sink_traces"), sql.Identifier(column)
         )

@@ -1,9 +1,9 @@
 """What the sink did with each record: decided from a tracing sink's rows, in plain code.
 
 A trace row (migration 0008) says which records one statement applied or
-skipped, and which events' rows it wrote or deleted. A record whose event's
-row the statement wrote was applied; deleted, if it deleted the row;
-otherwise it was skipped: stale when its version is below that of the row
+skipped, which were deletes, and which events' rows it wrote or deleted. An
+upsert whose event's row the statement wrote was applied; a delete whose row
+it deleted, deleted; any other record was skipped: stale when its version is below that of the row
 its event's last applied record left, a duplicate when not (the row already
 held it, or it deleted a row that was not there).
 """
@@ -30,12 +30,13 @@ class TraceRow:
     offsets: Sequence[int]
     events: Sequence[str]  # each record's key as text
     versions: Sequence[str | None] | None
-    written: Collection[str]
+    written: Collection[str] | None  # None: the statement wrote a row for each of its upserts
+    deletes: Collection[str]
     removed: Collection[str]
 
 
 COLUMNS = "sink, txid::text, round, applied_at, outbox_topic, topics, partitions, offsets, events, versions,"
-COLUMNS += " written, removed"
+COLUMNS += " written, deletes, removed"
 ORDER = "applied_at, txid, round"  # the order the sink applied the rows in
 
 
@@ -71,14 +72,15 @@ def records(rows: Sequence[TraceRow], events: Collection[str] | None = None) -> 
         wanted = (
             range(len(row.events)) if events is None else [i for i, e in enumerate(row.events) if e in events]
         )
-        written, removed = set(row.written), set(row.removed)
+        deletes, removed = set(row.deletes), set(row.removed)
+        written = None if row.written is None else set(row.written)
         for i in sorted(wanted, key=lambda i: (row.partitions[i], row.offsets[i])):
             event, version = row.events[i], row.versions[i] if row.versions else None
             seen = last.get((row.sink, event))
-            if event in written:
-                outcome, last[(row.sink, event)] = "applied", version
-            elif event in removed:  # the row is gone: nothing is stale against it
+            if event in deletes and event in removed:  # the row is gone: nothing is stale against it
                 outcome, last[(row.sink, event)] = "deleted", None
+            elif event not in deletes and (written is None or event in written):
+                outcome, last[(row.sink, event)] = "applied", version
             elif version is not None and seen is not None and _below(version, seen):
                 outcome = "stale"
             else:

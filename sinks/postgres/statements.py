@@ -365,9 +365,10 @@ class Statements:
         return key_text_sql(sql.Identifier(alias), columns)
 
     def _traced(self, round_: sql.Composable) -> sql.Composable:
-        """One row for the statement: each record it applied or skipped, in parallel arrays, and the
-        events of the rows it wrote and deleted; outcomes are decided when a trace reads them
-        (outbox/trace/outcomes.py). One row and no index: tracing costs little per record."""
+        """One row for the statement: each record it applied or skipped, in parallel arrays; the
+        events of its deletes and of the rows it deleted; and those of the rows it wrote, unless it
+        wrote one per upsert (NULL), as it does but for duplicates and stale versions. Outcomes are
+        decided when a trace reads them (outbox/trace/outcomes.py). One row, no index."""
         version = (
             sql.SQL("array_agg(l.{}::text)").format(self.version[1]) if self.version else sql.SQL("NULL")
         )
@@ -380,10 +381,13 @@ class Statements:
 
         return sql.SQL(
             "traced AS (INSERT INTO {traces} (sink, txid, round, outbox_topic, topics, partitions, offsets,"
-            " events, versions, written, removed)"
+            " events, versions, written, deletes, removed)"
             " SELECT %(sink)s, pg_current_xact_id(), {round}, {outbox_topic}, array_agg(l._topic),"
             " array_agg(l._partition), array_agg(l._offset), array_agg({event}), {version},"
-            " {written}, {removed} FROM latest AS l HAVING count(*) > 0 RETURNING 1)"
+            " CASE WHEN (SELECT count(*) FROM upserted) < count(*) FILTER (WHERE NOT l._delete)"
+            " THEN {written} END,"
+            " coalesce(array_agg({event}) FILTER (WHERE l._delete), '{{}}'), {removed}"
+            " FROM latest AS l HAVING count(*) > 0 RETURNING 1)"
         ).format(
             traces=self.names.traces,
             round=round_,

@@ -10,11 +10,11 @@ AT = datetime(2026, 11, 25, tzinfo=UTC)
 A, B = "a", "b"
 
 
-def _row(events, versions, written=(), removed=(), offsets=None, round_=0):  # type: ignore[no-untyped-def]
+def _row(events, versions, written=(), deletes=(), removed=(), offsets=None):  # type: ignore[no-untyped-def]
     offsets = offsets or list(range(len(events)))
     n = len(events)
     return TraceRow(
-        "s", "7", round_, AT, None, ["t"] * n, [0] * n, offsets, events, versions, written, removed
+        "s", "7", 0, AT, None, ["t"] * n, [0] * n, offsets, events, versions, written, deletes, removed
     )
 
 
@@ -22,8 +22,8 @@ def test_written_is_applied_and_a_lower_version_after_it_is_stale() -> None:
     rows = [
         _row([A, B], ["10", "1"], written=[A, B]),
         _row([A, B], ["9", "1"], offsets=[2, 3]),
-        _row([A], ["11"], removed=[A], offsets=[4]),
-        _row([A], ["3"], offsets=[5]),  # a delete of a row that is gone
+        _row([A], ["11"], deletes=[A], removed=[A], offsets=[4]),
+        _row([A], ["3"], deletes=[A], offsets=[5]),  # a delete of a row that is gone
     ]
     assert [(r.offset, r.outcome) for r in records(rows)] == [
         (0, "applied"),
@@ -36,7 +36,9 @@ def test_written_is_applied_and_a_lower_version_after_it_is_stale() -> None:
 
 
 def test_only_the_wanted_events_and_in_partition_offset_order() -> None:
-    row = TraceRow("s", "7", 0, AT, "out", ["t", "t", "t"], [1, 0, 0], [5, 9, 2], [A, A, B], None, [A], [])
+    row = TraceRow(
+        "s", "7", 0, AT, "out", ["t", "t", "t"], [1, 0, 0], [5, 9, 2], [A, A, B], None, [A], [], []
+    )
     found = records([row], {A})
     assert [(r.partition, r.offset, r.outcome, r.wrote_outbox) for r in found] == [
         (0, 9, "applied", True),
@@ -52,3 +54,8 @@ def test_versions_that_are_not_numbers_compare_as_text_and_unversioned_skips_are
         _row([B], None, offsets=[3]),
     ]
     assert [r.outcome for r in records(rows)] == ["applied", "stale", "duplicate", "duplicate"]
+
+
+def test_no_written_list_means_every_upsert_was_written() -> None:
+    row = _row([A, B, "c"], None, written=None, deletes=["c"], removed=[])
+    assert [r.outcome for r in records([row])] == ["applied", "applied", "duplicate"]
