@@ -113,7 +113,16 @@ def _outbox_event(
     ).fetchone()
     if dead is not None:
         return OutboxEvent(event_id, topic, "dead-lettered", relay=dead[0], error=dead[1])
-    return OutboxEvent(event_id, topic, "published")
+    # Cleaned up, so published: by the one unsharded relay whose base holds the transaction, if one.
+    covering = conn.execute(
+        sql.SQL(
+            "SELECT relay, shard, shards FROM {} WHERE shards = 1"
+            " AND pg_visible_in_snapshot(%s::xid8, base::pg_snapshot) ORDER BY relay"
+        ).format(names[tables.RELAY_POSITIONS]),
+        [txid],
+    ).fetchall()
+    relay = _transactional_id(conn, names, *covering[0]) if len(covering) == 1 else None
+    return OutboxEvent(event_id, topic, "published", relay=relay)
 
 
 def _transactional_id(
