@@ -24,6 +24,7 @@ from sinks.postgres.apply import BatchResult, apply_batch
 from sinks.postgres.catalog import describe
 from sinks.postgres.clock import STAGES
 from sinks.postgres.continuity import LastBatch, lost, lost_batches, query_id
+from sinks.postgres.metrics import SinkMetrics
 from sinks.postgres.placement import ApplyIn, Route, choose
 from sinks.postgres.plan import Conversion, Plan, plan
 from sinks.postgres.refusal import SinkError
@@ -123,6 +124,19 @@ class PostgresSink:
             params = {"sink": self.spec.name, "query": str(query.id)}
             row = conn.execute(writer.statements.reported(), params).fetchone()
         return BatchResult(**row[0]) if row and row[0] else None
+
+    @property
+    def query(self) -> StreamingQuery | None:
+        """The query `start` started."""
+        return self._query
+
+    def serve_metrics(self, spark: Any, address: str = "127.0.0.1:0") -> SinkMetrics:
+        """Prometheus metrics of this sink's query on HOST:PORT (`.address` says which), fed from the
+        session's streaming progress (sinks/postgres/metrics.py); in a Spark Connect client too."""
+        metrics = SinkMetrics(self)
+        metrics.address = metrics.serve(address)
+        spark.streams.addListener(metrics)
+        return metrics
 
     @property
     def route(self) -> Route | None:

@@ -1,0 +1,140 @@
+"""Prometheus metrics for a sink's streaming query, fed from Spark's own progress.
+
+A StreamingQueryListener hears each batch's progress where the query was
+started: in the driver, or in a Spark Connect client. From the progress it
+takes the batch's duration, and per topic-partition the lag (the source's
+latest offset minus the batch's end) and, from kafka_rc, the records an open
+transaction holds past the LSO (`#uncommitted`). What the sink did comes
+from its last batch's result (`sink.last`: in the driver's memory, or as a
+Connect client reads it beside the batch's record), which is there before
+the batch's progress is sent. A query with nothing to read reports no
+progress (Spark sends an idle event instead): the gauges keep the values of
+its last batch until the next one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from pyspark.sql.streaming import StreamingQueryListener
+
+from core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sinks.postgres.sink import PostgresSink
+
+log = logging.getLogger("sinks.postgres")
+_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+UNCOMMITTED = "#uncommitted"  # kafka_rc's progress key for records past the LSO
+
+
+class SinkMetrics(StreamingQueryListener):
+    """The sink's query's metrics; `serve` it, and add it to the session's streams' listeners."""
+
+    def __init__(self, sink: PostgresSink, registry: CollectorRegistry | None = None) -> None:
+        self.sink = sink
+        self.registry = registry or CollectorRegistry()
+        name = {"sink": sink.name}
+
+        def counter(metric: str, doc: str) -> Any:
+            return Counter(metric, doc, ["sink"], registry=self.registry).labels(**name)
+
+        self.applied = counter("outbox_sink_events_applied", "Events that wrote or deleted a row")
+        self.skipped = counter(
+            "outbox_sink_events_skipped",
+            "Events that changed nothing: already applied (the ledger), duplicates, stale versions",
+        )
+        self.replayed = counter("outbox_sink_events_replayed", "Of those, already applied by the ledger")
+        self.dead = counter("outbox_sink_dead_letters", "Events moved to sink_dead_letters")
+        self.batches = counter("outbox_sink_batches", "Micro-batches applied")
+        self.seconds = Histogram(
+            "outbox_sink_batch_seconds",
+            "A micro-batch's duration",
+            ["sink"],
+            registry=self.registry,
+            buckets=_BUCKETS,
+        ).labels(**name)
+        labels = ["sink", "topic", "partition"]
+        self.lag = Gauge(
+            "outbox_sink_lag", "Latest offset minus the last batch's end", labels, registry=self.registry
+        )
+        held = "Records past the LSO, held back by open transactions (kafka_rc)"
+        self.held = Gauge("outbox_sink_uncommitted", held, labels, registry=self.registry)
+        self._counted = -1
+        self.address = ""  # where serve() serves them
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:
+        progress = event.progress
+        query = self.sink.query
+        if query is None or str(progress.id) != str(query.id):
+            return  # another query of the session
+        try:
+            self.observe(progress.batchId, progress.batchDuration / 1000, progress.sources)
+        except Exception as exc:  # a listener that raises is dropped by Spark: say why, keep going
+            log.warning(
+                "sink %s: metrics of batch %s not recorded: %s", self.sink.name, progress.batchId, exc
+            )
+
+    def observe(self, batch_id: int, seconds: float, sources: Any) -> None:
+        for source in sources:
+            self._offsets(_parsed(source.latestOffset), _parsed(source.endOffset))
+        result = self.sink.last
+        if result is None or result.batch_id <= self._counted:
+            return  # a batch with no data (no result), or counted already
+        self._counted = result.batch_id
+        self.batches.inc()
+        self.seconds.observe(seconds)
+        self.applied.inc(result.upserted + result.deleted)
+        self.replayed.inc(result.replayed)
+        self.skipped.inc(result.staged - result.upserted - result.deleted - result.dead)
+        self.dead.inc(result.dead)
+
+    def _offsets(self, latest: Mapping[str, Any], end: Mapping[str, Any]) -> None:
+        for topic, parts in latest.items():
+            if topic.startswith("#"):
+                continue
+            for partition, offset in parts.items():
+                done = end.get(topic, {}).get(partition, offset)
+                self.lag.labels(self.sink.name, topic, partition).set(max(int(offset) - int(done), 0))
+                held = latest.get(UNCOMMITTED, {}).get(topic, {}).get(partition, 0)
+                self.held.labels(self.sink.name, topic, partition).set(int(held))
+
+    def serve(self, address: str) -> str:
+        """Serve /metrics on HOST:PORT (port 0: any free one) in a daemon thread; returns host:port."""
+        host, _, port = address.rpartition(":")
+        if not port.isdigit():
+            raise ConfigError(f"metrics address must be HOST:PORT, got {address!r}")
+        try:
+            server, _ = start_http_server(
+                int(port), addr=host.strip("[]") or "0.0.0.0", registry=self.registry
+            )
+        except OSError as exc:
+            raise ConfigError(f"cannot serve the sink's metrics on {address}: {exc.strerror}") from None
+        self._server = server
+        return f"{host}:{server.server_port}"
+
+    def close(self) -> None:
+        server = getattr(self, "_server", None)
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+
+
+def _parsed(offsets: str | None) -> dict[str, Any]:
+    if not offsets:
+        return {}
+    doc = json.loads(offsets)
+    return doc if isinstance(doc, dict) else {}
