@@ -9,7 +9,7 @@ from typing import Any
 
 from outbox.jsonable import plain
 
-# What the sink did with an input record (core/trace.py's OUTCOMES), as a reader says it.
+# What the sink did with an input record (outbox/trace/outcomes.py decides it), as a reader says it.
 SAID = {
     "applied": "applied",
     "deleted": "deleted its key's row",
