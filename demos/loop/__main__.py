@@ -7,7 +7,8 @@ relay publishes the outbox to an output topic. Meanwhile the Spark job and the
 relay are killed -9 and started again, and the broker is killed and restarted.
 At the end both topics are read back read_committed and compared: every
 committed input event must come out exactly once, squared, in its account's
-order, and nothing else. Exit 0 only then.
+order, and nothing else; then `outbox trace` follows an event the Spark job
+was killed with and the poison one the sink dead-lettered. Exit 0 only then.
 """
 
 from __future__ import annotations
@@ -170,6 +171,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     for line in v.examples:
         console.print(line, markup=False)
+    for traced in outcome.traces:
+        console.print()
+        console.print(f"{traced.pick.why}:", markup=False, soft_wrap=True)
+        console.print(f"$ {traced.command}", markup=False, highlight=False, soft_wrap=True)
+        console.print(traced.output, markup=False, highlight=False, soft_wrap=True)
+        if not traced.ok:
+            console.print(f"FAILED: {traced.problem}", markup=False)
     chart(args.chart, outcome.timeline, outcome.latencies, v)
     ok = outcome.ok(kills)
     console.print(f"chart: {args.chart}")
@@ -188,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                     "exits": outcome.exits,
                     "ok": ok,
                     "seed": seed,
+                    "traces": [{"why": t.pick.why, "ok": t.ok, "problem": t.problem} for t in outcome.traces],
                 }
             )
         )

@@ -84,7 +84,8 @@ class Filler(threading.Thread):
         if txn.commit:
             now = time.time()
             for e in txn.events:
-                self.committed_at.setdefault(e.event_id, now)
+                if not e.poison:  # dead-lettered by the sink: never out, so no latency
+                    self.committed_at.setdefault(e.event_id, now)
             self.redelivered += txn.redelivered
         else:
             self.aborted += 1

@@ -4,7 +4,9 @@ The filler's transactions: each event belongs to an account (the Kafka key)
 and carries the account's next sequence number. A committed transaction uses
 them up; an aborted one reuses the next numbers, so a leaked aborted event
 would also break the order check. A redelivery sends an event already
-committed again, in a later transaction: same event id, same sequence.
+committed again, in a later transaction: same event id, same sequence. A
+poison event, committed once in the middle, has a number that is not one: the
+sink dead-letters it, and nothing of it comes out.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ class Event:
     account: int
     seq: int
     n: int
+    poison: bool = False  # its number is sent as text that is not one
 
     def json(self) -> dict[str, object]:
-        return {"event_id": self.event_id, "account": self.account, "seq": self.seq, "n": self.n}
+        n = "not-a-number" if self.poison else self.n
+        return {"event_id": self.event_id, "account": self.account, "seq": self.seq, "n": n}
 
 
 @dataclass(frozen=True)
@@ -47,8 +51,10 @@ def transactions(
     rng: random.Random,
     abort_rate: float = 0.1,
     redeliver_rate: float = 0.2,
+    poison: bool = True,
 ) -> list[Transaction]:
-    """Transactions committing `events` distinct events, plus aborted ones and redeliveries."""
+    """Transactions committing `events` distinct events, plus aborted ones and redeliveries, and
+    with `poison` one poison event in the transaction that passes half of the events."""
     next_seq = dict.fromkeys(range(1, accounts + 1), 1)
     committed: list[Event] = []
     out: list[Transaction] = []
@@ -70,8 +76,12 @@ def transactions(
         copies: list[Event] = []
         if committed and rng.random() < redeliver_rate:
             copies = rng.sample(committed[-10 * size :], k=min(len(committed), max(1, size // 5)))
+        bad: list[Event] = []
+        if poison and len(committed) + len(batch) >= events / 2:
+            poison = False  # once, and never among the events redelivered
+            bad = [Event(str(uuid.UUID(int=rng.getrandbits(128))), rng.randint(1, accounts), 0, 0, True)]
         committed += batch
-        mixed = batch + copies
+        mixed = batch + copies + bad
         rng.shuffle(mixed)
         # Shuffling must not reorder one account's new events: put them back in sequence.
         out.append(Transaction(_per_account_in_order(mixed), commit=True, redelivered=len(copies)))

@@ -26,10 +26,10 @@ from core.committed import read_committed
 from core.config import DatabaseUrl
 from core.errors import ConfigError
 from core.kafka import client_settings
-from demos.loop import plan
+from demos.loop import plan, traces
 from demos.loop.fill import Filler
 from demos.loop.show import Display, Timeline
-from demos.loop.verdict import Out, Verdict, committed_events, judge
+from demos.loop.verdict import Input, Out, Verdict, committed_events, judge
 from outbox import migrate
 from outbox.dev.connect import ConnectServer
 from outbox.dev.kafka import Broker, Cluster, replicas
@@ -53,9 +53,16 @@ class Outcome:
     exits: int
     timeline: Timeline
     warmups: list[float]  # seconds from each start of the Spark job to its first batch
+    traces: list[traces.Traced]
 
     def ok(self, planned: dict[str, int]) -> bool:
-        return self.verdict.ok and self.applied == self.verdict.committed_in and self.killed == planned
+        return (
+            self.verdict.ok
+            and self.applied == self.verdict.committed_in
+            and self.killed == planned
+            and bool(self.traces)
+            and all(t.ok for t in self.traces)
+        )
 
 
 @dataclass(frozen=True)
@@ -217,7 +224,7 @@ class Loop:
         self.timeline = Timeline()
         self.killed = dict.fromkeys(settings.kills, 0)
         self.exits = 0
-        self.t0 = time.monotonic()
+        self.t0, self.wall0 = time.monotonic(), time.time()
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -297,7 +304,7 @@ class Loop:
         spark, relay = self.children()
         try:
             self._wait_started(spark)
-            self.t0 = time.monotonic()
+            self.t0, self.wall0 = time.monotonic(), time.time()
             for thread in (filler, tail, sampler):
                 thread.start()
             self._conduct(kills, filler, sampler, {"spark": spark, "relay": relay})
@@ -311,7 +318,9 @@ class Loop:
                     thread.join(10)
         self.display.say("reading both topics back, read_committed, from the start")
         config = {"bootstrap.servers": self.bootstrap}
-        inputs, copies = committed_events(m.value() for m in read_committed(config, self.input))
+        given = committed_events(
+            (m.partition(), m.offset(), m.value()) for m in read_committed(config, self.input)
+        )
         outputs = [
             Out(m.partition(), m.offset(), (m.key() or b"").decode(), m.value())
             for m in read_committed(config, self.output)
@@ -319,14 +328,32 @@ class Loop:
         latencies = [
             seen - filler.committed_at[e] for e, seen in tail.seen.items() if e in filler.committed_at
         ]
-        verdict = judge(inputs, copies, outputs)
+        verdict = judge(given.events, given.copies, outputs)
         problems = (
             verdict.duplicates + verdict.missing + verdict.out_of_order + verdict.leaked + verdict.wrong
         )
         self.display.verified(len(outputs), problems)
         return Outcome(
-            verdict, sampler.applied, latencies, self.killed, self.exits, self.timeline, spark.warmups
+            verdict,
+            sampler.applied,
+            latencies,
+            self.killed,
+            self.exits,
+            self.timeline,
+            spark.warmups,
+            self._trace(given, filler),
         )
+
+    def _trace(self, given: Input, filler: Filler) -> list[traces.Traced]:
+        """`outbox trace` of an event the Spark job was killed with, and of the poison one."""
+        self.display.say("following events with `outbox trace`")
+        kills = [self.wall0 + t for t, c in self.timeline.kills if c == "spark"]
+        with psycopg.connect(self.url.libpq, autocommit=True) as conn:
+            flight = traces.in_flight(
+                conn, SCHEMA, self.input, kills, filler.committed_at, given.events, given.at
+            )
+        picks = [*([flight] if flight else []), *traces.poison(self.input, given.poison, given.at)]
+        return [traces.run(p, SCHEMA, self.url.raw, self.bootstrap) for p in picks]
 
     def _wait_started(self, spark: Child, timeout: float = 180.0) -> None:
         """Produce nothing before the Spark job runs, so that its first start is not counted as latency."""

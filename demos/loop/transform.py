@@ -2,7 +2,8 @@
 
 kafka_rc (read_committed) -> square each event's number -> PostgresSink keyed
 on the account with `version="seq"`, and an outbox event for every row it
-changes, in the same transaction. Keyed on the account, the sink applies an
+changes, in the same transaction; tracing on, so that `outbox trace` can
+follow any record. Keyed on the account, the sink applies an
 account's events of one batch one by one in offset order, so its outbox events
 keep the account's order; `version` makes a redelivered or older event a no-op.
 Prints "started" once the query runs and
@@ -51,6 +52,7 @@ def main(
         version="seq",
         ledger_schema=schema,
         outbox=Outbox(topic=output, key="written.account::text"),
+        trace=True,  # for `outbox trace` at the end of the demo
     )
     query = sink.start(squares, checkpoint)
     print(f"started {time.monotonic() - BORN:.1f}s", flush=True)

@@ -44,16 +44,31 @@ class Verdict:
         )
 
 
-def committed_events(values: Iterable[bytes | None]) -> tuple[dict[str, dict], int]:
-    """Distinct committed input events by id, and how many records were redeliveries."""
-    events: dict[str, dict] = {}
-    copies = 0
-    for value in values:
+@dataclass
+class Input:
+    """The committed input as read back: each distinct event by id and where its first copy is,
+    how many records were redelivered copies, and the poison records (a number that is not one),
+    which the sink dead-letters."""
+
+    events: dict[str, dict] = field(default_factory=dict)
+    at: dict[str, tuple[int, int]] = field(default_factory=dict)  # event id -> partition, offset
+    copies: int = 0
+    poison: dict[str, dict] = field(default_factory=dict)
+
+
+def committed_events(records: Iterable[tuple[int, int, bytes | None]]) -> Input:
+    """From the input's committed records, as (partition, offset, value)."""
+    found = Input()
+    for partition, offset, value in records:
         doc = json.loads(value or b"{}")
-        if doc["event_id"] in events:
-            copies += 1
-        events.setdefault(doc["event_id"], doc)
-    return events, copies
+        if not isinstance(doc.get("n"), int):
+            found.poison[doc["event_id"]] = doc
+        elif doc["event_id"] in found.events:
+            found.copies += 1
+        else:
+            found.events[doc["event_id"]] = doc
+        found.at.setdefault(doc["event_id"], (partition, offset))
+    return found
 
 
 def judge(inputs: Mapping[str, dict], redelivered: int, outputs: Sequence[Out]) -> Verdict:

@@ -5,8 +5,9 @@ the event: applied at which version and when, deleted, skipped as a
 duplicate or as a stale version; the sink's dead letters that hold it; and
 for each outbox event its transaction wrote, whether it waits in the outbox
 (since when), was dead-lettered by a relay, or was published, and then, given
-Kafka, its partition and offset in the output topic. Exit 1 when nothing
-records the event. `--prune DAYS` deletes trace rows older than that instead.
+Kafka, its partition and offset in the output topic. `--at` keeps the one
+input record at that place. Exit 1 when nothing records the event.
+`--prune DAYS` deletes trace rows older than that instead.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from core.errors import ConfigError, OutboxError
 from core.postgres import connect, reason
 from outbox.cli import options
 from outbox.trace import gather
-from outbox.trace.report import as_json, lines
+from outbox.trace.report import Position, as_json, lines
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -38,6 +39,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     p.add_argument(
         "event", nargs="?", metavar="EVENT_ID", help="the event's key as the sink's table holds it"
+    )
+    p.add_argument(
+        "--at",
+        metavar="TOPIC:PARTITION:OFFSET",
+        help="only the input record there (a key may have many)",
     )
     p.add_argument(
         "--bootstrap-servers",
@@ -53,12 +59,15 @@ def cmd_trace(args: argparse.Namespace) -> int:
     if (args.event is None) == (args.prune is None):
         raise ConfigError("give an EVENT_ID to trace, or --prune DAYS (not both)")
     url, schema = database_url(args.url), schema_name(args.schema)
+    at = Position.parse(args.at) if args.at else None
     with connect(url, autocommit=True, application_name="outbox trace") as conn:
         tables.require(conn, url, schema, gather.USED)
         try:
             if args.prune is not None:
                 return _prune(conn, schema, args.prune)
             trace = gather.from_database(conn, schema, args.event)
+            if at:
+                trace = trace.only(at)
         except psycopg.Error as exc:
             raise OutboxError(f"outbox trace in {url.safe}: {reason(exc, url)}") from None
     given = args.bootstrap_servers or os.environ.get(KAFKA_BOOTSTRAP_SERVERS)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from core.errors import ConfigError
 from outbox.jsonable import plain
 
 # What the sink did with an input record (outbox/trace/outcomes.py decides it), as a reader says it.
@@ -63,15 +64,46 @@ class DeadLetter:
 
 
 @dataclass(frozen=True)
+class Position:
+    """One input record's place: `TOPIC:PARTITION:OFFSET` on the command line."""
+
+    topic: str
+    partition: int
+    offset: int
+
+    @classmethod
+    def parse(cls, text: str) -> Position:
+        topic, _, rest = text.partition(":")  # a Kafka topic name has no ':'
+        partition, _, offset = rest.partition(":")
+        if not (topic and partition.isdigit() and offset.isdigit()):
+            raise ConfigError(f"--at needs TOPIC:PARTITION:OFFSET (like orders:0:42), got {text!r}")
+        return cls(topic, int(partition), int(offset))
+
+    def __str__(self) -> str:
+        return f"{self.topic}[{self.partition}]@{self.offset}"
+
+
+@dataclass(frozen=True)
 class Trace:
     event: str
     records: tuple[Applied, ...] = ()
     dead_letters: tuple[DeadLetter, ...] = ()
     searched: str | None = None  # why the output topic was not searched, if it was not
+    at: Position | None = None  # only the input record there, when the trace was asked for one
 
     @property
     def found(self) -> bool:
         return bool(self.records or self.dead_letters)
+
+    def only(self, at: Position) -> Trace:
+        """The input record at `at` alone: one event's key may have many records."""
+        here = (at.topic, at.partition, at.offset)
+        return replace(
+            self,
+            records=tuple(r for r in self.records if (r.topic, r.partition, r.offset) == here),
+            dead_letters=tuple(d for d in self.dead_letters if (d.topic, d.partition, d.offset) == here),
+            at=at,
+        )
 
 
 def _at(t: datetime) -> str:
@@ -96,9 +128,10 @@ def _outbox_line(box: OutboxEvent) -> str:
 
 def lines(trace: Trace) -> list[str]:
     if not trace.found:
+        where = f" at {trace.at}" if trace.at else ""
         return [
-            f"event {trace.event}: no record of it: no tracing sink (PostgresSink(trace=True)) applied it,"
-            " and no sink dead letter holds it"
+            f"event {trace.event}: no record of it{where}: no tracing sink (PostgresSink(trace=True))"
+            " applied it, and no sink dead letter holds it"
         ]
     out = [
         f"event {trace.event}: {len(trace.records)} input record(s), {len(trace.dead_letters)} dead letter(s)"

@@ -70,6 +70,12 @@ def test_the_loop_under_chaos_delivers_every_committed_event_once_in_order(
     assert verdict["redelivered_in"] > 0, "the input must have redeliveries for the test to mean anything"
     for fault in ("duplicates", "missing", "out_of_order", "leaked", "wrong"):
         assert verdict[fault] == 0, (fault, out)
+    # `outbox trace` of an event the Spark job was killed with, and of the poison one.
+    assert [t["ok"] for t in verdict["traces"]] == [True, True], verdict["traces"]
+    assert verdict["traces"][0]["why"].startswith("an event in flight"), verdict["traces"]
+    assert "dead-lettered" in verdict["traces"][1]["why"], verdict["traces"]
+    assert out.count("$ outbox trace ") == 2, out
+    assert "dead-lettered it" in out and " published as " in out, out
     assert chart.stat().st_size > 10_000, "the chart must be drawn"
     assert not work.exists(), "the demo must delete its scratch directory"
     assert not [pid for pid in _pids() if cmdline_contains(pid, str(work))], "a process outlived the demo"

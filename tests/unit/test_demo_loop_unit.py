@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import random
 from collections import defaultdict
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from demos.loop import plan
+from demos.loop import plan, traces
 from demos.loop.verdict import Out, committed_events, judge, percentile
+from outbox.trace.report import Position
 
 
 @settings(max_examples=60, deadline=None)
@@ -34,7 +36,10 @@ def test_the_plan_commits_each_event_once_with_every_account_in_sequence(
         abort_rate=abort_rate,
         redeliver_rate=redeliver_rate,
     )
-    committed = [e for t in txns if t.commit for e in t.events]
+    committed = [e for t in txns if t.commit for e in t.events if not e.poison]
+    poisoned = [e for t in txns for e in t.events if e.poison]
+    assert len(poisoned) == 1 and all(t.commit for t in txns if poisoned[0] in t.events)
+    assert poisoned[0].json()["n"] == "not-a-number"
     first = {}
     for e in committed:
         assert first.setdefault(e.event_id, e) == e, "a redelivery must be the same event"
@@ -92,10 +97,44 @@ def _out(offset: int, e: dict, square: int | None = None, partition: int = 0) ->
 A1, A2, B1 = _event("a1", 1, 1, 3), _event("a2", 1, 2, -4), _event("b1", 2, 1, 5)
 
 
-def test_committed_events_counts_redeliveries_once() -> None:
-    values = [json.dumps(e).encode() for e in (A1, A2, A1, B1, A2)]
-    events, copies = committed_events(values)
-    assert set(events) == {"a1", "a2", "b1"} and copies == 2
+def test_committed_events_counts_redeliveries_once_and_keeps_poison_apart() -> None:
+    bad = {**B1, "event_id": "p", "n": "not-a-number"}
+    values = [json.dumps(e).encode() for e in (A1, A2, A1, bad, B1, A2)]
+    given = committed_events((0, offset, v) for offset, v in enumerate(values))
+    assert set(given.events) == {"a1", "a2", "b1"} and given.copies == 2
+    assert set(given.poison) == {"p"}
+    assert given.at == {"a1": (0, 0), "a2": (0, 1), "p": (0, 3), "b1": (0, 4)}, "each first copy's place"
+
+
+def test_the_events_likeliest_in_flight_are_the_last_committed_before_the_kill() -> None:
+    committed_at = {"a": 1.0, "b": 3.0, "c": 2.0, "d": 5.0}
+    assert traces.before(4.0, committed_at) == ["b", "c", "a"]
+    assert traces.before(4.0, committed_at, most=1) == ["b"]
+    assert traces.before(0.5, committed_at) == []
+
+
+PICK = traces.Pick("why", 7, Position("in", 0, 3))
+APPLIED = {"outcome": "applied", "outbox": {"state": "published", "published": {"partition": 1}}}
+
+
+@pytest.mark.parametrize(
+    ("pick", "trace", "wrong"),
+    [
+        (PICK, {"records": [APPLIED], "dead_letters": []}, False),
+        (PICK, {"records": [], "dead_letters": []}, True),
+        (PICK, {"records": [APPLIED, APPLIED], "dead_letters": []}, True),
+        (PICK, {"records": [{**APPLIED, "outcome": "duplicate"}], "dead_letters": []}, True),
+        (PICK, {"records": [{**APPLIED, "outbox": {"state": "waiting"}}], "dead_letters": []}, True),
+        (PICK, {"records": [{**APPLIED, "outbox": {"state": "published"}}], "dead_letters": []}, True),
+        (replace(PICK, dead_lettered=True), {"records": [], "dead_letters": [{}]}, False),
+        (replace(PICK, dead_lettered=True), {"records": [APPLIED], "dead_letters": [{}]}, True),
+        (replace(PICK, dead_lettered=True), {"records": [], "dead_letters": []}, True),
+    ],
+)
+def test_a_demo_trace_is_checked_for_what_its_event_must_show(
+    pick: traces.Pick, trace: dict, wrong: bool
+) -> None:
+    assert bool(traces.check(pick, trace)) == wrong
 
 
 def test_a_clean_output_passes() -> None:

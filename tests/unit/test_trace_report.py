@@ -6,9 +6,23 @@ import json
 import uuid
 from datetime import UTC, datetime
 
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from core.errors import ConfigError
 from core.trace import outbox_event_id
 from outbox.trace.gather import spellings
-from outbox.trace.report import Applied, DeadLetter, OutboxEvent, Published, Trace, as_json, lines
+from outbox.trace.report import (
+    Applied,
+    DeadLetter,
+    OutboxEvent,
+    Position,
+    Published,
+    Trace,
+    as_json,
+    lines,
+)
 
 AT = datetime(2026, 11, 25, 12, 0, 1, 250000, tzinfo=UTC)
 
@@ -72,3 +86,37 @@ def test_the_lines_say_each_outcome_and_where_the_outbox_event_is() -> None:
 def test_nothing_found_says_where_it_looked() -> None:
     assert not Trace("k").found
     assert "no tracing sink (PostgresSink(trace=True)) applied it" in lines(Trace("k"))[0]
+
+
+@given(
+    topic=st.from_regex(r"[A-Za-z0-9._-]{1,249}", fullmatch=True),
+    partition=st.integers(0, 2**31 - 1),
+    offset=st.integers(0, 2**63 - 1),
+)
+def test_any_kafka_position_is_read_back_from_topic_partition_offset(
+    topic: str, partition: int, offset: int
+) -> None:
+    assert Position.parse(f"{topic}:{partition}:{offset}") == Position(topic, partition, offset)
+
+
+@pytest.mark.parametrize("text", ["", "orders", "orders:1", "orders:-1:2", "orders:1:x", ":1:2", "a:1:2:3"])
+def test_a_position_that_is_not_one_gets_one_line(text: str) -> None:
+    with pytest.raises(ConfigError, match="--at needs TOPIC:PARTITION:OFFSET"):
+        Position.parse(text)
+
+
+def test_a_trace_at_one_position_keeps_that_record_alone() -> None:
+    trace = Trace(
+        "k",
+        (Applied("s", "in", 0, 7, "applied", "3", AT), Applied("s", "in", 1, 7, "stale", "2", AT)),
+        (DeadLetter("s", "in", 0, 9, "bad", AT), DeadLetter("s", None, None, None, "bad", AT)),
+    )
+    assert trace.only(Position("in", 1, 7)).records == (trace.records[1],)
+    assert trace.only(Position("in", 1, 7)).dead_letters == ()
+    assert trace.only(Position("in", 0, 9)).dead_letters == (trace.dead_letters[0],)
+    nowhere = trace.only(Position("other", 0, 7))
+    assert not nowhere.found
+    assert lines(nowhere) == [
+        "event k: no record of it at other[0]@7: no tracing sink (PostgresSink(trace=True)) applied it,"
+        " and no sink dead letter holds it"
+    ]
