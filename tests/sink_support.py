@@ -54,10 +54,11 @@ def run(  # type: ignore[no-untyped-def]
     return sink
 
 
-def orders_stream(spark, bootstrap: str, topic: str, max_offsets: str):  # type: ignore[no-untyped-def]
+def orders_stream(spark, bootstrap: str, topic: str, max_offsets: str, versioned: bool = False):  # type: ignore[no-untyped-def]
     """The kill -9 jobs' input: the topic's orders through kafka_rc, `max_offsets` per batch."""
     raw = stream(spark, bootstrap, topic, maxOffsetsPerTrigger=max_offsets)
-    return parse_json(raw, "event_id string, n long, amount decimal(12,2)", key_column="event_id")
+    columns = SCHEMA if versioned else "event_id string, n long, amount decimal(12,2)"
+    return parse_json(raw, columns, key_column="event_id")
 
 
 KAFKA = "key binary, value binary, topic string, partition int, offset long"

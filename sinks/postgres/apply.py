@@ -12,7 +12,7 @@ and dead-lettered.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 
@@ -28,6 +28,7 @@ class BatchResult:
     upserted: int
     deleted: int
     dead: int  # dead-lettered
+    stale: int = 0  # of the fresh rows that changed nothing, those refused as older than their row
     retries: int = 0  # task transactions started over (lost connection, deadlock)
     stage_seconds: float = 0.0  # in the tasks: the slowest task's COPY; on the driver: the stage job
     apply_seconds: float = 0.0  # in the tasks: the slowest task's apply and commit
@@ -36,13 +37,20 @@ class BatchResult:
 
     @property
     def replayed(self) -> int:
+        """Rows the ledger had applied already: a batch run again."""
         return self.staged - self.fresh
+
+    @property
+    def duplicates(self) -> int:
+        """Fresh rows that changed nothing and were not stale: the row held them already."""
+        return self.fresh - self.upserted - self.deleted - self.dead - self.stale
 
     def __str__(self) -> str:
         again = f", {self.retries} task transactions started over" if self.retries else ""
         return (
             f"batch {self.batch_id}: {self.staged} rows, {self.upserted} upserted, {self.deleted} deleted,"
-            f" {self.dead} dead letters, {self.replayed} already applied{again}"
+            f" {self.dead} dead letters, {self.duplicates} duplicates, {self.stale} stale,"
+            f" {self.replayed} already applied{again}"
             f" (stage {self.stage_seconds:.2f}s, apply {self.apply_seconds:.2f}s)"
         )
 
@@ -58,19 +66,27 @@ def apply_batch(
     """record: the parameters of `st.record_batch()`, committed with the batch (continuity.py)."""
     params: dict[str, Any] = {"sink": st.spec.name, "attempts": attempts}
     with conn.transaction():
-        present, fresh, upserted, deleted, dead = apply_rows(conn, st, params)
-        if present != staged:  # raising here rolls the whole batch back
+        counts = apply_rows(conn, st, params)
+        if counts.staged != staged:  # raising here rolls the whole batch back
             raise SinkError(
-                f"sink {st.spec.name}: the stage table holds {present} of {staged} staged rows (was"
+                f"sink {st.spec.name}: the stage table holds {counts.staged} of {staged} staged rows (was"
                 " PostgreSQL restarted?); nothing was applied, the batch replays when the query restarts"
             )
         conn.execute(st.drop_stage())
         if record:
             conn.execute(st.record_batch(), record)
-    return BatchResult(batch_id, staged, fresh, upserted, deleted, dead)
+    return BatchResult(batch_id, **counts._asdict())
 
 
-Counts = tuple[int, int, int, int, int]  # present, fresh, upserted, deleted, dead
+class Counts(NamedTuple):
+    """What applying staged rows did; the names are BatchResult's."""
+
+    staged: int  # present in the stage table
+    fresh: int
+    upserted: int
+    deleted: int
+    dead: int
+    stale: int
 
 
 def apply_rows(conn: psycopg.Connection, st: Statements, params: dict[str, Any]) -> Counts:
@@ -88,18 +104,18 @@ def apply_rows(conn: psycopg.Connection, st: Statements, params: dict[str, Any])
     if conn.execute(st.rounds(), params).fetchone()[0] <= 1:  # type: ignore[index]
         try:
             with conn.transaction():
-                return conn.execute(st.apply(), params).fetchone()  # type: ignore[return-value]
+                return Counts(*conn.execute(st.apply(), params).fetchone())  # type: ignore[misc]
         except ROW_ERRORS as exc:
             if fail:
                 raise SinkError(f"sink {st.spec.name}: the table refused a row: {reason(exc)}") from None
-    upserted, deleted, refused = _apply_in_rounds(conn, st, params, fail)
+    upserted, deleted, stale, refused = _apply_in_rounds(conn, st, params, fail)
     present, fresh, dead = conn.execute(st.finish(), params).fetchone()  # type: ignore[misc]
-    return present, fresh, upserted, deleted, dead + refused
+    return Counts(present, fresh, upserted, deleted, dead + refused, stale)
 
 
 def _apply_in_rounds(
     conn: psycopg.Connection, st: Statements, params: dict[str, Any], fail: bool
-) -> tuple[int, int, int]:
+) -> tuple[int, int, int, int]:
     """Each key's events one after another: round r applies every key's r-th event.
 
     A round the table refuses is applied again in halves under savepoints until
@@ -108,7 +124,7 @@ def _apply_in_rounds(
     """
     conn.execute(st.materialize_rounds(), params)
     conn.execute(st.index_rounds())
-    upserted = deleted = refused = 0
+    upserted = deleted = stale = refused = 0
     for round_, total in conn.execute(st.round_sizes()).fetchall():
         pending = [(1, total)]
         while pending:
@@ -116,8 +132,8 @@ def _apply_in_rounds(
             bounds = {**params, "round": round_, "lo": lo, "hi": hi}
             try:
                 with conn.transaction():
-                    u, d = conn.execute(st.apply_range(), bounds).fetchone()  # type: ignore[misc]
-                upserted, deleted = upserted + u, deleted + d
+                    u, d, s = conn.execute(st.apply_range(), bounds).fetchone()  # type: ignore[misc]
+                upserted, deleted, stale = upserted + u, deleted + d, stale + s
             except ROW_ERRORS as exc:
                 if fail:
                     raise SinkError(f"sink {st.spec.name}: the table refused a row: {reason(exc)}") from None
@@ -128,4 +144,4 @@ def _apply_in_rounds(
                 else:
                     mid = (lo + hi) // 2
                     pending += [(mid + 1, hi), (lo, mid)]
-    return upserted, deleted, refused
+    return upserted, deleted, stale, refused

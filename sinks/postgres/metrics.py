@@ -1,7 +1,10 @@
 """Prometheus metrics for a sink's streaming query, fed from Spark's own progress.
 
-A StreamingQueryListener hears each batch's progress where the query was
-started: in the driver, or in a Spark Connect client. From the progress it
+A StreamingQueryListener hears each batch's progress in the driver; a Spark
+Connect client reads its query's recent progress once a second instead
+(pyspark 4.3's client drops every listener for good once the server sends
+its listener stream a Python accumulator's update: UNKNOWN_RESPONSE, seen
+with a sink applying in the tasks). From the progress it
 takes the batch's duration, and per topic-partition the lag (the source's
 latest offset minus the batch's end) and, from kafka_rc, the records an open
 transaction holds past the LSO (`#uncommitted`). What the sink did comes
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from pyspark.sql.streaming import StreamingQueryListener
 
 from core.errors import ConfigError
+from sinks.postgres.spark_plan import is_connect
 
 if TYPE_CHECKING:
     from sinks.postgres.sink import PostgresSink
@@ -49,6 +54,8 @@ class SinkMetrics(StreamingQueryListener):
             "Events that changed nothing: already applied (the ledger), duplicates, stale versions",
         )
         self.replayed = counter("outbox_sink_events_replayed", "Of those, already applied by the ledger")
+        self.duplicates = counter("outbox_sink_events_duplicates", "Of those, held by their row already")
+        self.stale = counter("outbox_sink_events_stale", "Of those, refused: their row held a newer version")
         self.dead = counter("outbox_sink_dead_letters", "Events moved to sink_dead_letters")
         self.batches = counter("outbox_sink_batches", "Micro-batches applied")
         self.seconds = Histogram(
@@ -66,6 +73,38 @@ class SinkMetrics(StreamingQueryListener):
         self.held = Gauge("outbox_sink_uncommitted", held, labels, registry=self.registry)
         self._counted = -1
         self.address = ""  # where serve() serves them
+        self._spark: Any = None  # the session listened to, classic
+        self._stopping = threading.Event()
+        self._poller: threading.Thread | None = None  # Spark Connect
+
+    def listen(self, spark: Any, every: float = 1.0) -> None:
+        """Hear each batch's progress: as a listener of a classic session; on Spark Connect by
+        reading the query's recent progress `every` seconds."""
+        if not is_connect(spark):
+            spark.streams.addListener(self)
+            self._spark = spark
+            return
+        self._poller = threading.Thread(target=self._poll, args=(every,), name="sink-metrics", daemon=True)
+        self._poller.start()
+
+    def _poll(self, every: float) -> None:
+        seen, failing = -1, False
+        while not self._stopping.wait(every):
+            query = self.sink.query
+            if query is None:
+                continue
+            try:
+                progress = query.recentProgress
+            except Exception as exc:  # the server restarting: say so once, keep asking
+                if not failing:
+                    log.warning("sink %s: metrics cannot read the query's progress: %s", self.sink.name, exc)
+                failing = True
+                continue
+            failing = False
+            for p in progress:
+                if p.batchId > seen:
+                    seen = p.batchId
+                    self.observe(p.batchId, p.batchDuration / 1000, p.sources)
 
     def onQueryStarted(self, event: Any) -> None:
         pass
@@ -99,6 +138,8 @@ class SinkMetrics(StreamingQueryListener):
         self.seconds.observe(seconds)
         self.applied.inc(result.upserted + result.deleted)
         self.replayed.inc(result.replayed)
+        self.duplicates.inc(result.duplicates)
+        self.stale.inc(result.stale)
         self.skipped.inc(result.staged - result.upserted - result.deleted - result.dead)
         self.dead.inc(result.dead)
 
@@ -127,6 +168,13 @@ class SinkMetrics(StreamingQueryListener):
         return f"{host}:{server.server_port}"
 
     def close(self) -> None:
+        """Stop listening and serving."""
+        self._stopping.set()
+        if self._spark is not None:
+            self._spark.streams.removeListener(self)
+            self._spark = None
+        if self._poller is not None:
+            self._poller.join(10)
         server = getattr(self, "_server", None)
         if server is not None:
             server.shutdown()

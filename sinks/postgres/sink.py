@@ -132,10 +132,11 @@ class PostgresSink:
 
     def serve_metrics(self, spark: Any, address: str = "127.0.0.1:0") -> SinkMetrics:
         """Prometheus metrics of this sink's query on HOST:PORT (`.address` says which), fed from the
-        session's streaming progress (sinks/postgres/metrics.py); in a Spark Connect client too."""
+        session's streaming progress (sinks/postgres/metrics.py); in a Spark Connect client too.
+        `.close()` stops them."""
         metrics = SinkMetrics(self)
         metrics.address = metrics.serve(address)
-        spark.streams.addListener(metrics)
+        metrics.listen(spark)
         return metrics
 
     @property
@@ -276,14 +277,16 @@ class BatchWriter:
         refused = [r.refused for r in done if r.refused]
         if refused:
             raise SinkError(refused[0])
-        counts = (sum(getattr(r, c) for r in done) for c in COUNTS)
+        counts = {c: sum(getattr(r, c) for r in done) for c in COUNTS}
         stages = {stage: sum(getattr(r, t) for r in done) for stage, t in zip(STAGES, TIMES, strict=True)}
 
         def slowest(*parts: str) -> float:
             return max((sum(getattr(r, f"{p}_seconds") for p in parts) for r in done), default=0.0)
 
         staging, applying = slowest("encode", "copy"), slowest("lock", "apply", "commit")
-        self.last = BatchResult(batch_id, *counts, staging, applying, stages)
+        self.last = BatchResult(
+            batch_id, **counts, stage_seconds=staging, apply_seconds=applying, stages=stages
+        )
         log.info("sink %s: %s", self.spec.name, self.last)
         return self.last
 

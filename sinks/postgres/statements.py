@@ -208,10 +208,12 @@ class Statements:
         )
 
     def apply(self) -> sql.Composable:
-        """A batch with one event per key, in one statement: (present, fresh, upserted, deleted, dead)."""
+        """A batch with one event per key, in one statement: (present, fresh, upserted, deleted, dead,
+        stale)."""
         latest = sql.SQL("latest AS (SELECT * FROM fresh WHERE _error IS NULL)")
         ctes = [self._staged(), self._fresh(), latest, *self._changes(), *self._finish()]
-        return self._with(ctes, [*_STAGED_COUNTS, *map(_count, ["upserted", "deleted", "dead"])])
+        counts = [*_STAGED_COUNTS, *map(_count, ["upserted", "deleted", "dead"]), self._stale()]
+        return self._with(ctes, counts)
 
     def materialize_rounds(self) -> sql.Composable:
         """The rows to apply, in a temp table: _round is the event's place among its key's events,
@@ -234,12 +236,12 @@ class Statements:
         return sql.SQL("SELECT _round, count(*) FROM sink_rounds GROUP BY _round ORDER BY _round")
 
     def apply_range(self) -> sql.Composable:
-        """Rows _n in [lo, hi] of round `round`: (upserted, deleted) counts."""
+        """Rows _n in [lo, hi] of round `round`: (upserted, deleted, stale) counts."""
         latest = sql.SQL(
             "latest AS (SELECT * FROM sink_rounds WHERE _round = %(round)s AND _n BETWEEN %(lo)s AND %(hi)s)"
         )
         changes = self._changes(sql.SQL("%(round)s::int"))
-        return self._with([latest, *changes], [_count("upserted"), _count("deleted")])
+        return self._with([latest, *changes], [_count("upserted"), _count("deleted"), self._stale()])
 
     def dead_letter_row(self) -> sql.Composable:
         """A row the table refused: its key as text and the row as JSON (the raw record stays in Kafka)."""
@@ -293,12 +295,35 @@ class Statements:
             " WHERE s._attempt = ANY(%(attempts)s) AND s._offset >= g.applied)"
         ).format(stage=self.names.stage)
 
+    def _match(self) -> sql.Composable:
+        """A staged record `l` and the row `t` of its key."""
+        return sql.SQL(" AND ").join(
+            sql.SQL("t.{} = l.{}").format(t, s) for t, s in zip(self.target_keys, self.keys, strict=True)
+        )
+
+    def _stale(self) -> sql.Composable:
+        """Of the records that changed nothing, those whose row held a newer version: the row as the
+        statement found it, one record per key. Only looked for when a record changed nothing."""
+        if not self.version:
+            return sql.SQL("0::bigint")
+        target_v, staged_v = self.version
+        return sql.SQL(
+            "CASE WHEN {upserted} + {deleted} < {latest} THEN (SELECT count(*) FROM latest AS l"
+            " JOIN {target} AS t ON {match} WHERE t.{tv} > l.{sv}) ELSE 0 END"
+        ).format(
+            upserted=_count("upserted"),
+            deleted=_count("deleted"),
+            latest=_count("latest"),
+            target=self.names.target,
+            match=self._match(),
+            tv=target_v,
+            sv=staged_v,
+        )
+
     def _changes(self, round_: sql.Composable = _WHOLE_BATCH) -> list[sql.Composable]:
         """round_: the round being applied (0: the whole batch in one statement), for tracing."""
         n = self.names
-        match = sql.SQL(" AND ").join(
-            sql.SQL("t.{} = l.{}").format(t, s) for t, s in zip(self.target_keys, self.keys, strict=True)
-        )
+        match = self._match()
         newer = sql.SQL("")
         if self.version:
             target_v, staged_v = self.version

@@ -32,7 +32,7 @@ from sinks.postgres.retry import with_retries
 from sinks.postgres.stage import StageJob, attempt_id, copy_batch
 from sinks.postgres.statements import ATTEMPT_SETTING, Statements
 
-COUNTS = ("staged", "fresh", "upserted", "deleted", "dead", "retries")
+COUNTS = (*Counts._fields, "retries")  # BatchResult's names
 TIMES = tuple(f"{stage}_seconds" for stage in STAGES)
 TASK_RESULT = ", ".join([*(f"{c} long" for c in COUNTS), *(f"{t} double" for t in TIMES), "refused string"])
 _SCHEMA = pa.schema(
@@ -55,7 +55,7 @@ class Outcome:
     retries: int = 0
 
 
-NOTHING = Outcome((0, 0, 0, 0, 0))
+NOTHING = Outcome(Counts(0, 0, 0, 0, 0, 0))
 
 
 def applier(job: TaskJob) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:

@@ -13,6 +13,7 @@ the same each time and equal to the plain-Python model below.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -25,7 +26,7 @@ from pyspark.sql import types as T
 
 from core.config import DatabaseUrl
 from outbox.trace.outcomes import COLUMNS, ORDER, TraceRow, records
-from sinks.postgres.apply import apply_batch
+from sinks.postgres.apply import BatchResult, apply_batch
 from sinks.postgres.catalog import describe
 from sinks.postgres.plan import plan
 from sinks.postgres.spec import Mode, Outbox, SinkSpec
@@ -139,8 +140,9 @@ def _cents(amount: object) -> Decimal:
 
 def apply_in_batches(
     conn: psycopg.Connection, st_: Statements, log: list[tuple[int, int, Event]], cuts: list[list[int]]
-) -> None:
+) -> list[BatchResult]:
     """Apply the log in batches: batch i holds, per partition, the offsets below cuts[i][partition]."""
+    results = []
     done = [0] * PARTITIONS
     for batch_id, cut in enumerate(cuts):
         rows = [(p, o, e) for p, o, e in log if done[p] <= o < cut[p]]
@@ -157,7 +159,8 @@ def apply_in_batches(
                 # A delete carries its version (delete="..." rules); a tombstone's is None.
                 values = (None, None, e.version) if e.delete else (e.n, e.amount, e.version)
                 copy.write_row((e.key, *values, "t", p, o, e.delete, ATTEMPT))
-        apply_batch(conn, st_, batch_id, [ATTEMPT], len(rows))
+        results.append(apply_batch(conn, st_, batch_id, [ATTEMPT], len(rows)))
+    return results
 
 
 def one_record_each(log: list[tuple[int, int, Event]], ends: list[int]) -> list[list[int]]:
@@ -238,8 +241,12 @@ def test_any_batch_boundaries_give_the_one_by_one_result(
             ends = [sum(1 for p, _, _ in log if p == q) for q in range(PARTITIONS)]
             for cuts in ([ends], one_record_each(log, ends), growing(cut_points, ends)):
                 conn.execute("TRUNCATE orders, sink_progress, sink_dead_letters, outbox_events, sink_traces")
-                apply_in_batches(conn, statements, log, cuts)
+                results = apply_in_batches(conn, statements, log, cuts)
                 assert observed(conn) == model(log, mode, versioned, traced), f"batches cut at {cuts}"
+                # The counts the sink keeps say what the rule did, duplicates and stale versions apart.
+                said = Counter(model(log, mode, versioned, traced=True)[3].values())
+                assert sum(r.stale for r in results) == said["stale"], f"batches cut at {cuts}"
+                assert sum(r.duplicates for r in results) == said["duplicate"], f"batches cut at {cuts}"
                 ledger = dict(
                     conn.execute("SELECT kafka_partition, next_offset FROM sink_progress").fetchall()
                 )
