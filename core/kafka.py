@@ -5,10 +5,11 @@ builds producers, consumers and admin clients from it. librdkafka warns
 about, or refuses, keys that belong to another role, so each client gets
 the shared keys (security, client.id, ...) and its own role's.
 
-librdkafka also reports every failed connection attempt, dozens a second;
-its log goes to Python logging, silent unless debug logging asks for it
-(`outbox.logs.configure`). What matters of it reaches the user in the error
-of the call that failed.
+librdkafka also reports every failed connection attempt, dozens a second.
+Its log goes to the `outbox.kafka` logger only once a level is set on that
+logger (the CLI's --verbose, or the application's own logging setup): the
+library sets no level of its own on any logger. What matters of it reaches
+the user in the error of the call that failed.
 """
 
 from __future__ import annotations
@@ -20,8 +21,19 @@ from typing import Literal
 Role = Literal["producer", "consumer", "admin"]
 
 CLIENT_LOG = "outbox.kafka"
-_log = logging.getLogger(CLIENT_LOG)
-_log.setLevel(logging.CRITICAL + 1)
+
+
+class ClientLog:
+    """What librdkafka is given as its logger: its lines pass to `outbox.kafka` only where a level
+    was set on that logger, so a root logger at DEBUG alone does not bring the flood."""
+
+    def log(self, level: int, msg: str, *args: object) -> None:
+        target = logging.getLogger(CLIENT_LOG)
+        if target.level != logging.NOTSET and target.isEnabledFor(level):
+            target.log(level, msg, *args)
+
+
+_log = ClientLog()
 
 # Keys (or key prefixes) that only one role takes (librdkafka's CONFIGURATION.md, column C/P);
 # the general ("*") ones, message.max.bytes and retry.backoff.ms among them, go to every client.

@@ -42,5 +42,7 @@ def configure(fmt: str, level: int) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    # The Kafka client's own log lines only with debug logging (--verbose).
-    logging.getLogger(CLIENT_LOG).setLevel(logging.DEBUG if level <= logging.DEBUG else logging.CRITICAL + 1)
+    # The Kafka client's own log lines only with debug logging (--verbose): the CLI is the
+    # application here, so it may set the level the library leaves alone (core.kafka).
+    if level <= logging.DEBUG:
+        logging.getLogger(CLIENT_LOG).setLevel(logging.DEBUG)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import psycopg
 import pytest
 from hypothesis import given
@@ -70,3 +72,29 @@ def test_each_role_gets_the_shared_keys_and_its_own_only(keys: set[str]) -> None
 def test_bootstrap_given_apart_wins() -> None:
     got = client_settings({"bootstrap.servers": "old:1"}, "admin", bootstrap="new:2")
     assert got["bootstrap.servers"] == "new:2"
+
+
+def test_the_kafka_clients_log_passes_only_where_a_level_was_set_and_the_library_sets_none(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import importlib
+
+    import core.kafka
+
+    client = logging.getLogger(core.kafka.CLIENT_LOG)
+    client.setLevel(logging.NOTSET)
+    importlib.reload(core.kafka)  # importing sets no level on any logger
+    assert client.level == logging.NOTSET
+    log = client_settings({}, "consumer")["logger"]
+    with caplog.at_level(logging.DEBUG):  # the root at DEBUG: still not librdkafka's flood
+        log.log(logging.WARNING, "%s-%s: %s", "FAIL", "rdkafka#consumer-1", "connection refused")
+    assert not [r for r in caplog.records if r.name == core.kafka.CLIENT_LOG]
+    client.setLevel(logging.WARNING)
+    try:
+        with caplog.at_level(logging.DEBUG):
+            log.log(logging.WARNING, "%s-%s: %s", "FAIL", "rdkafka#consumer-1", "connection refused")
+            log.log(logging.DEBUG, "%s-%s: %s", "BRKMAIN", "rdkafka#consumer-1", "started")
+    finally:
+        client.setLevel(logging.NOTSET)
+    said = [r.getMessage() for r in caplog.records if r.name == core.kafka.CLIENT_LOG]
+    assert said == ["FAIL-rdkafka#consumer-1: connection refused"]
