@@ -34,7 +34,7 @@ class Setting:
     """A flag with an environment variable: the flag wins, then the variable, then the default.
 
     The default reaches argparse as text, so a malformed variable is reported
-    like a malformed flag. README's relay table is checked against this list.
+    like a malformed flag. The relay table in docs/relay.md is checked against this list.
     """
 
     flag: str

@@ -41,9 +41,9 @@ def test_an_unknown_commit_is_never_aborted() -> None:
     assert [f for f in Failure if outcome(Call.COMMIT, f) is Action.ABORT] == [Failure.ABORTABLE]
 
 
-@pytest.mark.parametrize("where", ["outbox/relay/outcomes.py", "README.md"])
+@pytest.mark.parametrize("where", ["outbox/relay/outcomes.py", "docs/relay.md"])
 def test_the_docs_table_is_the_code_table(where: str) -> None:
-    """The table in the module's docstring and in the README says what the code does."""
+    """The table in the module's docstring and in docs/relay.md says what the code does."""
     text = (Path(__file__).parents[2] / where).read_text()
     calls = "|".join(c.value for c in Call)
     lines = [line.strip() for line in text.splitlines() if re.match(rf"\s*\| ({calls}) +\|", line)]
