@@ -74,7 +74,7 @@ def in_flight(
             if found and found[0].outcome == "applied" and found[0].at.timestamp() > kill:
                 ahead = kill - committed_at[event]
                 why = (
-                    f"an event in flight: committed to Kafka {ahead * 1000:.0f} ms before a kill -9 of the"
+                    f"an event in flight: committed to Kafka {_span(ahead)} before a kill -9 of the"
                     f" Spark job (at {_clock(kill)}), applied after its restart"
                 )
                 return _pick(why, event, topic, events, at)
@@ -138,6 +138,10 @@ def _pick(
 ) -> Pick:
     partition, offset = at[event]
     return Pick(why, int(events[event]["account"]), Position(topic, partition, offset), dead)
+
+
+def _span(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
 
 
 def _clock(wall: float) -> str:

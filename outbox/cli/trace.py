@@ -73,8 +73,9 @@ def cmd_trace(args: argparse.Namespace) -> int:
     given = args.bootstrap_servers or os.environ.get(KAFKA_BOOTSTRAP_SERVERS)
     if given:
         trace = gather.in_kafka(trace, bootstrap_servers(given), args.timeout)
-    elif any(r.outbox and r.outbox.state == "published" for r in trace.records):
-        trace = replace(trace, searched="give --bootstrap-servers to find the published events in Kafka")
+    elif any(r.outbox and r.outbox.state in ("published", "waiting") for r in trace.records):
+        # A relay records how far it got about once a second: Kafka knows more.
+        trace = replace(trace, searched="give --bootstrap-servers to find the outbox events in Kafka")
     if args.json:
         print(json.dumps(as_json(trace)))
     else:

@@ -114,7 +114,7 @@ def _outbox_line(box: OutboxEvent) -> str:
     head = f"outbox event {box.event_id} for {box.topic}:"
     if box.state == "waiting":
         since = _at(box.since) if box.since else "?"
-        return f"{head} waiting in the outbox since {since}: no relay has published it yet"
+        return f"{head} waiting in the outbox since {since}: no relay has recorded publishing it"
     if box.state == "dead-lettered":
         return f"{head} dead-lettered by relay {box.relay}: {box.error}"
     where = (

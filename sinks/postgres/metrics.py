@@ -104,7 +104,7 @@ class SinkMetrics(StreamingQueryListener):
             for p in progress:
                 if p.batchId > seen:
                     seen = p.batchId
-                    self.observe(p.batchId, p.batchDuration / 1000, p.sources)
+                    self._heard(p)
 
     def onQueryStarted(self, event: Any) -> None:
         pass
@@ -120,6 +120,9 @@ class SinkMetrics(StreamingQueryListener):
         query = self.sink.query
         if query is None or str(progress.id) != str(query.id):
             return  # another query of the session
+        self._heard(progress)
+
+    def _heard(self, progress: Any) -> None:
         try:
             self.observe(progress.batchId, progress.batchDuration / 1000, progress.sources)
         except Exception as exc:  # a listener that raises is dropped by Spark: say why, keep going

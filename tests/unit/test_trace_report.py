@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from core.errors import ConfigError
 from core.trace import outbox_event_id
-from outbox.trace.gather import spellings
+from outbox.trace.gather import found_in_kafka, spellings
 from outbox.trace.report import (
     Applied,
     DeadLetter,
@@ -76,7 +76,7 @@ def test_the_lines_say_each_outcome_and_where_the_outbox_event_is() -> None:
     )
     assert said[3].startswith("  input in[0]@9: sink s skipped: a stale version")
     assert said[5].endswith(
-        "waiting in the outbox since 2026-11-25 12:00:01.250Z: no relay has published it yet"
+        "waiting in the outbox since 2026-11-25 12:00:01.250Z: no relay has recorded publishing it"
     )
     assert said[6] == "  input in[0]@12: sink s dead-lettered it, 2026-11-25 12:00:01.250Z: null value"
     doc = json.loads(json.dumps(as_json(trace)))
@@ -120,3 +120,22 @@ def test_a_trace_at_one_position_keeps_that_record_alone() -> None:
         "event k: no record of it at other[0]@7: no tracing sink (PostgresSink(trace=True)) applied it,"
         " and no sink dead letter holds it"
     ]
+
+
+def test_kafka_has_the_last_word_on_what_was_published() -> None:
+    """A relay records how far it got in PostgreSQL about once a second: one killed -9 in between
+    published more than PostgreSQL says."""
+    waiting = OutboxEvent(uuid.UUID(int=1), "out", "waiting", since=AT)
+    said_published = OutboxEvent(uuid.UUID(int=2), "out", "published", relay="r")
+    lost = OutboxEvent(uuid.UUID(int=3), "out", "published", relay="r")
+    boxes = [waiting, said_published, lost]
+    trace = Trace("k", tuple(Applied("s", "in", 0, n, "applied", None, AT, b) for n, b in enumerate(boxes)))
+    here = {uuid.UUID(int=1): Published(0, 5, AT), uuid.UUID(int=2): Published(1, 6, AT)}
+    found = found_in_kafka(trace, here)
+    assert [(r.outbox.state, r.outbox.published, r.outbox.since) for r in found.records if r.outbox] == [
+        ("published", here[uuid.UUID(int=1)], None),
+        ("published", here[uuid.UUID(int=2)], None),
+        ("published", None, None),
+    ]
+    assert found.searched is not None and found.searched.startswith("1 published event(s) not found in Kafka")
+    assert found_in_kafka(trace, {}).records[0].outbox == waiting, "not found: as PostgreSQL says"
