@@ -29,9 +29,9 @@ from urllib.parse import unquote, urlsplit
 import psycopg
 from psycopg import sql
 
-from core import tables
-from core.config import DatabaseUrl
-from core.errors import ConfigError
+from outbox._core import tables
+from outbox._core.config import DatabaseUrl
+from outbox._core.errors import ConfigError
 from outbox.dev.kafka import render
 from outbox.dev.process import free_port, spawn, stop
 from outbox.jvm import log4j2, maven

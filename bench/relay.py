@@ -62,10 +62,10 @@ from debezium import Debezium  # bench/debezium.py
 from psycopg import sql
 from services import services  # bench/services.py
 
-from core import tables
-from core.config import DatabaseUrl
-from core.kafka import client_settings
 from outbox import logs, migrate
+from outbox._core import tables
+from outbox._core.config import DatabaseUrl
+from outbox._core.kafka import client_settings
 from outbox.dev.kafka import Cluster
 from outbox.dev.process import spawn
 from outbox.relay import Relay, RelaySettings

@@ -47,7 +47,7 @@ from relay import create_topic  # bench/relay.py
 from services import services  # bench/services.py
 from sink import SCHEMA, TABLE, events, run, settle, stream  # bench/sink.py
 
-from core.config import DatabaseUrl
+from outbox._core.config import DatabaseUrl
 from outbox.relay import Relay, RelaySettings
 from sinks.postgres.clock import STAGES
 

@@ -7,8 +7,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from core.config import DatabaseUrl
 from outbox import migrate
+from outbox._core.config import DatabaseUrl
 from outbox.dev.stack import running
 
 

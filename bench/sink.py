@@ -64,7 +64,7 @@ from cpu import COMPONENTS, DRIVER, measured  # bench/cpu.py
 from kafka_load import produce  # bench/kafka_load.py
 from services import services  # bench/services.py
 
-from core.config import DatabaseUrl
+from outbox._core.config import DatabaseUrl
 from outbox.dev.kafka import Cluster
 from sinks.postgres.clock import STAGES
 

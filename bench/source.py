@@ -32,7 +32,7 @@ from confluent_kafka import Consumer, TopicPartition
 from cpu import busy_seconds, measured  # bench/cpu.py
 from kafka_load import produce  # bench/kafka_load.py
 
-from core.kafka import client_settings
+from outbox._core.kafka import client_settings
 from outbox.dev.stack import running
 
 

@@ -25,11 +25,11 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg import sql
 
-from core.config import DatabaseUrl, parse_bootstrap
-from core.errors import OutboxError
-from core.kafka import client_settings
-from core.probe import check_kafka
 from outbox import migrate
+from outbox._core.config import DatabaseUrl, parse_bootstrap
+from outbox._core.errors import OutboxError
+from outbox._core.kafka import client_settings
+from outbox._core.probe import check_kafka
 from outbox.dev.stack import running
 from outbox.jvm.java import find_java
 from sinks.postgres import BatchResult, PostgresSink, parse_json

@@ -11,7 +11,7 @@ from alembic import context
 from outbox.migrations import VERSION_TABLE
 from sqlalchemy import create_engine, pool, text
 
-from core import config as settings
+from outbox._core import config as settings
 
 config = context.config
 url = config.attributes.get("url") or settings.database_url(

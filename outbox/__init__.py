@@ -10,7 +10,7 @@ jvm/         Java and Maven: the jars the framework runs
 logs.py      log lines as JSON or text; stopping.py: SIGTERM before start-up ends
 """
 
-from core.errors import ConfigError, OutboxError, ServiceUnavailable
+from outbox._core.errors import ConfigError, OutboxError, ServiceUnavailable
 
 __all__ = ["ConfigError", "OutboxError", "ServiceUnavailable"]
 __version__ = "0.1.0"

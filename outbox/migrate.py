@@ -19,10 +19,10 @@ from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
 from sqlalchemy import create_engine, pool
 
-from core.config import DatabaseUrl
-from core.errors import OutboxError
-from core.postgres import reason
-from core.probe import check_postgres
+from outbox._core.config import DatabaseUrl
+from outbox._core.errors import OutboxError
+from outbox._core.postgres import reason
+from outbox._core.probe import check_postgres
 from outbox.migrations import VERSION_TABLE
 
 

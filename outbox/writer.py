@@ -23,9 +23,9 @@ import psycopg
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 
-from core import tables
-from core.config import schema_name
-from core.errors import OutboxError
+from outbox._core import tables
+from outbox._core.config import schema_name
+from outbox._core.errors import OutboxError
 
 Headers = Mapping[str, bytes | str] | Sequence[tuple[str, bytes | str]]
 

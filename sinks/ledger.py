@@ -20,11 +20,11 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from core import tables
-from core.config import DatabaseUrl
-from core.errors import DataLossError
-from core.postgres import connect
-from core.sqltext import bindable
+from outbox._core import tables
+from outbox._core.config import DatabaseUrl
+from outbox._core.errors import DataLossError
+from outbox._core.postgres import connect
+from outbox._core.sqltext import bindable
 
 Positions = dict[tuple[str, int], int]
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from core.config import DatabaseUrl
 from outbox import migrate
+from outbox._core.config import DatabaseUrl
 from outbox.dev.connect import ConnectServer
 from outbox.dev.kafka import Broker
 from outbox.dev.stack import running

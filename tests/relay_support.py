@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psycopg
 
-from core.config import DatabaseUrl
+from outbox._core.config import DatabaseUrl
 from outbox.jvm import kafka_tools
 from outbox.writer import Event, add_events
 from tests.cli import outbox

@@ -24,11 +24,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from core.config import DatabaseUrl
-from core.errors import OutboxError
-from core.probe import check_kafka
 from demos.loop.run import Loop, Settings
 from demos.loop.show import Display, chart, table
+from outbox._core.config import DatabaseUrl
+from outbox._core.errors import OutboxError
+from outbox._core.probe import check_kafka
 from outbox.dev.kafka import Broker, Cluster
 from outbox.dev.process import free_port
 from outbox.dev.stack import running

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 from confluent_kafka import KafkaException, Producer
 
-from core.kafka import client_settings
 from demos.loop.plan import Transaction
+from outbox._core.kafka import client_settings
 
 
 class Filler(threading.Thread):

@@ -22,15 +22,15 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg import sql
 
-from core.committed import read_committed
-from core.config import DatabaseUrl
-from core.errors import ConfigError
-from core.kafka import client_settings
 from demos.loop import plan, traces
 from demos.loop.fill import Filler
 from demos.loop.show import Display, Timeline
 from demos.loop.verdict import Input, Out, Verdict, committed_events, judge
 from outbox import migrate
+from outbox._core.committed import read_committed
+from outbox._core.config import DatabaseUrl
+from outbox._core.errors import ConfigError
+from outbox._core.kafka import client_settings
 from outbox.dev.connect import ConnectServer
 from outbox.dev.kafka import Broker, Cluster, replicas
 from outbox.dev.process import spawn

@@ -22,7 +22,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from core.errors import OutboxError
+from outbox._core.errors import OutboxError
 from outbox.cli import check, db, dev, relay, relays, status, trace, transactions, verify
 from outbox.stopping import release_stop_signals
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from core import tables
-from core.config import DatabaseUrl, bootstrap_servers, database_url, schema_name
-from core.errors import OutboxError
-from core.postgres import connect
-from core.probe import check_kafka, check_postgres
 from outbox import migrate
+from outbox._core import tables
+from outbox._core.config import DatabaseUrl, bootstrap_servers, database_url, schema_name
+from outbox._core.errors import OutboxError
+from outbox._core.postgres import connect
+from outbox._core.probe import check_kafka, check_postgres
 
 
 class Notice(Exception):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from core.config import database_url, schema_name
 from outbox import migrate
+from outbox._core.config import database_url, schema_name
 from outbox.cli import options
 
 

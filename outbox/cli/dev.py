@@ -14,7 +14,7 @@ import sys
 import threading
 from pathlib import Path
 
-from core.config import OUTBOX_DEV_DIR
+from outbox._core.config import OUTBOX_DEV_DIR
 from outbox.dev.stack import Stack, Status
 
 DEFAULT_DIR = ".outbox-dev"

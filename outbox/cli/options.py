@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from core.config import OUTBOX_SCHEMA
+from outbox._core.config import OUTBOX_SCHEMA
 
 
 def database(p: argparse.ArgumentParser) -> argparse.ArgumentParser:

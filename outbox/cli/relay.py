@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.config import OUTBOX_SCHEMA, bootstrap_servers, database_url, schema_name
-from core.errors import ConfigError
+from outbox._core.config import OUTBOX_SCHEMA, bootstrap_servers, database_url, schema_name
+from outbox._core.errors import ConfigError
 from outbox.logs import configure
 from outbox.relay.kafka import PRODUCER_DEFAULTS
 from outbox.relay.metrics import RelayMetrics, serve

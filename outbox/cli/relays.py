@@ -9,10 +9,10 @@ from typing import Any
 
 import psycopg
 
-from core import tables
-from core.config import database_url, schema_name
-from core.errors import OutboxError
-from core.postgres import connect, reason
+from outbox._core import tables
+from outbox._core.config import database_url, schema_name
+from outbox._core.errors import OutboxError
+from outbox._core.postgres import connect, reason
 from outbox.cli import options
 from outbox.relay import registry
 from outbox.relay.position import Shard

@@ -20,10 +20,10 @@ from dataclasses import replace
 
 import psycopg
 
-from core import tables
-from core.config import KAFKA_BOOTSTRAP_SERVERS, bootstrap_servers, database_url, schema_name
-from core.errors import ConfigError, OutboxError
-from core.postgres import connect, reason
+from outbox._core import tables
+from outbox._core.config import KAFKA_BOOTSTRAP_SERVERS, bootstrap_servers, database_url, schema_name
+from outbox._core.errors import ConfigError, OutboxError
+from outbox._core.postgres import connect, reason
 from outbox.cli import options
 from outbox.trace import gather
 from outbox.trace.report import Position, as_json, lines

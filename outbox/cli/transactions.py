@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from core.config import bootstrap_servers
+from outbox._core.config import bootstrap_servers
 from outbox.jvm import kafka_tools
 
 

@@ -13,9 +13,9 @@ import json
 
 import psycopg
 
-from core.config import bootstrap_servers, database_url
-from core.errors import ConfigError
-from core.postgres import connect
+from outbox._core.config import bootstrap_servers, database_url
+from outbox._core.errors import ConfigError
+from outbox._core.postgres import connect
 from outbox.verify.findings import check
 from outbox.verify.topic import committed, record
 

@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.errors import ConfigError, ServiceUnavailable
-from core.probe import check_kafka
+from outbox._core.errors import ConfigError, ServiceUnavailable
+from outbox._core.probe import check_kafka
 from outbox.dev.process import free_port, spawn, stop, wait_until
 from outbox.dev.service import Service
 from outbox.jvm import log4j2, maven

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psycopg
 
-from core.errors import ConfigError
+from outbox._core.errors import ConfigError
 from outbox.dev.process import run_as, spawn, wait_until
 from outbox.dev.service import Service
 

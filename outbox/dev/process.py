@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from core.errors import ConfigError
+from outbox._core.errors import ConfigError
 
 _PR_SET_PDEATHSIG = 1
 

@@ -19,8 +19,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.config import DATABASE_URL, KAFKA_BOOTSTRAP_SERVERS
-from core.errors import ConfigError
+from outbox._core.config import DATABASE_URL, KAFKA_BOOTSTRAP_SERVERS
+from outbox._core.errors import ConfigError
 from outbox.dev import kafka, postgres
 from outbox.dev.process import choose_port, cmdline_contains, pid_alive, stop
 from outbox.dev.service import Service

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from core.errors import ConfigError
+from outbox._core.errors import ConfigError
 from outbox.dev.process import free_port, spawn, stop, wait_until
 from outbox.jvm.maven import cache_root
 

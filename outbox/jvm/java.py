@@ -13,7 +13,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.errors import ConfigError
+from outbox._core.errors import ConfigError
 
 MIN_MAJOR = 17
 INSTALL_HINT = (

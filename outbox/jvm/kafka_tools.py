@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.errors import ServiceUnavailable
+from outbox._core.errors import ServiceUnavailable
 from outbox.jvm import log4j2, maven
 from outbox.jvm.java import find_java
 

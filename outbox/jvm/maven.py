@@ -18,7 +18,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from core.errors import ConfigError
+from outbox._core.errors import ConfigError
 from outbox.jvm.java import find_java
 
 OUTBOX_JAR_CACHE = "OUTBOX_JAR_CACHE"

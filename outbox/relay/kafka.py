@@ -21,8 +21,8 @@ from confluent_kafka import (
     Producer,
 )
 
-from core.errors import ConfigError, Fenced, OutboxError, ServiceUnavailable
-from core.kafka import client_settings
+from outbox._core.errors import ConfigError, Fenced, OutboxError, ServiceUnavailable
+from outbox._core.kafka import client_settings
 from outbox.relay.outcomes import FENCED_CODES, Action, Call, classify, outcome
 from outbox.relay.pause import BEFORE_COMMIT, BEFORE_POSITION, BEFORE_PRODUCE, MID_TRANSACTION, Pause
 from outbox.relay.poison import SIZE_CODES, Poison, explain, is_poison, missing_topic

@@ -20,7 +20,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from core.errors import ConfigError
+from outbox._core.errors import ConfigError
 
 disable_created_metrics()  # the *_created series only add noise for a long-running daemon
 

@@ -24,11 +24,11 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import psycopg
 from psycopg import sql
 
-from core import tables
-from core.config import DatabaseUrl
-from core.errors import ConfigError, ServiceUnavailable, Standby
-from core.postgres import answered_within, connect, keepalive, limit_session, server_limits
-from core.sqltext import bindable
+from outbox._core import tables
+from outbox._core.config import DatabaseUrl
+from outbox._core.errors import ConfigError, ServiceUnavailable, Standby
+from outbox._core.postgres import answered_within, connect, keepalive, limit_session, server_limits
+from outbox._core.sqltext import bindable
 from outbox.relay.position import Position, Shard, Target
 from outbox.relay.resume import Mark
 from outbox.relay.row import Row

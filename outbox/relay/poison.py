@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaError
 
-from core.errors import OutboxError
+from outbox._core.errors import OutboxError
 
 POISON_CODES = frozenset(
     {

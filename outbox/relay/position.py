@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from core.errors import ConfigError, OutboxError
+from outbox._core.errors import ConfigError, OutboxError
 
 # The snapshot before any transaction: every row of the table is in the first delta.
 EMPTY_SNAPSHOT = "1:1:"

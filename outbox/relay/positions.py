@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from core.committed import read_committed
-from core.errors import ConfigError, ServiceUnavailable
-from core.kafka import client_settings
+from outbox._core.committed import read_committed
+from outbox._core.errors import ConfigError, ServiceUnavailable
+from outbox._core.kafka import client_settings
 from outbox.relay.position import Identity, Position, latest_position
 
 log = logging.getLogger("outbox.relay")

@@ -18,8 +18,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from core import tables
-from core.errors import ConfigError
+from outbox._core import tables
+from outbox._core.errors import ConfigError
 from outbox.relay.outbox_table import lock_key
 from outbox.relay.position import Shard
 from outbox.relay.resume import REBASED

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 import psycopg
 from confluent_kafka import KafkaException
 
-from core.config import DatabaseUrl
-from core.errors import ConfigError, OutboxError, ServiceUnavailable, Standby
-from core.postgres import reason
+from outbox._core.config import DatabaseUrl
+from outbox._core.errors import ConfigError, OutboxError, ServiceUnavailable, Standby
+from outbox._core.postgres import reason
 from outbox.relay.cleaner import Cleaner
 from outbox.relay.kafka import Publisher, kafka_failure
 from outbox.relay.metrics import RelayMetrics

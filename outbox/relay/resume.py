@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from core.errors import ConfigError
+from outbox._core.errors import ConfigError
 from outbox.relay.position import Position
 
 

@@ -14,11 +14,11 @@ import psycopg
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from psycopg import sql
 
-from core import tables
-from core.committed import read_committed
-from core.errors import ConfigError, ServiceUnavailable
-from core.kafka import client_settings
-from core.trace import outbox_event_id
+from outbox._core import tables
+from outbox._core.committed import read_committed
+from outbox._core.errors import ConfigError, ServiceUnavailable
+from outbox._core.kafka import client_settings
+from outbox._core.trace import outbox_event_id
 from outbox.relay.outbox_table import KEY_HASH
 from outbox.relay.position import Identity, Shard
 from outbox.trace import outcomes

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from core.errors import ConfigError
+from outbox._core.errors import ConfigError
 from outbox.jsonable import plain
 
 # What the sink did with an input record (outbox/trace/outcomes.py decides it), as a reader says it.

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from confluent_kafka import Message
 
-from core.committed import read_committed
+from outbox._core.committed import read_committed
 from outbox.verify.findings import Record, sequence
 
 

@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
 
-from core.errors import ConfigError, ServiceUnavailable
-from core.kafka import client_settings
+from outbox._core.errors import ConfigError, ServiceUnavailable
+from outbox._core.kafka import client_settings
 from sinks.kafka_source.options import SourceOptions
 from sinks.kafka_source.ranges import TopicPartitionKey
 

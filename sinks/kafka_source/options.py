@@ -7,8 +7,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from core.config import database_url, schema_name
-from core.errors import ConfigError
+from outbox._core.config import database_url, schema_name
+from outbox._core.errors import ConfigError
 from sinks.ledger import Ledger
 
 READ_UNCOMMITTED_OPT_IN = "unsafe.readUncommitted"

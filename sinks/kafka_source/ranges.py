@@ -10,7 +10,7 @@ import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from core.errors import ConfigError
+from outbox._core.errors import ConfigError
 from sinks.kafka_source.options import EARLIEST, LATEST
 
 Offsets = dict[str, dict[str, int]]

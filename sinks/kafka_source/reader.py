@@ -17,8 +17,8 @@ from collections.abc import Iterator
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from core.errors import DataLossError, ServiceUnavailable
-from core.kafka import client_settings
+from outbox._core.errors import DataLossError, ServiceUnavailable
+from outbox._core.kafka import client_settings
 from sinks.kafka_source.ranges import Range
 
 ARROW_SCHEMA = pa.schema(

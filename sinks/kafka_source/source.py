@@ -26,7 +26,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from core.errors import ConfigError, DataLossError, OutboxError, ServiceUnavailable
+from outbox._core.errors import ConfigError, DataLossError, OutboxError, ServiceUnavailable
 from sinks.kafka_source import ranges
 from sinks.kafka_source.cluster import Cluster
 from sinks.kafka_source.options import SourceOptions, parse

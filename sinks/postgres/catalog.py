@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-from core.errors import ConfigError
+from outbox._core.errors import ConfigError
 
 
 @dataclass(frozen=True)

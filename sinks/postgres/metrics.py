@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from pyspark.sql.streaming import StreamingQueryListener
 
-from core.errors import ConfigError
+from outbox._core.errors import ConfigError
 from sinks.postgres.spark_plan import is_connect
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from core.errors import ConfigError
+from outbox._core.errors import ConfigError
 from sinks.postgres.plan import ERROR_COLUMN
 
 KEEP = ("key", "value", "topic", "partition", "offset")

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from core.errors import ConfigError
+from outbox._core.errors import ConfigError
 
 ApplyIn = Literal["auto", "tasks", "driver"]
 

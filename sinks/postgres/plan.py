@@ -11,7 +11,7 @@ from typing import Literal
 
 from pyspark.sql import types as T
 
-from core.errors import ConfigError
+from outbox._core.errors import ConfigError
 from sinks.postgres.catalog import Table
 from sinks.postgres.spec import SinkSpec
 

@@ -12,7 +12,7 @@ import re
 
 import psycopg
 
-from core.errors import OutboxError
+from outbox._core.errors import OutboxError
 
 ROW_ERRORS = (psycopg.errors.DataError, psycopg.errors.IntegrityError, psycopg.errors.ProgramLimitExceeded)
 

@@ -9,8 +9,8 @@ from typing import TypeVar
 
 import psycopg
 
-from core.errors import ServiceUnavailable
-from core.postgres import first_line
+from outbox._core.errors import ServiceUnavailable
+from outbox._core.postgres import first_line
 
 log = logging.getLogger("sinks.postgres")
 

@@ -16,9 +16,9 @@ from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from core import tables
-from core.config import database_url, schema_name
-from core.postgres import connect
+from outbox._core import tables
+from outbox._core.config import database_url, schema_name
+from outbox._core.postgres import connect
 from sinks.ledger import positions
 from sinks.postgres.apply import BatchResult, apply_batch
 from sinks.postgres.catalog import describe

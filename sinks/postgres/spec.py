@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from core.config import DatabaseUrl
-from core.errors import ConfigError
+from outbox._core.config import DatabaseUrl
+from outbox._core.errors import ConfigError
 from sinks.postgres.placement import ApplyIn
 
 Mode = Literal["upsert", "insert"]
@@ -44,7 +44,7 @@ class SinkSpec:
     name: str = ""
     apply_in: ApplyIn = "auto"
     database_timeout: float = 30.0  # seconds; see `silence` and `retry_for`
-    trace: bool = False  # record each input record's outcome for `outbox trace` (core/trace.py)
+    trace: bool = False  # record each input record's outcome for `outbox trace` (outbox/_core/trace.py)
 
     @property
     def silence(self) -> float:

@@ -24,7 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from core.postgres import connect, keepalive, limit_session, server_limits, watched
+from outbox._core.postgres import connect, keepalive, limit_session, server_limits, watched
 from sinks.postgres.apply import Counts, apply_rows
 from sinks.postgres.clock import STAGES, Clock
 from sinks.postgres.refusal import SinkError

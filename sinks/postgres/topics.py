@@ -21,9 +21,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from core import tables
-from core.errors import DataLossError
-from core.sqltext import bindable
+from outbox._core import tables
+from outbox._core.errors import DataLossError
+from outbox._core.sqltext import bindable
 from sinks.kafka_source.cluster import Cluster
 from sinks.kafka_source.options import SourceOptions, parse
 from sinks.ledger import Positions, positions, recreated, recreated_error, topic_ids

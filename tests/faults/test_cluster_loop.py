@@ -23,8 +23,8 @@ import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from core.config import DatabaseUrl
 from outbox import migrate
+from outbox._core.config import DatabaseUrl
 from outbox.dev.kafka import Cluster
 from outbox.dev.process import pid_alive
 from outbox.jvm import kafka_tools

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psycopg
 
-from core.config import DatabaseUrl
+from outbox._core.config import DatabaseUrl
 from outbox.dev.connect import ConnectServer
 from outbox.dev.spark import StandaloneCluster
 from tests.helpers import REPO, Job, wait_for

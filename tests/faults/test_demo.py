@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from core.config import DatabaseUrl
+from outbox._core.config import DatabaseUrl
 from outbox.dev.process import cmdline_contains
 from tests.helpers import Job
 

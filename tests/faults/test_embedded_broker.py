@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer
 
-from core.kafka import client_settings
+from outbox._core.kafka import client_settings
 from outbox.dev.kafka import Broker
 from tests.helpers import (
     Job,

@@ -25,9 +25,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from core.config import DatabaseUrl
-from core.errors import ServiceUnavailable
 from outbox import migrate
+from outbox._core.config import DatabaseUrl
+from outbox._core.errors import ServiceUnavailable
 from outbox.dev.kafka import Broker, Cluster
 from outbox.dev.spark import StandaloneCluster
 from outbox.dev.toxiproxy import Link, Stream, Toxiproxy

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from core.config import DatabaseUrl
+from outbox._core.config import DatabaseUrl
 from outbox.dev.kafka import Broker
 from tests.helpers import Job, OwnPostgres, create_topic, unique, wait_for
 from tests.relay_support import (

@@ -16,8 +16,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from core.config import DatabaseUrl
 from outbox import migrate
+from outbox._core.config import DatabaseUrl
 from outbox.dev import postgres
 from outbox.writer import Event, add_events
 from tests.cli import outbox

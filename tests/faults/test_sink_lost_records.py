@@ -20,7 +20,7 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 from pyspark.errors import StreamingQueryException
 
-from core.kafka import client_settings
+from outbox._core.kafka import client_settings
 from sinks.kafka_source.ranges import Range
 from sinks.kafka_source.reader import read_range
 from sinks.postgres import PostgresSink

@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from core.config import DatabaseUrl
+from outbox._core.config import DatabaseUrl
 from outbox.dev.process import cmdline_contains, descendants, stop
 from outbox.dev.spark import StandaloneCluster
 from tests.helpers import (

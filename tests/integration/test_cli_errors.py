@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from core.config import DatabaseUrl
+from outbox._core.config import DatabaseUrl
 from tests.cli import assert_one_line_error, outbox
 from tests.helpers import REPO
 

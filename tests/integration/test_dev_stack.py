@@ -6,7 +6,7 @@ from pathlib import Path
 
 import psycopg
 
-from core.probe import check_kafka
+from outbox._core.probe import check_kafka
 from outbox.dev.process import cmdline_contains
 from tests.cli import outbox
 

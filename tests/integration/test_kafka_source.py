@@ -11,7 +11,7 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from core.config import DatabaseUrl
+from outbox._core.config import DatabaseUrl
 from tests.cli import outbox
 from tests.helpers import (
     add_partitions,

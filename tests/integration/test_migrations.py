@@ -3,7 +3,7 @@
 import psycopg
 from psycopg import sql
 
-from core.config import DatabaseUrl
+from outbox._core.config import DatabaseUrl
 from tests.cli import outbox
 
 TABLES = {

@@ -9,8 +9,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from core.config import DatabaseUrl
-from core.errors import OutboxError
+from outbox._core.config import DatabaseUrl
+from outbox._core.errors import OutboxError
 from outbox.writer import Event, add_event, add_events
 
 

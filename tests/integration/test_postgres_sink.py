@@ -14,9 +14,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from core.config import DatabaseUrl
-from core.errors import ConfigError
 from outbox import migrate
+from outbox._core.config import DatabaseUrl
+from outbox._core.errors import ConfigError
 from sinks.postgres import Outbox, PostgresSink, parse_json
 from sinks.postgres.clock import STAGES
 from sinks.postgres.refusal import SinkError

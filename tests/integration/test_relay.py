@@ -9,8 +9,8 @@ import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from core.config import DatabaseUrl
 from outbox import migrate
+from outbox._core.config import DatabaseUrl
 from outbox.dev.kafka import Broker
 from outbox.writer import Event, add_event, add_events
 from tests.cli import outbox

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from psycopg import sql
 from pyspark.sql import types as T
 
-from core.config import DatabaseUrl
+from outbox._core.config import DatabaseUrl
 from outbox.trace.outcomes import COLUMNS, ORDER, TraceRow, records
 from sinks.postgres.apply import BatchResult, apply_batch
 from sinks.postgres.catalog import describe

@@ -17,8 +17,8 @@ import psycopg
 import pytest
 from pyspark.sql import functions as F
 
-from core.config import DatabaseUrl
-from core.errors import ConfigError
+from outbox._core.config import DatabaseUrl
+from outbox._core.errors import ConfigError
 from sinks.postgres import Outbox, PostgresSink, SinkError, parse_json
 from tests.helpers import (
     create_topic,

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from core.config import DatabaseUrl
+from outbox._core.config import DatabaseUrl
 from outbox.dev.process import pid_alive
 from outbox.dev.toxiproxy import Link, Toxiproxy
 from tests.helpers import Job, wait_for

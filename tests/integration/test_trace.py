@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from psycopg import sql
 
-from core.trace import outbox_event_id, outbox_event_id_sql
+from outbox._core.trace import outbox_event_id, outbox_event_id_sql
 from outbox.trace.outcomes import COLUMNS, ORDER, Record, TraceRow, records
 from sinks.postgres import Outbox, PostgresSink
 from tests.cli import outbox

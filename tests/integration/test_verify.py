@@ -9,7 +9,7 @@ import json
 
 from confluent_kafka import Producer
 
-from core.kafka import client_settings
+from outbox._core.kafka import client_settings
 from tests.cli import outbox
 from tests.helpers import create_topic, transactional_producer, unique
 

@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given
 from psycopg.conninfo import conninfo_to_dict
 
-from core.config import DatabaseUrl, parse_bootstrap, redact_url, schema_name
-from core.errors import ConfigError
+from outbox._core.config import DatabaseUrl, parse_bootstrap, redact_url, schema_name
+from outbox._core.errors import ConfigError
 
 
 def test_url_forms_convert_between_drivers() -> None:

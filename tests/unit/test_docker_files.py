@@ -9,7 +9,7 @@ import shlex
 import pytest
 import yaml
 
-from core import config
+from outbox._core import config
 from outbox.cli import build_parser
 from outbox.cli.relay import SETTINGS
 from tests.helpers import REPO

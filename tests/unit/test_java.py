@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import ConfigError
+from outbox._core.errors import ConfigError
 from outbox.jvm.java import find_java, parse_major
 
 

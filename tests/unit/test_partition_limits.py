@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.config import DatabaseUrl
-from core.errors import OutboxError
-from core.postgres import keepalive, server_limits, working_for
+from outbox._core.config import DatabaseUrl
+from outbox._core.errors import OutboxError
+from outbox._core.postgres import keepalive, server_limits, working_for
 from outbox.relay.relay import RelaySettings
 from sinks.postgres.spec import SinkSpec
 

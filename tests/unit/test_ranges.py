@@ -2,7 +2,7 @@ import itertools
 
 import pytest
 
-from core.errors import ConfigError
+from outbox._core.errors import ConfigError
 from sinks.kafka_source import ranges
 from sinks.kafka_source.options import parse
 

@@ -7,7 +7,7 @@ from confluent_kafka import KafkaError
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.errors import ConfigError, OutboxError
+from outbox._core.errors import ConfigError, OutboxError
 from outbox.cli.relay import kafka_settings, redacted
 from outbox.relay.kafka import Publisher
 from outbox.relay.poison import explain, is_poison

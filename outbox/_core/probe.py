@@ -9,10 +9,10 @@ from __future__ import annotations
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from core.config import DatabaseUrl
-from core.errors import ServiceUnavailable
-from core.kafka import client_settings
-from core.postgres import connect
+from outbox._core.config import DatabaseUrl
+from outbox._core.errors import ServiceUnavailable
+from outbox._core.kafka import client_settings
+from outbox._core.postgres import connect
 
 
 def check_postgres(url: DatabaseUrl, timeout: float = 5.0) -> str:

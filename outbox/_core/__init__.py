@@ -1,7 +1,8 @@
 """The ground floor both halves stand on: settings, errors, and the edges to PostgreSQL and Kafka.
 
-Nothing here knows about the outbox or the sink; `outbox/` and `sinks/` both
-import from here, never from each other for these.
+Nothing here knows about the outbox or the sink; the rest of `outbox/` and
+`sinks/` import from here, never from each other for these. Internal, as the
+underscore says: the public names are re-exported by `outbox` itself.
 
     config.py     settings from flags and env vars; URLs that never print their password
     errors.py     OutboxError and its kinds: what the CLI prints as one line

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 from urllib.parse import parse_qsl, quote, unquote, urlencode
 
-from core.errors import ConfigError
+from outbox._core.errors import ConfigError
 
 DATABASE_URL = "DATABASE_URL"
 KAFKA_BOOTSTRAP_SERVERS = "KAFKA_BOOTSTRAP_SERVERS"

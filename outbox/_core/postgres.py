@@ -25,8 +25,8 @@ from typing import Any
 
 import psycopg
 
-from core.config import DatabaseUrl
-from core.errors import ServiceUnavailable
+from outbox._core.config import DatabaseUrl
+from outbox._core.errors import ServiceUnavailable
 
 CONNECT_TIMEOUT = 10  # seconds
 

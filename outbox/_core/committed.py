@@ -15,8 +15,8 @@ from collections.abc import Mapping
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from core.errors import ConfigError, ServiceUnavailable
-from core.kafka import client_settings
+from outbox._core.errors import ConfigError, ServiceUnavailable
+from outbox._core.kafka import client_settings
 
 NEW_TOPIC_S = 5.0  # how long a topic that is not found is asked for again before it is said missing
 

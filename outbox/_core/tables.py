@@ -12,8 +12,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from core.config import DatabaseUrl
-from core.errors import ConfigError
+from outbox._core.config import DatabaseUrl
+from outbox._core.errors import ConfigError
 
 OUTBOX_EVENTS = "outbox_events"
 OUTBOX_IDENTITY = "outbox_identity"
@@ -23,7 +23,7 @@ SINK_PROGRESS = "sink_progress"
 SINK_BATCHES = "sink_batches"
 SINK_TOPICS = "sink_topics"
 SINK_DEAD_LETTERS = "sink_dead_letters"
-SINK_TRACES = "sink_traces"  # what a tracing sink applied, per statement (core/trace.py)
+SINK_TRACES = "sink_traces"  # what a tracing sink applied, per statement (outbox/_core/trace.py)
 SINK_STAGE_PREFIX = "sink_stage_"  # + a digest of the sink's name: one staged batch's rows
 
 # Columns that later revisions added to a table: whoever requires the table needs them too.
