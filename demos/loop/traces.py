@@ -62,23 +62,28 @@ def in_flight(
     events: Mapping[str, dict],
     at: Mapping[str, tuple[int, int]],
 ) -> Pick | None:
-    """An event committed before a kill -9 of the Spark job (the latest such) and applied after
-    its restart; with no kill, the last event committed."""
+    """Of the events committed before a kill -9 of the Spark job and applied after its restart, the
+    one committed closest to its kill; with no kill, the last event committed."""
     if not kills:
         last = before(float("inf"), committed_at, 1)
         return _pick("an event, through the whole loop", last[0], topic, events, at) if last else None
-    for kill in reversed(kills):  # the last kill may have come once all was applied
+    best: tuple[float, float, str] | None = None  # how long before the kill, the kill, the event
+    for kill in kills:
         for event in before(kill, committed_at):
             pick = _pick("", event, topic, events, at)
             found = gather.from_database(conn, schema, str(pick.account)).only(pick.at).records
             if found and found[0].outcome == "applied" and found[0].at.timestamp() > kill:
                 ahead = kill - committed_at[event]
-                why = (
-                    f"an event in flight: committed to Kafka {_span(ahead)} before a kill -9 of the"
-                    f" Spark job (at {_clock(kill)}), applied after its restart"
-                )
-                return _pick(why, event, topic, events, at)
-    return None
+                best = min(best or (ahead, kill, event), (ahead, kill, event))
+                break  # the latest one before this kill that the restart applied
+    if best is None:
+        return None
+    ahead, kill, event = best
+    why = (
+        f"an event in flight: committed to Kafka {_span(ahead)} before a kill -9 of the Spark job"
+        f" (at {_clock(kill)}), applied after its restart"
+    )
+    return _pick(why, event, topic, events, at)
 
 
 def poison(topic: str, poisoned: Mapping[str, dict], at: Mapping[str, tuple[int, int]]) -> list[Pick]:
