@@ -1,16 +1,62 @@
-"""Transactional outbox and exactly-once relay from PostgreSQL to Kafka.
+"""Transactional outbox and exactly-once relay from PostgreSQL to Kafka; the framework's root.
 
+_core/       the base both halves (this one and `sinks`) stand on: settings, errors, PostgreSQL, Kafka
 writer.py    add_event / add_events: events in the caller's transaction
 migrate.py   the framework's Alembic migrations, run from code (`outbox db`)
 relay/       the relay daemon: outbox table -> Kafka, exactly once
 verify/      `outbox verify`: a topic checked for duplicates, order, gaps
+status/      `outbox status`; trace/: `outbox trace`
 cli/         the `outbox` command; __main__.py its entry point
 dev/         throwaway local services: PostgreSQL, Kafka, a Spark cluster
 jvm/         Java and Maven: the jars the framework runs
 logs.py      log lines as JSON or text; stopping.py: SIGTERM before start-up ends
 """
 
-from outbox._core.errors import ConfigError, OutboxError, ServiceUnavailable
+from __future__ import annotations
 
-__all__ = ["ConfigError", "OutboxError", "ServiceUnavailable"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from outbox._core.errors import (
+    ConfigError,
+    DataLossError,
+    Fenced,
+    OutboxError,
+    ServiceUnavailable,
+    Standby,
+)
+
+if TYPE_CHECKING:
+    from outbox.relay.relay import Relay, RelaySettings
+    from outbox.writer import Event, add_event, add_events
+
+__all__ = [
+    "ConfigError",
+    "DataLossError",
+    "Event",
+    "Fenced",
+    "OutboxError",
+    "Relay",
+    "RelaySettings",
+    "ServiceUnavailable",
+    "Standby",
+    "add_event",
+    "add_events",
+]
 __version__ = "0.1.0"
+
+# Imported on first use: `import outbox` stays as light as the errors, so that the CLI's
+# entry point can catch stop signals before its heavy imports (stopping.py).
+_LAZY = {
+    "Event": "outbox.writer",
+    "add_event": "outbox.writer",
+    "add_events": "outbox.writer",
+    "Relay": "outbox.relay.relay",
+    "RelaySettings": "outbox.relay.relay",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'outbox' has no attribute {name!r}")
