@@ -1,8 +1,8 @@
 """The demo's last word: `outbox trace` of an event the Spark job was killed with, and of the poison one.
 
-Which event was in flight is decided from what the run recorded: one
-committed to Kafka shortly before the last kill -9 of the Spark job, that the
-sink's traces say it applied after the restart. The command is then run as a
+Which event was in flight is decided from what the run recorded: of those
+committed to Kafka before a kill -9 of the Spark job that the sink's traces
+say it applied after the restart, the one committed closest to its kill. The command is then run as a
 user runs it, and its JSON checked: the event applied once and published,
 the poison one dead-lettered and nothing else.
 """
