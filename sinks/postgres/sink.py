@@ -47,31 +47,66 @@ class PostgresSink:
     >>> sink = PostgresSink("orders", key="event_id")
     >>> sink.start(parse_json(kafka_frame, schema), checkpoint_location="/chk/orders")
 
-    `delete` decides which rows delete their key instead of upserting it:
-    "tombstone" (a null Kafka value), a SQL boolean expression, a Column, or None.
+    Each batch's rows, their outbox events, dead letters and the Kafka offsets
+    commit in one transaction, so a replayed batch, a retried task, a
+    redelivered event or a lost checkpoint changes nothing.
 
-    `apply_in` says where batches are applied. "auto": in the Spark tasks, each
-    task its own topic-partitions in one transaction, when the frame's plan
-    proves every topic-partition's rows reach one task (a Kafka source without
-    minPartitions, narrow steps only); otherwise staged and applied on the
-    driver. "tasks" refuses, at start, a frame it cannot prove. "driver" always
-    stages.
+    Parameters
+    ----------
+    table : str
+        The table to write; it needs a unique index on `key`.
+    url : str, optional
+        PostgreSQL URL; default the `DATABASE_URL` environment variable.
+    schema : str, default "public"
+        The table's schema.
+    key : str or sequence of str, default "event_id"
+        The column or columns of the table's unique index: an event's identity.
+    mode : {"upsert", "insert"}, default "upsert"
+        "upsert": ``ON CONFLICT DO UPDATE``, the latest position wins; "insert":
+        ``DO NOTHING``, the first wins.
+    version : str, optional
+        A numeric or timestamp column: a row is never replaced by an older
+        version, and a stale record is counted apart from a duplicate.
+    delete : "tombstone", str, Column or None, default "tombstone"
+        Which records delete their key instead of upserting it: "tombstone" (a
+        null Kafka value), a SQL boolean expression, a Column, or None.
+    on_error : {"dead_letter", "fail"}, default "dead_letter"
+        "dead_letter": rows that cannot be written go to `sink_dead_letters` and
+        the batch goes on; "fail": the batch fails with the row's position and
+        error, and nothing of it is applied.
+    outbox : Outbox, optional
+        One outbox event per changed row, in the same transaction.
+    name : str, optional
+        What the ledger keys this sink's offsets by; default "schema.table".
+    ledger_schema : str, optional
+        The schema of the framework's tables; default `OUTBOX_SCHEMA`, else "public".
+    apply_in : {"auto", "tasks", "driver"}, default "auto"
+        Where batches are applied. "auto": in the Spark tasks, each task its own
+        topic-partitions in one transaction, when the frame's plan proves every
+        topic-partition's rows reach one task (a Kafka source without
+        minPartitions, narrow steps only); otherwise staged and applied on the
+        driver. "tasks" refuses, at start, a frame it cannot prove. "driver"
+        always stages.
+    kafka : mapping of str to str, optional
+        librdkafka settings added to those the sink asks the frame's Kafka
+        source's topics with, before each batch (topics.py), where Spark's own
+        source is configured for the Java client (credentials, for one).
+    database_timeout : float, default 30.0
+        Seconds: how soon a task notices that PostgreSQL stopped answering it (a
+        partition, a failover). It starts over, and after 4x that fails for
+        Spark to retry it; the server ends a task's session that went quiet for
+        2x that, and with it the locks a lost task held.
+    trace : bool, default False
+        Record what each applying statement did with its input records in
+        `sink_traces`, in the same transaction, for `outbox trace EVENT_ID` (one
+        row per statement, not per record); the outbox events it writes then
+        take ids a trace can compute. Prune old rows with `outbox trace --prune DAYS`.
 
-    Before each batch the sink asks the frame's Kafka source which topics its
-    ledger's offsets are of (topics.py). `kafka`: librdkafka settings to add
-    for that, where Spark's own source is configured for the Java client
-    (credentials, for one).
-
-    `database_timeout` (seconds) is how soon a task notices that PostgreSQL
-    stopped answering it (a partition, a failover): it starts over, and after
-    4x that fails for Spark to retry it. The server ends a task's session
-    that went quiet for 2x that, and with it the locks a lost task held.
-
-    `trace`: record what each applying statement did with its input records
-    in `sink_traces`, in the same transaction, for `outbox trace EVENT_ID`
-    (one row per statement, not per record); the outbox events it writes
-    then take ids a trace can compute. Prune old rows with
-    `outbox trace --prune DAYS`.
+    Raises
+    ------
+    outbox.ConfigError
+        A setting is malformed (checked here), or the table does not fit the
+        frame (checked by `start`), in one line.
     """
 
     def __init__(
