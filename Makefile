@@ -36,6 +36,7 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 clean:
 	rm -rf .tmp .outbox-dev $(VENV)

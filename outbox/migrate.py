@@ -6,11 +6,11 @@ they migrate exactly the same way.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
+from typing import TextIO
 
 from alembic import command
 from alembic.config import Config
@@ -30,7 +30,7 @@ def script_location() -> Path:
     return Path(str(files("outbox.migrations")))
 
 
-def alembic_config(url: DatabaseUrl, schema: str, stdout: io.TextIOBase | None = None) -> Config:
+def alembic_config(url: DatabaseUrl, schema: str, stdout: TextIO | None = None) -> Config:
     cfg = Config(stdout=stdout) if stdout else Config()
     cfg.set_main_option("script_location", str(script_location()).replace("%", "%%"))
     cfg.attributes["url"] = url

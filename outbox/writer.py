@@ -90,7 +90,7 @@ def add_events(conn: Any, events: Iterable[Event], *, schema: str | None = None)
         raise tables.missing_tables(
             schema, [tables.OUTBOX_EVENTS], note="this transaction is now aborted"
         ) from None
-    return [r[0] for r in rows]  # type: ignore[misc]
+    return [r[0] for r in rows]  # type: ignore[misc]  # each row is a tuple whose first item is the id
 
 
 def _psycopg(conn: Any) -> psycopg.Connection:

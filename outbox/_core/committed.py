@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Mapping
+from typing import cast
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
@@ -89,15 +90,21 @@ def read_committed(
             if message is None:
                 continue
             error = message.error()
+            partition, offset = place(message)
             if error is None:
                 out.append(message)
-                if message.offset() + 1 >= ends[message.partition()]:
-                    pending.discard(message.partition())
+                if offset + 1 >= ends[partition]:
+                    pending.discard(partition)
             elif error.code() == KafkaError._PARTITION_EOF:
-                if message.offset() >= ends[message.partition()]:
-                    pending.discard(message.partition())
+                if offset >= ends[partition]:
+                    pending.discard(partition)
             else:
                 raise ServiceUnavailable(f"reading {topic} on {servers}: {error.str()}")
         return out
     finally:
         consumer.close()
+
+
+def place(message: Message) -> tuple[int, int]:
+    """A fetched record's partition and offset (librdkafka types both as optional)."""
+    return cast(int, message.partition()), cast(int, message.offset())

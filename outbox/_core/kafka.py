@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
 
 Role = Literal["producer", "consumer", "admin"]
 
@@ -77,7 +77,7 @@ _NOT_FOR: dict[Role, tuple[str, ...]] = {
 
 def client_settings(
     settings: Mapping[str, object], role: Role, *, bootstrap: str | None = None
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """`settings` less the other roles' keys, with `bootstrap` if given and the quiet log."""
     kept = {k: v for k, v in settings.items() if not k.startswith(_NOT_FOR[role]) and k != "logger"}
     if bootstrap is not None:

@@ -49,7 +49,7 @@ def probing(timeout: float) -> tuple[int, int, int, int]:
     return max(1, seconds // 2), max(1, seconds // 6), 3, seconds * 1000
 
 
-def keepalive(timeout: float) -> dict[str, int]:
+def keepalive(timeout: float) -> dict[str, Any]:
     """libpq settings under which the client's kernel gives up on a silent server in about
     `timeout` seconds: keepalive probes on an idle link, and a bound on unacknowledged sends
     (tcp_user_timeout, Linux). Through a proxy that holds both legs open, only

@@ -12,10 +12,17 @@ from __future__ import annotations
 
 from psycopg import sql
 
+# What psycopg runs: a statement text, or one composed of parts.
+Query = sql.SQL | sql.Composed
 
-def bindable(query: sql.Composable) -> sql.Composable:
+
+def bindable(query: sql.Composable) -> sql.Composed:
+    return sql.Composed([_escaped(query)])
+
+
+def _escaped(query: sql.Composable) -> sql.Composable:
     if isinstance(query, sql.Composed):
-        return sql.Composed([bindable(part) for part in query])
+        return sql.Composed([_escaped(part) for part in query])
     if isinstance(query, sql.Identifier | sql.Literal):
         return sql.SQL(query.as_string(None).replace("%", "%%"))
     return query

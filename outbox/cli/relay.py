@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from outbox._core.config import OUTBOX_SCHEMA, bootstrap_servers, database_url, schema_name
 from outbox._core.errors import ConfigError
@@ -230,7 +231,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
     server = None
     if args.metrics_address != "off":
         server = serve(metrics, args.metrics_address)
-        host, port = server.server_address[:2]
+        host, port = cast(tuple[str, int], server.server_address[:2])
         log.info("serving /metrics and /healthz", extra={"url": f"http://{host}:{port}"})
     log.info(
         "starting",

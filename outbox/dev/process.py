@@ -17,6 +17,7 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from outbox._core.errors import ConfigError
 
@@ -59,7 +60,7 @@ def spawn(
         )
 
 
-def run_as(user: str | None) -> dict[str, object]:
+def run_as(user: str | None) -> dict[str, Any]:
     """subprocess arguments that run a child as user, with that user's group only."""
     if user is None:
         return {}

@@ -29,9 +29,9 @@ class Service:
     def from_json(cls, data: dict[str, object]) -> Service:
         return cls(
             name=str(data["name"]),
-            pid=int(data["pid"]),  # type: ignore[call-overload]
-            port=int(data["port"]),  # type: ignore[call-overload]
+            pid=int(data["pid"]),  # type: ignore[call-overload]  # read back from our own JSON state file
+            port=int(data["port"]),  # type: ignore[call-overload]  # read back from our own JSON state file
             data_dir=Path(str(data["data_dir"])),
             log=Path(str(data["log"])),
-            env=dict(data["env"]),  # type: ignore[call-overload]
+            env=dict(data["env"]),  # type: ignore[call-overload]  # read back from our own JSON state file
         )

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 
 from outbox.dev.process import (
@@ -78,11 +80,12 @@ class StandaloneCluster:
                 args = ["--cores", str(cores), "--memory", memory, "--work-dir", str(work), self.url]
                 own = worker_env[n] if n < len(worker_env) else {}
                 worker = self._start(name, "org.apache.spark.deploy.worker.Worker", *args, env=own)
+                log = self._log(name)
                 wait_until(
-                    lambda name=name: "Successfully registered with master" in self._log(name).read_text(),
+                    partial(_registered, log),
                     worker,
                     what=f"Spark {name}",
-                    log=self._log(name),
+                    log=log,
                     timeout=120,
                 )
         except BaseException:
@@ -92,7 +95,9 @@ class StandaloneCluster:
     def _log(self, name: str) -> Path:
         return self.root / f"{name}.log"
 
-    def _start(self, name: str, main: str, *args: str, env: Mapping[str, str] | None = None):  # type: ignore[no-untyped-def]
+    def _start(
+        self, name: str, main: str, *args: str, env: Mapping[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         argv = [str(spark_home() / "bin" / "spark-class"), main, "--host", "127.0.0.1", "--webui-port", "0"]
         proc = spawn(
             [*argv, *args], self._log(name), die_with_parent=signal.SIGKILL, env={**self.env, **(env or {})}
@@ -114,3 +119,7 @@ class StandaloneCluster:
         for pid in reversed(self.pids):
             stop(pid, signal.SIGTERM, timeout=20)
         self.pids.clear()
+
+
+def _registered(log: Path) -> bool:
+    return "Successfully registered with master" in log.read_text()

@@ -15,9 +15,10 @@ import json
 import os
 import shutil
 import signal
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from outbox._core.config import DATABASE_URL, KAFKA_BOOTSTRAP_SERVERS
 from outbox._core.errors import ConfigError
@@ -28,7 +29,7 @@ from outbox.dev.service import Service
 STATE_FILE = "state.json"
 # Which variable, when set, means "use this, do not start one".
 PROVIDES = {"postgres": DATABASE_URL, "kafka": KAFKA_BOOTSTRAP_SERVERS}
-_STARTERS = {"postgres": postgres.start, "kafka": kafka.start}
+_STARTERS: dict[str, Callable[..., Any]] = {"postgres": postgres.start, "kafka": kafka.start}
 _PORT_FLAGS = {"postgres": "--pg-port", "kafka": "--kafka-port"}
 _STOP_SIGNALS = {"postgres": signal.SIGINT, "kafka": signal.SIGTERM}  # SIGINT: PostgreSQL's fast shutdown
 

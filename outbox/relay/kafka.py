@@ -215,7 +215,7 @@ class Publisher:
     def _produce_rows(self, producer: Producer, rows: Iterable[Row]) -> None:
         produce, delivered = producer.produce, self._delivered
         for row in rows:
-            headers = [(EVENT_ID_HEADER, row.event_id)]
+            headers: list[tuple[str, str | bytes | None]] = [(EVENT_ID_HEADER, row.event_id)]
             if row.header_keys:
                 headers += zip(row.header_keys, row.header_values or (), strict=True)
             while True:

@@ -19,7 +19,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 import psycopg
 from psycopg import sql
@@ -66,7 +66,7 @@ def round_trip(
             with answered_within(table.conn, table.timeout, table.url, what):
                 return method(table, *args, **kwargs)
 
-        return guarded
+        return cast("Callable[Concatenate[OutboxTable, P], T]", guarded)  # functools.wraps types it apart
 
     return guard
 
@@ -273,7 +273,7 @@ class OutboxTable:
                 "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, " + ("READ WRITE" if fresh else "READ ONLY")
             )
             if fresh:
-                snapshot = str(conn.execute("SELECT pg_current_snapshot()").fetchone()[0])  # type: ignore[index]
+                snapshot = str(conn.execute("SELECT pg_current_snapshot()").fetchone()[0])  # type: ignore[index]  # a query that always returns one row
             else:
                 snapshot = str(position.target)
             cursor = conn.cursor(binary=True)

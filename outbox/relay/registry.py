@@ -70,7 +70,7 @@ def rebase(
             )
         with conn.transaction():
             # Taken before this transaction has an id: the stamp below is not visible in it.
-            snapshot = str(conn.execute("SELECT pg_current_snapshot()").fetchone()[0])  # type: ignore[index]
+            snapshot = str(conn.execute("SELECT pg_current_snapshot()").fetchone()[0])  # type: ignore[index]  # a query that always returns one row
             # The table refuses updates (its history is its order); this one rewrites no event,
             # only the id of the transaction it counts as written by. Nobody sees the trigger off.
             conn.execute(

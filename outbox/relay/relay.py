@@ -21,6 +21,7 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 from confluent_kafka import KafkaException
@@ -104,7 +105,7 @@ def relay_name(name: str) -> str:
 
 def backoff(attempt: int) -> float:
     """Seconds to wait before retry `attempt` (1, 2, ...): doubling from 0.5 s to 30 s, jittered."""
-    return min(30.0, 0.5 * 2 ** (attempt - 1)) * random.uniform(0.8, 1.2)
+    return float(min(30.0, 0.5 * 2 ** (attempt - 1)) * random.uniform(0.8, 1.2))
 
 
 class Relay:
@@ -356,7 +357,7 @@ class Relay:
         return step.position
 
 
-def _settle(read: Future[object] | None) -> None:
+def _settle(read: Future[Any] | None) -> None:
     """Wait until a read ahead is done (wanted or not), so the connection is idle again."""
     if read is not None:
         wait([read])

@@ -164,7 +164,7 @@ def lines(status: Status, now: datetime) -> list[str]:
 def as_json(status: Status) -> dict[str, Any]:
     """The same, as one JSON-ready object; times as ISO 8601, derived figures included."""
 
-    doc = plain(asdict(status))
+    doc: dict[str, Any] = plain(asdict(status))
     for shard, r in zip(doc["relays"], status.relays, strict=True):
         shard["rows_waiting"] = r.rows_waiting
         oldest = r.oldest()

@@ -15,7 +15,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from psycopg import sql
 
 from outbox._core import tables
-from outbox._core.committed import read_committed
+from outbox._core.committed import place, read_committed
 from outbox._core.errors import ConfigError, ServiceUnavailable
 from outbox._core.kafka import client_settings
 from outbox._core.trace import outbox_event_id
@@ -177,11 +177,11 @@ def _search(
     start = _offsets_at(servers, topic, (since.timestamp() - CLOCK_SKEW_S) * 1000, timeout)
     found = {}
     for message in read_committed({"bootstrap.servers": servers}, topic, start=start, timeout=timeout):
-        headers = dict(message.headers() or [])
+        headers: dict[str, Any] = dict(message.headers() or [])
         hit = wanted.get(headers.get("event_id") or b"")
         if hit is not None:
             stamp = datetime.fromtimestamp(message.timestamp()[1] / 1000).astimezone()
-            found[hit] = Published(message.partition(), message.offset(), stamp)
+            found[hit] = Published(*place(message), stamp)
     return found
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from typing import Any
 
 from confluent_kafka import Message
 
-from outbox._core.committed import read_committed
+from outbox._core.committed import place, read_committed
 from outbox.verify.findings import Record, sequence
 
 
@@ -23,19 +24,18 @@ def record(
 ) -> Record:
     """The parts of a message the checks look at: its event id (a header or a JSON field) and sequence."""
     doc = _json(message.value()) if (id_field or order_field) else {}
-    headers = {k: v for k, v in message.headers() or []}
+    headers: dict[str, Any] = dict(message.headers() or [])
     event_id = _text(doc.get(id_field)) if id_field else _text(headers.get(id_header or "event_id"))
     key = message.key()
     return Record(
-        message.partition(),
-        message.offset(),
+        *place(message),
         key.decode(errors="replace") if key is not None else None,
         event_id,
         sequence(_text(doc.get(order_field))) if order_field else None,
     )
 
 
-def _json(value: bytes | None) -> dict:
+def _json(value: bytes | None) -> dict[str, Any]:
     if value is None:
         return {}
     try:

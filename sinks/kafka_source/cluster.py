@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCollection, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
+from confluent_kafka.admin import AdminClient, ClusterMetadata, ConfigResource, OffsetSpec
 
 from outbox._core.errors import ConfigError, ServiceUnavailable
 from outbox._core.kafka import client_settings
@@ -75,7 +75,7 @@ class Cluster:
         """Every topic on the cluster, subscribed or not."""
         return set(self._metadata().topics)
 
-    def _metadata(self):  # type: ignore[no-untyped-def]
+    def _metadata(self) -> ClusterMetadata:
         return self._ask("read the cluster's metadata", lambda: self.admin.list_topics(timeout=ATTEMPT))
 
     def topic_ids(self, topics: Iterable[str]) -> dict[str, str]:

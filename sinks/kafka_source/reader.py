@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Any, cast
 
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
@@ -77,13 +78,13 @@ def _drain(
             failed = [m for m in messages if m.error() is not None]
             if failed:
                 _raise(failed, rng, position)
-        if messages and messages[0].offset() < rng.start:  # after a reset to the earliest offset
-            messages = [m for m in messages if m.offset() >= rng.start]
+        if messages and _offset(messages[0]) < rng.start:  # after a reset to the earliest offset
+            messages = [m for m in messages if _offset(m) >= rng.start]
         if messages:
             # One partition's messages arrive in offset order: only the last one can cross `end`.
-            last = messages[-1].offset()
+            last = _offset(messages[-1])
             if last >= rng.end:
-                messages = [m for m in messages if m.offset() < rng.end]
+                messages = [m for m in messages if _offset(m) < rng.end]
                 position = rng.end
             else:
                 position = last + 1
@@ -117,8 +118,13 @@ def _drain(
         yield to_arrow(rows, rng)
 
 
+def _offset(message: Message) -> int:
+    """A fetched record's offset (librdkafka gives None only to an error without one)."""
+    return cast(int, message.offset())
+
+
 def _raise(failed: list[Message], rng: Range, position: int) -> None:
-    error = failed[0].error()
+    error = cast(KafkaError, failed[0].error())
     if error.code() == KafkaError._AUTO_OFFSET_RESET:
         raise DataLossError(
             f"{rng.topic}-{rng.partition}: offset {position} is no longer on the broker"
@@ -148,7 +154,8 @@ def to_arrow(messages: list[Message], rng: Range) -> pa.RecordBatch:
     )
 
 
-def _headers_column(headers: list[list[tuple[str, bytes | str]] | None]) -> pa.Array:
+def _headers_column(headers: Sequence[Any]) -> pa.Array:
+    """Each record's headers (a list of (key, value) pairs, or None) as Spark's column."""
     kind = ARROW_SCHEMA.field("headers").type
     if not any(headers):  # the common case: no record has headers
         return pa.ListArray.from_arrays(

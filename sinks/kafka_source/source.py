@@ -147,7 +147,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: dict[ranges.TopicPartitionKey, int] | None = None  # Trigger.AvailableNow
         self._stalls: dict[ranges.TopicPartitionKey, Stall] = {}
         self._stall_limit: float | None = None
-        self._report: dict | None = None
+        self._report: dict[str, Any] | None = None
 
     @property
     def cluster(self) -> Cluster:
@@ -155,7 +155,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._cluster = Cluster(self.options)
         return self._cluster
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> dict[str, Any]:
         tps = self.cluster.partitions()
         earliest, latest = self.cluster.earliest(tps), self.cluster.latest(tps)
         ids = self.cluster.topic_ids(t for t, _ in tps)
@@ -169,7 +169,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self.cluster.latest(self.cluster.partitions())
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         begin = ranges.from_offsets(start)
         tps = self._still_there(begin)
         ids = self.cluster.topic_ids(t for t, _ in tps)
@@ -213,12 +213,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             log.warning(warning)
         self._report = {**ranges.to_offsets(lso, ids), UNCOMMITTED: gaps(lso, hw)}
 
-    def reportLatestOffset(self) -> dict | None:
+    def reportLatestOffset(self) -> dict[str, Any] | None:
         """The partitions' last stable offsets, and under "#uncommitted" the records an open
         transaction still holds back: shown as the source's latestOffset in the query's progress."""
         return self._report
 
-    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         """The ranges from `start` to `end`, where `start` still holds (`latestOffset` judged it)."""
         begin, stop = ranges.from_offsets(start), ranges.from_offsets(end)
         earliest = self.cluster.earliest(stop)
@@ -232,7 +232,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(self.options, partition, waits=True)
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         """Nothing to do: the checkpoint (or the sink's ledger) holds the offsets."""
 
 

@@ -101,15 +101,15 @@ def apply_rows(conn: psycopg.Connection, st: Statements, params: dict[str, Any])
     conn.execute("SET LOCAL work_mem = '256MB'")
     if fail and (bad := conn.execute(st.first_error(), params).fetchone()):
         raise SinkError(f"sink {st.spec.name}: cannot write {bad[0]}[{bad[1]}]@{bad[2]}: {bad[3]}")
-    if conn.execute(st.rounds(), params).fetchone()[0] <= 1:  # type: ignore[index]
+    if conn.execute(st.rounds(), params).fetchone()[0] <= 1:  # type: ignore[index]  # a query that always returns one row
         try:
             with conn.transaction():
-                return Counts(*conn.execute(st.apply(), params).fetchone())  # type: ignore[misc]
+                return Counts(*conn.execute(st.apply(), params).fetchone())  # type: ignore[misc]  # a query that always returns one row
         except ROW_ERRORS as exc:
             if fail:
                 raise SinkError(f"sink {st.spec.name}: the table refused a row: {reason(exc)}") from None
     upserted, deleted, stale, refused = _apply_in_rounds(conn, st, params, fail)
-    present, fresh, dead = conn.execute(st.finish(), params).fetchone()  # type: ignore[misc]
+    present, fresh, dead = conn.execute(st.finish(), params).fetchone()  # type: ignore[misc]  # a query that always returns one row
     return Counts(present, fresh, upserted, deleted, dead + refused, stale)
 
 
@@ -132,7 +132,7 @@ def _apply_in_rounds(
             bounds = {**params, "round": round_, "lo": lo, "hi": hi}
             try:
                 with conn.transaction():
-                    u, d, s = conn.execute(st.apply_range(), bounds).fetchone()  # type: ignore[misc]
+                    u, d, s = conn.execute(st.apply_range(), bounds).fetchone()  # type: ignore[misc]  # a query that always returns one row
                 upserted, deleted, stale = upserted + u, deleted + d, stale + s
             except ROW_ERRORS as exc:
                 if fail:

@@ -414,7 +414,7 @@ class BatchWriter:
 
     def _drop_stale_stage(self, conn: psycopg.Connection) -> None:
         """Drop the stage table a killed staged batch left, unless a live query holds the sink."""
-        if conn.execute(f"SELECT pg_try_advisory_xact_lock({_LOCK_KEY})", [self.spec.name]).fetchone()[0]:  # type: ignore[index]
+        if conn.execute(f"SELECT pg_try_advisory_xact_lock({_LOCK_KEY})", [self.spec.name]).fetchone()[0]:  # type: ignore[index]  # a query that always returns one row
             conn.execute(self.statements.drop_stage())
 
     def _batch(self, query: str, batch_id: int) -> dict[str, Any]:

@@ -61,7 +61,7 @@ def node(relation: Any, names: dict[str, int]) -> Node:
     """`relation` as a Node; `names`: the columns of its output still known to be the frame's
     topic or partition, by name, with their ids."""
     kind = relation.WhichOneof("rel_type")
-    message = getattr(relation, kind) if kind else None
+    message: Any = getattr(relation, kind) if kind else None
     if kind == "read":
         if message.WhichOneof("read_type") == "data_source" and message.is_streaming:
             source = message.data_source
@@ -128,7 +128,7 @@ def _column(expression: Any) -> str | None:
         return _column(expression.sort_order.child)
     if kind != "unresolved_attribute":
         return None
-    return expression.unresolved_attribute.unparsed_identifier.rsplit(".", 1)[-1].strip("`")
+    return str(expression.unresolved_attribute.unparsed_identifier).rsplit(".", 1)[-1].strip("`")
 
 
 def _inputs(message: Any, relation: Any) -> list[Any]:

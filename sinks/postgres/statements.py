@@ -18,19 +18,19 @@ so every event meets the row its predecessor left.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from psycopg import sql
 
 from outbox._core import tables
-from outbox._core.sqltext import bindable, user_sql
+from outbox._core.sqltext import Query, bindable, user_sql
 from outbox._core.trace import key_text_sql, outbox_event_id_sql
 from sinks.postgres.plan import Plan
 from sinks.postgres.spec import SinkSpec
 
 ATTEMPT_SETTING = "outbox_sink.attempt"
 META = ("_topic", "_partition", "_offset", "_delete")  # COPY order after the data columns
-Query = sql.Composed
 _WHOLE_BATCH = sql.SQL("0")  # the round of a batch applied in one statement
 
 
@@ -65,7 +65,7 @@ class Names:
         )
 
 
-def _list(items: list[sql.Composable]) -> sql.Composed:
+def _list(items: Sequence[sql.Composable]) -> sql.Composed:
     return sql.SQL(", ").join(items)
 
 
@@ -130,7 +130,7 @@ class Statements:
             "COPY {} (_topic, _partition, _offset, _delete, _error, _raw_key, _raw_value) FROM STDIN"
         ).format(self.names.stage)
 
-    def first_error(self) -> sql.Composable:
+    def first_error(self) -> Query:
         return bindable(
             sql.SQL(
                 "SELECT _topic, _partition, _offset, _error FROM {} WHERE _error IS NOT NULL"
@@ -140,12 +140,12 @@ class Statements:
 
     # -- the batch record (continuity.py) ---------------------------------------------------------------
 
-    def last_batch(self) -> sql.Composable:
+    def last_batch(self) -> Query:
         return bindable(
             sql.SQL("SELECT query_id, batch_id FROM {} WHERE sink = %(sink)s").format(self.names.batches)
         )
 
-    def record_batch(self) -> sql.Composable:
+    def record_batch(self) -> Query:
         return bindable(
             sql.SQL(
                 "INSERT INTO {} AS b (sink, query_id, batch_id) VALUES (%(sink)s, %(query)s, %(batch)s)"
@@ -154,7 +154,7 @@ class Statements:
             ).format(self.names.batches)
         )
 
-    def report_batch(self) -> sql.Composable:
+    def report_batch(self) -> Query:
         """The recorded batch's outcome (a BatchResult as JSON), once it committed: for any client."""
         return bindable(
             sql.SQL(
@@ -163,7 +163,7 @@ class Statements:
             ).format(self.names.batches)
         )
 
-    def reported(self) -> sql.Composable:
+    def reported(self) -> Query:
         return bindable(
             sql.SQL("SELECT result FROM {} WHERE sink = %(sink)s AND query_id = %(query)s").format(
                 self.names.batches
@@ -172,7 +172,7 @@ class Statements:
 
     # -- applying ----------------------------------------------------------------------------------------
 
-    def claim(self) -> sql.Composable:
+    def claim(self) -> Query:
         """Ledger rows for the task's topic-partitions (%(topics)s, %(partitions)s) that have none
         yet, so that `lock` finds them all."""
         return bindable(
@@ -183,7 +183,7 @@ class Statements:
             ).format(self.names.progress)
         )
 
-    def lock(self) -> sql.Composable:
+    def lock(self) -> Query:
         """Lock the task's topic-partitions' ledger rows, in one order: another attempt of the
         same rows waits here, then finds them applied."""
         return bindable(
@@ -194,7 +194,7 @@ class Statements:
             ).format(self.names.progress)
         )
 
-    def rounds(self) -> sql.Composable:
+    def rounds(self) -> Query:
         """How many events the busiest key has in this batch: 1 (or 0) means one statement applies it."""
         keys = _list(self.keys)
         return self._with(
@@ -207,7 +207,7 @@ class Statements:
             ],
         )
 
-    def apply(self) -> sql.Composable:
+    def apply(self) -> Query:
         """A batch with one event per key, in one statement: (present, fresh, upserted, deleted, dead,
         stale)."""
         latest = sql.SQL("latest AS (SELECT * FROM fresh WHERE _error IS NULL)")
@@ -215,7 +215,7 @@ class Statements:
         counts = [*_STAGED_COUNTS, *map(_count, ["upserted", "deleted", "dead"]), self._stale()]
         return self._with(ctes, counts)
 
-    def materialize_rounds(self) -> sql.Composable:
+    def materialize_rounds(self) -> Query:
         """The rows to apply, in a temp table: _round is the event's place among its key's events,
         _n its place in the round."""
         keys = _list(self.keys)
@@ -228,14 +228,14 @@ class Statements:
             ).format(ctes=_list([self._staged(), self._fresh()]), keys=keys)
         )
 
-    def index_rounds(self) -> sql.Composable:
+    def index_rounds(self) -> Query:
         """Each round and each half of one is read by an index, not by a scan of the whole batch."""
         return sql.SQL("CREATE INDEX ON sink_rounds (_round, _n); ANALYZE sink_rounds")
 
-    def round_sizes(self) -> sql.Composable:
+    def round_sizes(self) -> Query:
         return sql.SQL("SELECT _round, count(*) FROM sink_rounds GROUP BY _round ORDER BY _round")
 
-    def apply_range(self) -> sql.Composable:
+    def apply_range(self) -> Query:
         """Rows _n in [lo, hi] of round `round`: (upserted, deleted, stale) counts."""
         latest = sql.SQL(
             "latest AS (SELECT * FROM sink_rounds WHERE _round = %(round)s AND _n BETWEEN %(lo)s AND %(hi)s)"
@@ -243,7 +243,7 @@ class Statements:
         changes = self._changes(sql.SQL("%(round)s::int"))
         return self._with([latest, *changes], [_count("upserted"), _count("deleted"), self._stale()])
 
-    def dead_letter_row(self) -> sql.Composable:
+    def dead_letter_row(self) -> Query:
         """A row the table refused: its key as text and the row as JSON (the raw record stays in Kafka)."""
         pairs = _list(
             [
@@ -261,12 +261,12 @@ class Statements:
             ).format(dead=self.names.dead, keys=_list(self.keys), pairs=pairs)
         )
 
-    def finish(self) -> sql.Composable:
+    def finish(self) -> Query:
         """The fallback's last step: dead letters from staging and the ledger: (present, fresh, dead)."""
         ctes = [self._staged(), self._fresh(), *self._finish()]
         return self._with(ctes, [*_STAGED_COUNTS, _count("dead")])
 
-    def _with(self, ctes: list[sql.Composable], selects: list[sql.Composable]) -> sql.Composable:
+    def _with(self, ctes: list[sql.Composable], selects: list[sql.Composable]) -> Query:
         return bindable(sql.SQL("WITH {} SELECT {}").format(_list(ctes), _list(selects)))
 
     def _staged(self) -> sql.Composable:
@@ -324,7 +324,7 @@ class Statements:
         """round_: the round being applied (0: the whole batch in one statement), for tracing."""
         n = self.names
         match = self._match()
-        newer = sql.SQL("")
+        newer: sql.Composable = sql.SQL("")
         if self.version:
             target_v, staged_v = self.version
             newer = sql.SQL(" AND (l.{s} IS NULL OR t.{t} IS NULL OR t.{t} <= l.{s})").format(
@@ -344,7 +344,7 @@ class Statements:
 
         changed = [c for c in self.columns if c not in self.spec.key]
         if self.spec.mode == "insert" or not changed:
-            conflict = sql.SQL("DO NOTHING")
+            conflict: sql.Composable = sql.SQL("DO NOTHING")
         else:
             updates = [sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c)) for c in changed]
 
@@ -361,7 +361,7 @@ class Statements:
                     ]
                 )
 
-            guard = sql.SQL("({}) IS DISTINCT FROM ({})").format(side("t"), side("EXCLUDED"))
+            guard: sql.Composable = sql.SQL("({}) IS DISTINCT FROM ({})").format(side("t"), side("EXCLUDED"))
             if self.version:
                 guard = sql.SQL("{} AND (t.{v} IS NULL OR t.{v} <= EXCLUDED.{v})").format(
                     guard, v=self.version[0]
