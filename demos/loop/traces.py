@@ -2,9 +2,11 @@
 
 Which event was in flight is decided from what the run recorded: of those
 committed to Kafka before a kill -9 of the Spark job that the sink's traces
-say it applied after the restart, the one committed closest to its kill. The command is then run as a
-user runs it, and its JSON checked: the event applied once and published,
-the poison one dead-lettered and nothing else.
+say it applied after the restart, the one committed closest to its kill. A
+job that had caught up when it was killed had nothing in flight: then the
+first event its restart applied is traced, and said to be that. The command
+is run as a user runs it, and its JSON checked: the event applied once and
+published, the poison one dead-lettered and nothing else.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
-from outbox.trace import gather
+from outbox._core import tables
 from outbox.trace.report import Position
 
 TIMEOUT_S = 120.0
@@ -46,13 +49,6 @@ class Traced:
     problem: str = ""
 
 
-def before(kill: float, committed_at: Mapping[str, float], most: int = 50) -> list[str]:
-    """Event ids committed to Kafka before `kill` (wall time), the latest first: the likeliest to
-    have been in Kafka but not yet in PostgreSQL when the job died."""
-    earlier = [(t, e) for e, t in committed_at.items() if t < kill]
-    return [e for _, e in sorted(earlier, reverse=True)[:most]]
-
-
 def in_flight(
     conn: psycopg.Connection[Any],
     schema: str,
@@ -62,28 +58,63 @@ def in_flight(
     events: Mapping[str, dict],
     at: Mapping[str, tuple[int, int]],
 ) -> Pick | None:
-    """Of the events committed before a kill -9 of the Spark job and applied after its restart, the
-    one committed closest to its kill; with no kill, the last event committed."""
+    """The event to trace for the Spark job's kills (wall times); None with no kill and no event."""
     if not kills:
-        last = before(float("inf"), committed_at, 1)
-        return _pick("an event, through the whole loop", last[0], topic, events, at) if last else None
-    best: tuple[float, float, str] | None = None  # how long before the kill, the kill, the event
-    for kill in kills:
-        for event in before(kill, committed_at):
-            pick = _pick("", event, topic, events, at)
-            found = gather.from_database(conn, schema, str(pick.account)).only(pick.at).records
-            if found and found[0].outcome == "applied" and found[0].at.timestamp() > kill:
-                ahead = kill - committed_at[event]
-                best = min(best or (ahead, kill, event), (ahead, kill, event))
-                break  # the latest one before this kill that the restart applied
-    if best is None:
+        last = max(committed_at, key=committed_at.__getitem__, default=None)
+        return _pick("an event, through the whole loop", last, topic, events, at) if last else None
+    by_place = {place: event for event, place in at.items() if event in committed_at}
+    applied = {kill: _applied_after(conn, schema, topic, kill) for kill in kills}
+    choice = choose(kills, committed_at, by_place, applied)
+    return _pick(choice[0], choice[1], topic, events, at) if choice else None
+
+
+def choose(
+    kills: Sequence[float],
+    committed_at: Mapping[str, float],
+    by_place: Mapping[tuple[int, int], str],
+    applied: Mapping[float, Sequence[tuple[float, int, int]]],
+) -> tuple[str, str] | None:
+    """(why, event): of the events committed before a kill and applied after it, the one committed
+    closest to its kill; if there is none (the job had caught up each time), the first event
+    applied after the last kill. `applied`: per kill, (when, partition, offset) of what the sink's
+    traces say was applied after it."""
+    flights = [
+        (kill - committed_at[event], kill, event)
+        for kill in kills
+        for _, partition, offset in applied[kill]
+        if (event := by_place.get((partition, offset))) is not None and committed_at[event] < kill
+    ]
+    if flights:
+        ahead, kill, event = min(flights)
+        return (
+            f"an event in flight: committed to Kafka {_span(ahead)} before a kill -9 of the Spark job"
+            f" (at {_clock(kill)}), applied after its restart",
+            event,
+        )
+    last = kills[-1]
+    after = sorted((when, (p, o)) for when, p, o in applied[last] if (p, o) in by_place)
+    if not after:
         return None
-    ahead, kill, event = best
-    why = (
-        f"an event in flight: committed to Kafka {_span(ahead)} before a kill -9 of the Spark job"
-        f" (at {_clock(kill)}), applied after its restart"
+    return (
+        "nothing was in flight at the kills -9 of the Spark job (it had caught up each time): the"
+        f" first event its restart after the last one (at {_clock(last)}) applied",
+        by_place[after[0][1]],
     )
-    return _pick(why, event, topic, events, at)
+
+
+def _applied_after(
+    conn: psycopg.Connection[Any], schema: str, topic: str, kill: float
+) -> list[tuple[float, int, int]]:
+    """(when, partition, offset) of each record of `topic` the tracing sink applied after `kill`."""
+    rows = conn.execute(
+        sql.SQL(
+            "SELECT extract(epoch FROM applied_at)::float8, r.p, r.o FROM {},"
+            " unnest(topics, partitions, offsets) AS r (t, p, o)"
+            " WHERE applied_at > to_timestamp(%s) AND r.t = %s"
+        ).format(sql.Identifier(schema, tables.SINK_TRACES)),
+        [kill, topic],
+    ).fetchall()
+    return [(float(when), int(p), int(o)) for when, p, o in rows]
 
 
 def poison(topic: str, poisoned: Mapping[str, dict], at: Mapping[str, tuple[int, int]]) -> list[Pick]:

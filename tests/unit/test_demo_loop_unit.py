@@ -106,11 +106,21 @@ def test_committed_events_counts_redeliveries_once_and_keeps_poison_apart() -> N
     assert given.at == {"a1": (0, 0), "a2": (0, 1), "p": (0, 3), "b1": (0, 4)}, "each first copy's place"
 
 
-def test_the_events_likeliest_in_flight_are_the_last_committed_before_the_kill() -> None:
+def test_the_event_traced_is_the_one_in_flight_closest_to_a_kill_else_the_restarts_first() -> None:
     committed_at = {"a": 1.0, "b": 3.0, "c": 2.0, "d": 5.0}
-    assert traces.before(4.0, committed_at) == ["b", "c", "a"]
-    assert traces.before(4.0, committed_at, most=1) == ["b"]
-    assert traces.before(0.5, committed_at) == []
+    by_place = {(0, 0): "a", (0, 1): "c", (1, 0): "b", (1, 1): "d"}
+    # Applied after the kill at 4.0: c (committed 2 s before it), b (1 s) and d (after it).
+    applied = {4.0: [(6.0, 0, 1), (6.5, 1, 0), (7.0, 1, 1)], 10.0: []}
+    why, event = traces.choose([4.0, 10.0], committed_at, by_place, applied) or ("", "")
+    assert event == "b" and why.startswith("an event in flight: committed to Kafka 1.0 s before"), why
+    # The job had caught up at each kill: the first event the last restart applied.
+    caught_up = {4.0: [(7.0, 1, 1), (6.0, 0, 2)], 10.0: [(12.0, 1, 1), (11.0, 0, 1), (10.5, 0, 9)]}
+    why, event = traces.choose([4.0, 10.0], {**committed_at, "c": 11.0, "d": 11.5}, by_place, caught_up) or (
+        "",
+        "",
+    )
+    assert event == "c" and why.startswith("nothing was in flight"), why
+    assert traces.choose([4.0], committed_at, by_place, {4.0: []}) is None
 
 
 PICK = traces.Pick("why", 7, Position("in", 0, 3))
