@@ -58,11 +58,8 @@ def in_flight(
     events: Mapping[str, dict],
     at: Mapping[str, tuple[int, int]],
 ) -> Pick | None:
-    """The event to trace for the Spark job's kills (wall times); None with no kill and no event."""
-    if not kills:
-        last = max(committed_at, key=committed_at.__getitem__, default=None)
-        return _pick("an event, through the whole loop", last, topic, events, at) if last else None
-    by_place = {place: event for event, place in at.items() if event in committed_at}
+    """The event to trace for the Spark job's kills (wall times); None with no event."""
+    by_place = {place: event for event, place in at.items() if event in committed_at and event in events}
     applied = {kill: _applied_after(conn, schema, topic, kill) for kill in kills}
     choice = choose(kills, committed_at, by_place, applied)
     return _pick(choice[0], choice[1], topic, events, at) if choice else None
@@ -75,9 +72,10 @@ def choose(
     applied: Mapping[float, Sequence[tuple[float, int, int]]],
 ) -> tuple[str, str] | None:
     """(why, event): of the events committed before a kill and applied after it, the one committed
-    closest to its kill; if there is none (the job had caught up each time), the first event
-    applied after the last kill. `applied`: per kill, (when, partition, offset) of what the sink's
-    traces say was applied after it."""
+    closest to its kill. If there is none (the job had caught up each time), the first event applied
+    after the latest kill that was followed by any; if no kill was (the job is also killed once it
+    has applied everything), the event committed last. `applied`: per kill, (when, partition,
+    offset) of what the sink's traces say was applied after it. None only with no event."""
     flights = [
         (kill - committed_at[event], kill, event)
         for kill in kills
@@ -91,15 +89,21 @@ def choose(
             f" (at {_clock(kill)}), applied after its restart",
             event,
         )
-    last = kills[-1]
-    after = sorted((when, (p, o)) for when, p, o in applied[last] if (p, o) in by_place)
-    if not after:
+    for kill in reversed(kills):
+        after = sorted((when, (p, o)) for when, p, o in applied[kill] if (p, o) in by_place)
+        if after:
+            return (
+                "nothing was in flight at the kills -9 of the Spark job (it had caught up each time):"
+                f" the first event its restart after the kill at {_clock(kill)} applied",
+                by_place[after[0][1]],
+            )
+    last = max(by_place.values(), key=committed_at.__getitem__, default=None)
+    if last is None:
         return None
-    return (
-        "nothing was in flight at the kills -9 of the Spark job (it had caught up each time): the"
-        f" first event its restart after the last one (at {_clock(last)}) applied",
-        by_place[after[0][1]],
-    )
+    why = "an event, through the whole loop"
+    if kills:
+        why += " (every kill -9 of the Spark job came when it had applied all it had been given)"
+    return why, last
 
 
 def _applied_after(

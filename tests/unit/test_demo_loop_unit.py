@@ -106,7 +106,7 @@ def test_committed_events_counts_redeliveries_once_and_keeps_poison_apart() -> N
     assert given.at == {"a1": (0, 0), "a2": (0, 1), "p": (0, 3), "b1": (0, 4)}, "each first copy's place"
 
 
-def test_the_event_traced_is_the_one_in_flight_closest_to_a_kill_else_the_restarts_first() -> None:
+def test_the_event_traced_is_the_one_in_flight_closest_to_a_kill_else_a_restarts_first_else_the_last() -> None:
     committed_at = {"a": 1.0, "b": 3.0, "c": 2.0, "d": 5.0}
     by_place = {(0, 0): "a", (0, 1): "c", (1, 0): "b", (1, 1): "d"}
     # Applied after the kill at 4.0: c (committed 2 s before it), b (1 s) and d (after it).
@@ -120,7 +120,18 @@ def test_the_event_traced_is_the_one_in_flight_closest_to_a_kill_else_the_restar
         "",
     )
     assert event == "c" and why.startswith("nothing was in flight"), why
-    assert traces.choose([4.0], committed_at, by_place, {4.0: []}) is None
+    # The last kill came once all was applied: the first event applied after an earlier one.
+    late = {**caught_up, 20.0: []}
+    why, event = traces.choose([4.0, 10.0, 20.0], {**committed_at, "c": 11.0, "d": 11.5}, by_place, late) or (
+        "",
+        "",
+    )
+    assert event == "c" and why.startswith("nothing was in flight"), why
+    # Every kill came when all was applied (the CI run of session 18 met it): the event committed last.
+    why, event = traces.choose([4.0, 10.0], committed_at, by_place, {4.0: [], 10.0: []}) or ("", "")
+    assert event == "d" and "every kill -9" in why, why
+    assert traces.choose([], committed_at, by_place, {}) == ("an event, through the whole loop", "d")
+    assert traces.choose([4.0], {}, {}, {4.0: []}) is None
 
 
 PICK = traces.Pick("why", 7, Position("in", 0, 3))
