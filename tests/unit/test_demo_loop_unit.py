@@ -106,7 +106,7 @@ def test_committed_events_counts_redeliveries_once_and_keeps_poison_apart() -> N
     assert given.at == {"a1": (0, 0), "a2": (0, 1), "p": (0, 3), "b1": (0, 4)}, "each first copy's place"
 
 
-def test_the_event_traced_is_the_one_in_flight_closest_to_a_kill_else_a_restarts_first_else_the_last() -> None:
+def test_the_event_traced_is_in_flight_closest_to_a_kill_else_a_restarts_first_else_the_last() -> None:
     committed_at = {"a": 1.0, "b": 3.0, "c": 2.0, "d": 5.0}
     by_place = {(0, 0): "a", (0, 1): "c", (1, 0): "b", (1, 1): "d"}
     # Applied after the kill at 4.0: c (committed 2 s before it), b (1 s) and d (after it).
