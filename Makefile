@@ -6,10 +6,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install demo demo-smoke test test-fast lint clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml devtools/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed (set PYTHON=python3.11)")'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]' -e ./devtools
 	@touch $(STAMP)
 
 install: $(STAMP)

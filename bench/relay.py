@@ -59,6 +59,8 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from cpu import measured  # bench/cpu.py
 from debezium import Debezium  # bench/debezium.py
+from outbox_dev.kafka import Cluster
+from outbox_dev.process import spawn
 from psycopg import sql
 from services import services  # bench/services.py
 
@@ -66,8 +68,6 @@ from outbox import logs, migrate
 from outbox._core import tables
 from outbox._core.config import DatabaseUrl
 from outbox._core.kafka import client_settings
-from outbox.dev.kafka import Cluster
-from outbox.dev.process import spawn
 from outbox.relay import Relay, RelaySettings
 from outbox.relay.kafka import PRODUCER_DEFAULTS
 from outbox.writer import Event, add_events

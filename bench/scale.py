@@ -212,8 +212,9 @@ def spark_curves(
     table_rows: list[int],
     partitions: list[int],
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    from outbox_dev.local_spark import kafka_connector_jars, local_session, stop_session
+
     from sinks.kafka_source import register
-    from sinks.local_spark import kafka_connector_jars, local_session, stop_session
     from sinks.postgres import PostgresSink, parse_json
 
     per_batch = -(-count // 5)

@@ -62,10 +62,10 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from cpu import COMPONENTS, DRIVER, measured  # bench/cpu.py
 from kafka_load import produce  # bench/kafka_load.py
+from outbox_dev.kafka import Cluster
 from services import services  # bench/services.py
 
 from outbox._core.config import DatabaseUrl
-from outbox.dev.kafka import Cluster
 from sinks.postgres.clock import STAGES
 
 # The hand-written peer's stages: rows from Spark, COPY (row by row: encode and send), upsert, commit.
@@ -228,9 +228,10 @@ def spark_runs(
 ) -> dict[str, dict[str, float]]:
     """replicated: the servers of the RF 3 cluster holding the same topic, or None."""
     """Every Spark run, in one SparkSession: from Kafka, then from Parquet."""
-    from outbox.jvm import maven
+    from outbox_dev.jvm import maven
+    from outbox_dev.local_spark import kafka_connector_jars, local_session, stop_session
+
     from sinks.kafka_source import register
-    from sinks.local_spark import kafka_connector_jars, local_session, stop_session
     from sinks.postgres import PostgresSink, parse_json
 
     jdbc_driver = maven.jars("postgres-jdbc", what="the PostgreSQL JDBC driver (the JDBC peer)")

@@ -23,15 +23,15 @@ from pathlib import Path
 import psycopg
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from outbox_dev.stack import running
 from psycopg import sql
 
 from outbox import migrate
 from outbox._core.config import DatabaseUrl, parse_bootstrap
 from outbox._core.errors import OutboxError
+from outbox._core.java import find_java
 from outbox._core.kafka import client_settings
 from outbox._core.probe import check_kafka
-from outbox.dev.stack import running
-from outbox.jvm.java import find_java
 from sinks.postgres import BatchResult, PostgresSink, parse_json
 
 TOPIC = "demo.orders"
@@ -77,8 +77,9 @@ def run(url: DatabaseUrl, bootstrap: str, events: int, work: Path) -> int:
     expected = produce(bootstrap, topic, events)
     say(f"produced {len(expected)} committed events (+ duplicates and an aborted transaction) to {topic}")
 
+    from outbox_dev.local_spark import local_session, stop_session
+
     from sinks.kafka_source import register
-    from sinks.local_spark import local_session, stop_session
 
     spark = local_session(work / "spark", app_name="outbox-demo")
     try:

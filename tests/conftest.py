@@ -13,12 +13,12 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from outbox_dev.connect import ConnectServer
+from outbox_dev.kafka import Broker
+from outbox_dev.stack import running
 
 from outbox import migrate
 from outbox._core.config import DatabaseUrl
-from outbox.dev.connect import ConnectServer
-from outbox.dev.kafka import Broker
-from outbox.dev.stack import running
 from tests import containers
 from tests.helpers import MEASURED, REPO, OwnPostgres, create_topic, fresh_database, unique
 from tests.sink_support import ORDERS
@@ -164,8 +164,9 @@ def events_topic(bootstrap: str) -> str:
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from outbox_dev.local_spark import kafka_connector_jars, local_session, stop_session
+
     from sinks.kafka_source import register
-    from sinks.local_spark import kafka_connector_jars, local_session, stop_session
 
     # Spark's own Kafka source too, for the tests that compare kafka_rc with it.
     session = local_session(
@@ -181,7 +182,7 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Connect
     """A Spark Connect server (local[2]) for the run, with Spark's own Kafka source too: clients
     reach it as `connect_server.url`, from jobs of their own (SPARK_REMOTE), since a process
     holds either a classic session or a Connect one."""
-    from sinks.local_spark import kafka_connector_jars
+    from outbox_dev.local_spark import kafka_connector_jars
 
     root = tmp_path_factory.mktemp("connect")
     with ConnectServer(root, jars=kafka_connector_jars(), env={"PYTHONPATH": str(REPO)}) as server:

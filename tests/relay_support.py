@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
+from outbox_dev.jvm import kafka_tools
 
 from outbox._core.config import DatabaseUrl
-from outbox.jvm import kafka_tools
 from outbox.writer import Event, add_events
 from tests.cli import outbox
 from tests.helpers import REPO, Job, committed_messages, unique

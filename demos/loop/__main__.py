@@ -22,17 +22,17 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
+from outbox_dev.kafka import Broker, Cluster
+from outbox_dev.process import free_port
+from outbox_dev.stack import running
 from rich.console import Console
 
 from demos.loop.run import Loop, Settings
 from demos.loop.show import Display, chart, table
 from outbox._core.config import DatabaseUrl
 from outbox._core.errors import OutboxError
+from outbox._core.java import find_java
 from outbox._core.probe import check_kafka
-from outbox.dev.kafka import Broker, Cluster
-from outbox.dev.process import free_port
-from outbox.dev.stack import running
-from outbox.jvm.java import find_java
 
 
 def _at_least(low: float, kind: type = int) -> Callable[[str], float]:

@@ -20,10 +20,10 @@ import sys
 import time
 from pathlib import Path
 
+from outbox_dev.local_spark import local_session
 from pyspark.sql import functions as F
 
 from sinks.kafka_source import register
-from sinks.local_spark import local_session
 from sinks.postgres import Outbox, PostgresSink, parse_json
 
 SCHEMA = "event_id string, account long, seq long, n long"

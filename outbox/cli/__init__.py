@@ -3,7 +3,6 @@
 Every failure a user can fix is an OutboxError and is printed as one line on
 stderr, never as a traceback.
 
-  dev.py     `outbox dev up|down|status|broker`: local PostgreSQL and Kafka (one node or a cluster)
   db.py      `outbox db upgrade|downgrade|current`
   check.py   `outbox check`: can this host reach and use everything?
   relay.py   `outbox relay`: its settings table, then the daemon
@@ -13,6 +12,9 @@ stderr, never as a traceback.
   status.py  `outbox status`: relays, sink ledgers and dead letters on one screen
   trace.py   `outbox trace EVENT_ID`: one event's path through every system
   options.py options several commands share
+
+`outbox dev` (local services) comes with the dev tools, found by entry point
+(outbox._core.plugins); without them it says how to install them.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from outbox._core.errors import OutboxError
-from outbox.cli import check, db, dev, relay, relays, status, trace, transactions, verify
+from outbox._core import plugins
+from outbox._core.errors import ConfigError, OutboxError
+from outbox.cli import check, db, relay, relays, status, trace, transactions, verify
 from outbox.stopping import release_stop_signals
 
 EXIT_USER_ERROR = 2
@@ -36,7 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    dev.register(commands)
+    installed = plugins.commands()
+    for register in installed.values():
+        register(commands)
+    for name, what in plugins.KNOWN_COMMANDS.items():
+        if name not in installed:
+            missing = commands.add_parser(name, help=f"{what} (needs the dev tools)", add_help=False)
+            missing.add_argument("rest", nargs=argparse.REMAINDER)
+            missing.set_defaults(handler=_not_installed(name, what))
     db.register(commands)
     check.register(commands)
     relay.register(commands)
@@ -46,6 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
     trace.register(commands)
     transactions.register(commands)
     return parser
+
+
+def _not_installed(name: str, what: str) -> Callable[[argparse.Namespace], int]:
+    def handler(args: argparse.Namespace) -> int:
+        raise ConfigError(f"`outbox {name}` ({what}) comes with the dev tools: {plugins.INSTALL}")
+
+    return handler
 
 
 def main(argv: Sequence[str] | None = None, **injected: object) -> int:

@@ -74,7 +74,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         return f"Kafka at {servers} ({check_kafka(servers)} broker(s))"
 
     def java() -> str:
-        from outbox.jvm.java import find_java
+        from outbox._core.java import find_java
 
         found = find_java()
         return f"Java {found.major} at {found.path}"

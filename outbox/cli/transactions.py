@@ -2,8 +2,8 @@
 
 A transaction opened and never finished stalls every read_committed reader of
 its partitions (the relay's consumers, `kafka_rc`, the sink) at its first
-offset. Kafka's own tool (`kafka-transactions`, run from its jars) says which
-are open: those a coordinator knows end by themselves at their timeout; a
+offset. Kafka's own tool (`kafka-transactions`, which the dev tools run from
+its jars, with Java) says which are open: those a coordinator knows end by themselves at their timeout; a
 *hanging* one (its coordinator lost track of it, as after the delayed-produce
 cases KIP-890 closes) never ends and must be aborted by hand.
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from outbox._core import plugins
 from outbox._core.config import bootstrap_servers
-from outbox.jvm import kafka_tools
 
 
 @dataclass(frozen=True)
@@ -102,22 +102,13 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def find(servers: str, topics: list[str]) -> tuple[list[Open], list[Hanging]]:
     """The transactions open on `topics`, and those hanging there, as Kafka's own tool sees them."""
+    run = plugins.tool("kafka-transactions", needed_by="listing transactions")
     ongoing = [
-        row["TransactionalId"]
-        for row in kafka_tools.transactions(servers, "list")
-        if row.get("TransactionState") == "Ongoing"
+        row["TransactionalId"] for row in run(servers, "list") if row.get("TransactionState") == "Ongoing"
     ]
-    described = [
-        row
-        for tid in ongoing
-        for row in kafka_tools.transactions(servers, "describe", "--transactional-id", tid)
-    ]
+    described = [row for tid in ongoing for row in run(servers, "describe", "--transactional-id", tid)]
     opened = [o for topic in topics for o in open_on(topic, described)]
-    stuck = [
-        h
-        for topic in topics
-        for h in hanging(kafka_tools.transactions(servers, "find-hanging", "--topic", topic))
-    ]
+    stuck = [h for topic in topics for h in hanging(run(servers, "find-hanging", "--topic", topic))]
     return opened, stuck
 
 

@@ -22,12 +22,12 @@ from pathlib import Path
 import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
+from outbox_dev.jvm import kafka_tools
+from outbox_dev.kafka import Cluster
+from outbox_dev.process import pid_alive
 
 from outbox import migrate
 from outbox._core.config import DatabaseUrl
-from outbox.dev.kafka import Cluster
-from outbox.dev.process import pid_alive
-from outbox.jvm import kafka_tools
 from outbox.relay.pause import BEFORE_COMMIT, BEFORE_POSITION, MID_TRANSACTION
 from outbox.relay.position import Identity
 from outbox.relay.relay import POSITIONS_TOPIC

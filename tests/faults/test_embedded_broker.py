@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer
+from outbox_dev.kafka import Broker
 
 from outbox._core.kafka import client_settings
-from outbox.dev.kafka import Broker
 from tests.helpers import (
     Job,
     create_topic,
@@ -86,7 +86,7 @@ def test_a_killed_group_member_stops_blocking_its_group_after_its_session_timeou
 def test_kafka_cluster_ids_are_kafka_uuids_and_never_look_like_options() -> None:
     import base64
 
-    from outbox.dev.kafka import cluster_id
+    from outbox_dev.kafka import cluster_id
 
     ids = [cluster_id() for _ in range(2000)]  # about 1 in 64 would start with "-" unless refused
     assert all(len(i) == 22 and not i.startswith("-") for i in ids)

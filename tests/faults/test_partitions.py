@@ -24,13 +24,13 @@ from typing import Any
 
 import psycopg
 import pytest
+from outbox_dev.kafka import Broker, Cluster
+from outbox_dev.spark import StandaloneCluster
+from outbox_dev.toxiproxy import Link, Stream, Toxiproxy
 
 from outbox import migrate
 from outbox._core.config import DatabaseUrl
 from outbox._core.errors import ServiceUnavailable
-from outbox.dev.kafka import Broker, Cluster
-from outbox.dev.spark import StandaloneCluster
-from outbox.dev.toxiproxy import Link, Stream, Toxiproxy
 from outbox.relay.pause import BEFORE_CLEANUP, BEFORE_COMMIT, MID_TRANSACTION
 from sinks.kafka_source.ranges import Range
 from sinks.kafka_source.reader import read_range

@@ -6,7 +6,8 @@ import random
 import signal
 import time
 
-from outbox.dev.kafka import Broker
+from outbox_dev.kafka import Broker
+
 from tests.helpers import create_topic, unique
 from tests.sink_support import check_exactly_once, ledger, log_ends, produce_orders, sink_job, table
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from outbox_dev import postgres
 
 from outbox import migrate
 from outbox._core.config import DatabaseUrl
-from outbox.dev import postgres
 from outbox.writer import Event, add_events
 from tests.cli import outbox
 from tests.helpers import Job, OwnPostgres, create_topic, unique, wait_for

@@ -139,8 +139,9 @@ def test_relay_hides_a_password_given_as_a_query_parameter() -> None:
 
 
 def test_relay_names_an_unreachable_kafka_and_why_once_per_attempt(database) -> None:  # type: ignore[no-untyped-def]
+    from outbox_dev.process import free_port
+
     from outbox import migrate
-    from outbox.dev.process import free_port
 
     migrate.upgrade(database, "public")
     servers = f"127.0.0.1:{free_port()}"

@@ -12,8 +12,9 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from outbox.dev.connect import ConnectServer
-from outbox.dev.process import cmdline_contains, free_port, port_in_use
+from outbox_dev.connect import ConnectServer
+from outbox_dev.process import cmdline_contains, free_port, port_in_use
+
 from tests.helpers import Job, produce_transaction, read_committed, transactional_producer
 from tests.sink_support import check_exactly_once, produce_orders, produce_poison
 from tests.source_support import mistakes

@@ -5,9 +5,9 @@ import signal
 from pathlib import Path
 
 import psycopg
+from outbox_dev.process import cmdline_contains
 
 from outbox._core.probe import check_kafka
-from outbox.dev.process import cmdline_contains
 from tests.cli import outbox
 
 

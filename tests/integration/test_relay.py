@@ -8,10 +8,10 @@ from pathlib import Path
 import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
+from outbox_dev.kafka import Broker
 
 from outbox import migrate
 from outbox._core.config import DatabaseUrl
-from outbox.dev.kafka import Broker
 from outbox.writer import Event, add_event, add_events
 from tests.cli import outbox
 from tests.helpers import create_topic, read_committed, unique, wait_for

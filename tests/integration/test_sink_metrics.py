@@ -8,7 +8,8 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from outbox.dev.connect import ConnectServer
+from outbox_dev.connect import ConnectServer
+
 from sinks.postgres import PostgresSink, parse_json
 from tests.helpers import Job, produce_transaction, transactional_producer, wait_for
 from tests.sink_support import SCHEMA, event

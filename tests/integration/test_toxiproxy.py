@@ -10,11 +10,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from outbox_dev.process import pid_alive
+from outbox_dev.toxiproxy import Link, Toxiproxy
 from psycopg.conninfo import conninfo_to_dict
 
 from outbox._core.config import DatabaseUrl
-from outbox.dev.process import pid_alive
-from outbox.dev.toxiproxy import Link, Toxiproxy
 from tests.helpers import Job, wait_for
 
 # PostgreSQL answers this 8-byte SSLRequest with one byte, 'S' or 'N', before any login.
@@ -94,7 +94,7 @@ def test_a_killed_run_leaves_no_proxy_process_or_port(tmp_path: Path, server_url
     script = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from outbox.dev.toxiproxy import Toxiproxy\n"
+        "from outbox_dev.toxiproxy import Toxiproxy\n"
         "proxy = Toxiproxy(Path(sys.argv[1]))\n"
         "link = proxy.link('postgres', sys.argv[2])\n"
         "link.cut()\n"

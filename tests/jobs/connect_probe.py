@@ -12,8 +12,9 @@ import json
 import sys
 from pathlib import Path
 
+from outbox_dev.local_spark import local_session, stop_session
+
 from sinks.kafka_source import register
-from sinks.local_spark import local_session, stop_session
 from tests.placement_frames import expected, routes
 from tests.source_support import batch_read, mistakes
 

@@ -12,8 +12,9 @@ import os
 import sys
 from pathlib import Path
 
+from outbox_dev.local_spark import local_session
+
 from sinks.kafka_source import register
-from sinks.local_spark import local_session
 from sinks.postgres import Outbox, PostgresSink, parse_json
 
 bootstrap, pattern, url, table, out, checkpoint, work = sys.argv[1:8]

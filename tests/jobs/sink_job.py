@@ -18,8 +18,9 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from outbox_dev.local_spark import local_session
+
 from sinks.kafka_source import register
-from sinks.local_spark import local_session
 from sinks.postgres import Outbox, PostgresSink
 from tests.sink_support import orders_stream
 

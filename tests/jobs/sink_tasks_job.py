@@ -19,9 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
+from outbox_dev.local_spark import local_session
 
 from sinks.kafka_source import register
-from sinks.local_spark import local_session
 from sinks.postgres import Outbox, PostgresSink
 from sinks.postgres.task import TASK_RESULT
 from tests.sink_support import orders_stream

@@ -8,8 +8,9 @@ import sys
 import time
 from pathlib import Path
 
+from outbox_dev.local_spark import local_session
+
 from sinks.kafka_source import register
-from sinks.local_spark import local_session
 
 bootstrap, topic, out, checkpoint, work, max_offsets = sys.argv[1:7]
 available_now = sys.argv[7:] == ["available-now"]

@@ -77,11 +77,24 @@ def test_commands_exist(service: str) -> None:
         assert importlib.util.find_spec(command[2]) is not None, command
 
 
-def test_image_contains_every_package_the_commands_need() -> None:
-    dockerfile = (REPO / "docker" / "Dockerfile").read_text()
-    copied = set(re.findall(r"^COPY (\S+) \1$", dockerfile, re.M))
-    assert {"outbox", "sinks", "migrations", "demos"} <= copied
-    assert "openjdk-17" in dockerfile
+def stages() -> dict[str, tuple[set[str], bool]]:
+    """Per image (a Dockerfile stage, with the stages it builds on): what it copies, whether it has Java."""
+    found: dict[str, tuple[set[str], bool]] = {}
+    text = (REPO / "docker" / "Dockerfile").read_text()
+    for base, name, body in re.findall(r"^FROM (\S+) AS (\S+)$(.*?)(?=^FROM |\Z)", text, re.M | re.S):
+        copied, java = found.get(base, (set(), False))
+        found[name] = (copied | set(re.findall(r"^COPY (\S+) \1$", body, re.M)), java or "openjdk-17" in body)
+    return found
+
+
+@pytest.mark.parametrize("service", APP)
+def test_each_image_has_what_its_commands_need_and_the_relays_no_java(service: str) -> None:
+    copied, java = stages()[SERVICES[service]["build"]["target"]]
+    assert {"outbox", "sinks", "migrations"} <= copied, service
+    if SERVICES[service]["command"][0] == "outbox":
+        assert not java, f"{service}: the runtime image needs no JRE"
+    else:  # a Spark job or the demo
+        assert java and {"demos", "devtools"} <= copied, service
 
 
 def test_compose_header_shows_the_host_settings_it_publishes() -> None:

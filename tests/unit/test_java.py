@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from outbox._core.errors import ConfigError
-from outbox.jvm.java import find_java, parse_major
+from outbox._core.java import find_java, parse_major
 
 
 @pytest.mark.parametrize(

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from outbox_dev.jvm.kafka_tools import parse, table
+
 from outbox.cli.transactions import Hanging, hanging, open_on
-from outbox.jvm.kafka_tools import parse, table
 
 DESCRIBED = (
     "CoordinatorId\tTransactionalId\tProducerId\tProducerEpoch\tTransactionState\tTransactionTimeoutMs\t"

@@ -22,9 +22,9 @@ from typing import Any
 
 from outbox._core.config import DATABASE_URL, KAFKA_BOOTSTRAP_SERVERS
 from outbox._core.errors import ConfigError
-from outbox.dev import kafka, postgres
-from outbox.dev.process import choose_port, cmdline_contains, pid_alive, stop
-from outbox.dev.service import Service
+from outbox_dev import kafka, postgres
+from outbox_dev.process import choose_port, cmdline_contains, pid_alive, stop
+from outbox_dev.service import Service
 
 STATE_FILE = "state.json"
 # Which variable, when set, means "use this, do not start one".

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from outbox._core.errors import ServiceUnavailable
-from outbox.jvm import log4j2, maven
-from outbox.jvm.java import find_java
+from outbox._core.java import find_java
+from outbox_dev.jvm import log4j2, maven
 
 WHAT = "Apache Kafka's command-line tools"
 CONSOLE_CONSUMER = "org.apache.kafka.tools.consumer.ConsoleConsumer"

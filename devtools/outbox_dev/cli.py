@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 
 from outbox._core.config import OUTBOX_DEV_DIR
-from outbox.dev.stack import Stack, Status
+from outbox_dev.stack import Stack, Status
 
 DEFAULT_DIR = ".outbox-dev"
 
@@ -120,7 +120,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_connect(args: argparse.Namespace) -> int:
-    from outbox.dev.connect import ConnectServer
+    from outbox_dev.connect import ConnectServer
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

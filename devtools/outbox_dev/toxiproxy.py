@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from outbox._core.errors import ConfigError
-from outbox.dev.process import free_port, spawn, stop, wait_until
-from outbox.jvm.maven import cache_root
+from outbox_dev.jvm.maven import cache_root
+from outbox_dev.process import free_port, spawn, stop, wait_until
 
 VERSION = "v2.5.0"
 MODULE = "github.com/Shopify/toxiproxy/v2/cmd/server"

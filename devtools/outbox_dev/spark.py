@@ -16,7 +16,8 @@ from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
 
-from outbox.dev.process import (
+from outbox._core.java import find_java
+from outbox_dev.process import (
     cmdline_contains,
     descendants,
     free_port,
@@ -25,7 +26,6 @@ from outbox.dev.process import (
     stop,
     wait_until,
 )
-from outbox.jvm.java import find_java
 
 
 def spark_home() -> Path:

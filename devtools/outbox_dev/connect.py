@@ -17,9 +17,9 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from outbox.dev.process import choose_port, port_in_use, spawn, stop, wait_until
-from outbox.dev.spark import spark_home
-from sinks.local_spark import prepare_environment, session_settings
+from outbox_dev.local_spark import prepare_environment, session_settings
+from outbox_dev.process import choose_port, port_in_use, spawn, stop, wait_until
+from outbox_dev.spark import spark_home
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 # A client's own settings, which must not make the server a client too.

@@ -24,8 +24,8 @@ from pathlib import Path
 import psycopg
 
 from outbox._core.errors import ConfigError
-from outbox.dev.process import run_as, spawn, wait_until
-from outbox.dev.service import Service
+from outbox_dev.process import run_as, spawn, wait_until
+from outbox_dev.service import Service
 
 SERVICE_USER = "nobody"
 DATABASE = "postgres"

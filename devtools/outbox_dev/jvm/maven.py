@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from outbox._core.errors import ConfigError
-from outbox.jvm.java import find_java
+from outbox._core.java import find_java
 
 OUTBOX_JAR_CACHE = "OUTBOX_JAR_CACHE"
 POMS = Path(__file__).with_name("poms")

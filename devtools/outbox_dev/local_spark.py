@@ -15,8 +15,8 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from outbox.jvm import maven
-from outbox.jvm.java import find_java
+from outbox._core.java import find_java
+from outbox_dev.jvm import maven
 
 
 def local_session(

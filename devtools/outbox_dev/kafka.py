@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from outbox._core.errors import ConfigError, ServiceUnavailable
+from outbox._core.java import find_java
 from outbox._core.probe import check_kafka
-from outbox.dev.process import free_port, spawn, stop, wait_until
-from outbox.dev.service import Service
-from outbox.jvm import log4j2, maven
-from outbox.jvm.java import find_java
+from outbox_dev.jvm import log4j2, maven
+from outbox_dev.process import free_port, spawn, stop, wait_until
+from outbox_dev.service import Service
 
 INSTEAD = "or set KAFKA_BOOTSTRAP_SERVERS to use your own cluster"
 WHAT = "Apache Kafka's jars"
@@ -51,7 +51,7 @@ SETTINGS = {
 @dataclass(frozen=True)
 class Proxied:
     """A second client listener on `port`, advertised at `advertised`: where a fault proxy listens
-    (outbox.dev.toxiproxy) and passes the bytes on to `port`. A client that bootstraps through the
+    (outbox_dev.toxiproxy) and passes the bytes on to `port`. A client that bootstraps through the
     proxy gets the proxy's addresses in every metadata answer, so it never goes around it."""
 
     port: int
