@@ -27,15 +27,15 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import psycopg
-from outbox_dev.jvm import log4j2, maven
-from outbox_dev.kafka import render
-from outbox_dev.process import free_port, spawn, stop
 from psycopg import sql
 
 from outbox._core import tables
 from outbox._core.config import DatabaseUrl
 from outbox._core.errors import ConfigError
 from outbox._core.java import find_java
+from outbox_dev.jvm import log4j2, maven
+from outbox_dev.kafka import render
+from outbox_dev.process import free_port, spawn, stop
 
 
 def worker(bootstrap: str, work: Path, port: int, group: str | None = None) -> dict[str, str]:

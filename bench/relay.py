@@ -59,8 +59,6 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from cpu import measured  # bench/cpu.py
 from debezium import Debezium  # bench/debezium.py
-from outbox_dev.kafka import Cluster
-from outbox_dev.process import spawn
 from psycopg import sql
 from services import services  # bench/services.py
 
@@ -71,6 +69,8 @@ from outbox._core.kafka import client_settings
 from outbox.relay import Relay, RelaySettings
 from outbox.relay.kafka import PRODUCER_DEFAULTS
 from outbox.writer import Event, add_events
+from outbox_dev.kafka import Cluster
+from outbox_dev.process import spawn
 
 PARTITIONS = 3
 # Where the relay's batches spent their time in a latency run (from its own histograms).

@@ -213,7 +213,6 @@ def spark_curves(
     partitions: list[int],
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     from outbox_dev.local_spark import kafka_connector_jars, local_session, stop_session
-
     from sinks.kafka_source import register
     from sinks.postgres import PostgresSink, parse_json
 

@@ -7,10 +7,9 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from outbox_dev.stack import running
-
 from outbox import migrate
 from outbox._core.config import DatabaseUrl
+from outbox_dev.stack import running
 
 
 @contextlib.contextmanager

@@ -62,10 +62,10 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from cpu import COMPONENTS, DRIVER, measured  # bench/cpu.py
 from kafka_load import produce  # bench/kafka_load.py
-from outbox_dev.kafka import Cluster
 from services import services  # bench/services.py
 
 from outbox._core.config import DatabaseUrl
+from outbox_dev.kafka import Cluster
 from sinks.postgres.clock import STAGES
 
 # The hand-written peer's stages: rows from Spark, COPY (row by row: encode and send), upsert, commit.
@@ -230,7 +230,6 @@ def spark_runs(
     """Every Spark run, in one SparkSession: from Kafka, then from Parquet."""
     from outbox_dev.jvm import maven
     from outbox_dev.local_spark import kafka_connector_jars, local_session, stop_session
-
     from sinks.kafka_source import register
     from sinks.postgres import PostgresSink, parse_json
 

@@ -31,9 +31,9 @@ import flags  # bench/flags.py
 from confluent_kafka import Consumer, TopicPartition
 from cpu import busy_seconds, measured  # bench/cpu.py
 from kafka_load import produce  # bench/kafka_load.py
-from outbox_dev.stack import running
 
 from outbox._core.kafka import client_settings
+from outbox_dev.stack import running
 
 
 def raw_consumer(bootstrap: str, topic: str, events: int, partitions: int) -> float:
@@ -65,10 +65,10 @@ def spark_runs(
     bootstrap: str, topic: str, work: Path, events: int, size: int, per_batch: int
 ) -> dict[str, dict[str, float]]:
     """Spark's own Kafka source, kafka_rc, then the synthetic ceiling, in one SparkSession."""
-    from outbox_dev.local_spark import kafka_connector_jars, local_session, stop_session
     from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
     from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
+    from outbox_dev.local_spark import kafka_connector_jars, local_session, stop_session
     from sinks.kafka_source import register
     from sinks.kafka_source.reader import ARROW_SCHEMA
     from sinks.kafka_source.source import SCHEMA

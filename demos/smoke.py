@@ -23,7 +23,6 @@ from pathlib import Path
 import psycopg
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from outbox_dev.stack import running
 from psycopg import sql
 
 from outbox import migrate
@@ -32,6 +31,7 @@ from outbox._core.errors import OutboxError
 from outbox._core.java import find_java
 from outbox._core.kafka import client_settings
 from outbox._core.probe import check_kafka
+from outbox_dev.stack import running
 from sinks.postgres import BatchResult, PostgresSink, parse_json
 
 TOPIC = "demo.orders"
@@ -78,7 +78,6 @@ def run(url: DatabaseUrl, bootstrap: str, events: int, work: Path) -> int:
     say(f"produced {len(expected)} committed events (+ duplicates and an aborted transaction) to {topic}")
 
     from outbox_dev.local_spark import local_session, stop_session
-
     from sinks.kafka_source import register
 
     spark = local_session(work / "spark", app_name="outbox-demo")

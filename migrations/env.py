@@ -8,10 +8,10 @@ without either seeing the other's revisions.
 from __future__ import annotations
 
 from alembic import context
-from outbox.migrations import VERSION_TABLE
 from sqlalchemy import create_engine, pool, text
 
 from outbox._core import config as settings
+from outbox.migrations import VERSION_TABLE
 
 config = context.config
 url = config.attributes.get("url") or settings.database_url(

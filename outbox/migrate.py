@@ -20,9 +20,9 @@ from alembic.util.exc import CommandError
 from sqlalchemy import create_engine, pool
 
 from outbox._core.config import DatabaseUrl
-from outbox._core.errors import OutboxError
 from outbox._core.postgres import reason
 from outbox._core.probe import check_postgres
+from outbox.errors import error
 from outbox.migrations import VERSION_TABLE
 
 
@@ -54,7 +54,7 @@ def upgrade(url: DatabaseUrl, schema: str, revision: str = "head", *, sql: bool 
 
 def downgrade(url: DatabaseUrl, schema: str, revision: str, *, sql: bool = False) -> None:
     if sql and ":" not in revision:
-        raise OutboxError("downgrade --sql needs a range FROM:TO, e.g. 0001:base")
+        raise error("DB_DOWNGRADE_SQL_NEEDS_RANGE")
     _run(command.downgrade, url, schema, revision, sql=sql)
 
 
@@ -79,10 +79,10 @@ def _run(fn: Callable[..., None], url: DatabaseUrl, schema: str, revision: str, 
     try:
         fn(alembic_config(url, schema), revision, sql=sql)
     except CommandError as exc:
-        raise OutboxError(f"migration failed: {url.scrub(str(exc))}") from None
+        raise error("DB_MIGRATION_FAILED", reason=url.scrub(str(exc))) from None
     except Exception as exc:  # a database error inside a revision
         if type(exc).__module__.startswith(("sqlalchemy", "psycopg")):
-            raise OutboxError(
-                f"migration to {revision} failed in schema {schema!r}: {reason(exc, url)}"
+            raise error(
+                "DB_REVISION_FAILED", revision=revision, schema=schema, reason=reason(exc, url)
             ) from None
         raise

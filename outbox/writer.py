@@ -25,7 +25,7 @@ from psycopg.pq import TransactionStatus
 
 from outbox._core import tables
 from outbox._core.config import schema_name
-from outbox._core.errors import OutboxError
+from outbox.errors import error
 
 Headers = Mapping[str, bytes | str] | Sequence[tuple[str, bytes | str]]
 
@@ -42,11 +42,11 @@ class Event:
 
     def row(self) -> tuple[object, ...]:
         if not self.topic:
-            raise OutboxError("an outbox event needs a topic")
+            raise error("OUTBOX_EVENT_TOPIC_MISSING")
         pairs = list(self.headers.items() if isinstance(self.headers, Mapping) else self.headers)
         for name, _ in pairs:
             if not isinstance(name, str):
-                raise OutboxError(f"header names must be str, not {type(name).__name__}")
+                raise error("OUTBOX_HEADER_NAME_NOT_STR", kind=type(name).__name__)
         return (
             self.event_id,
             self.topic,
@@ -106,10 +106,7 @@ def _psycopg(conn: Any) -> psycopg.Connection:
             if alchemy
             else "call it inside `with conn.transaction():`"
         )
-        raise OutboxError(
-            f"add_event needs an open transaction (this connection is in autocommit mode): {how}"
-            " so the event commits with your change"
-        )
+        raise error("OUTBOX_NO_TRANSACTION", how=how)
     return driver
 
 
@@ -119,15 +116,9 @@ def _driver(conn: Any) -> psycopg.Connection:
         connection = conn.connection() if callable(getattr(conn, "connection", None)) else conn
         driver = connection.connection.driver_connection
     except AttributeError:
-        raise OutboxError(
-            "add_event takes a psycopg Connection or a SQLAlchemy Connection/Session,"
-            f" not {type(conn).__name__}"
-        ) from None
+        raise error("OUTBOX_CONNECTION_UNSUPPORTED", kind=type(conn).__name__) from None
     if not isinstance(driver, psycopg.Connection):
-        raise OutboxError(
-            "add_event needs SQLAlchemy's psycopg 3 driver: use a postgresql+psycopg:// URL"
-            f" (this engine uses {type(driver).__module__})"
-        )
+        raise error("OUTBOX_DRIVER_NOT_PSYCOPG", module=type(driver).__module__)
     return driver
 
 
@@ -136,7 +127,7 @@ def _bytes(value: bytes | str | None, what: str) -> bytes | None:
         return value
     if isinstance(value, str):
         return value.encode()
-    raise OutboxError(f"the {what} must be bytes or str, not {type(value).__name__}")
+    raise error("OUTBOX_FIELD_NOT_BYTES", what=what, kind=type(value).__name__)
 
 
 def _value(value: Any) -> bytes | None:
@@ -147,4 +138,4 @@ def _value(value: Any) -> bytes | None:
     try:
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
     except (TypeError, ValueError) as exc:
-        raise OutboxError(f"the event value is neither bytes, str nor JSON-serialisable: {exc}") from None
+        raise error("OUTBOX_VALUE_NOT_SERIALISABLE", reason=exc) from None

@@ -3,6 +3,7 @@
 kafka_source/   kafka_rc: a read_committed Kafka source in Python
 postgres/       PostgresSink: idempotent upserts with the Kafka offsets in the same transaction
 ledger.py       the sink's offset ledger, read back by the source when a checkpoint is lost
+errors.py       the source's and the sink's errors: each one's code, class and message; SinkError
 
 A local SparkSession with the framework's settings and jars is in the dev
 tools (outbox_dev.local_spark).

@@ -22,9 +22,10 @@ from psycopg import sql
 
 from outbox._core import tables
 from outbox._core.config import DatabaseUrl
-from outbox._core.errors import DataLossError
+from outbox._core.errors import OutboxError
 from outbox._core.postgres import connect
 from outbox._core.sqltext import bindable
+from sinks.errors import error
 
 Positions = dict[tuple[str, int], int]
 
@@ -47,13 +48,8 @@ def recreated(recorded: Mapping[str, str], ids: Mapping[str, str]) -> list[str]:
     return sorted(t for t, i in ids.items() if recorded.get(t, i) != i)
 
 
-def recreated_error(sink: str, topic: str, recorded: str, now: str) -> DataLossError:
-    return DataLossError(
-        f"topic {topic} was deleted and created again since sink {sink} applied it (topic id"
-        f" {recorded}, now {now}): the sink's ledger holds offsets of the old topic, which would skip the"
-        " new topic's records. To apply the new topic from its start, set the source option"
-        " failOnDataLoss=false (the sink then forgets the old topic's offsets, and says so)"
-    )
+def recreated_error(sink: str, topic: str, recorded: str, now: str) -> OutboxError:
+    return error("SINK_TOPIC_RECREATED", topic=topic, sink=sink, was=recorded, now=now)
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from outbox_dev.connect import ConnectServer
-from outbox_dev.kafka import Broker
-from outbox_dev.stack import running
 
 from outbox import migrate
 from outbox._core.config import DatabaseUrl
+from outbox_dev.connect import ConnectServer
+from outbox_dev.kafka import Broker
+from outbox_dev.stack import running
 from tests import containers
 from tests.helpers import MEASURED, REPO, OwnPostgres, create_topic, fresh_database, unique
 from tests.sink_support import ORDERS
@@ -165,7 +165,6 @@ def events_topic(bootstrap: str) -> str:
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     from outbox_dev.local_spark import kafka_connector_jars, local_session, stop_session
-
     from sinks.kafka_source import register
 
     # Spark's own Kafka source too, for the tests that compare kafka_rc with it.

@@ -26,10 +26,11 @@ def docker_unavailable_reason() -> str | None:
 
 @contextlib.contextmanager
 def services() -> Iterator[dict[str, str]]:
-    from outbox_dev.process import free_port
     from testcontainers.community.postgres import PostgresContainer
     from testcontainers.core.container import DockerContainer
     from testcontainers.core.waiting_utils import wait_for_logs
+
+    from outbox_dev.process import free_port
 
     port = free_port()
     kafka = (

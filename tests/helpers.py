@@ -15,15 +15,15 @@ from pathlib import Path
 import psycopg
 from confluent_kafka import Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from outbox_dev import postgres
-from outbox_dev.kafka import replicas
-from outbox_dev.process import cmdline_contains, descendants, free_port, spawn, stop
-from outbox_dev.service import Service
 from psycopg import sql
 
 from outbox._core.committed import read_committed as read_topic
 from outbox._core.config import DatabaseUrl
 from outbox._core.kafka import client_settings
+from outbox_dev import postgres
+from outbox_dev.kafka import replicas
+from outbox_dev.process import cmdline_contains, descendants, free_port, spawn, stop
+from outbox_dev.service import Service
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
-from outbox_dev.jvm import kafka_tools
 
 from outbox._core.config import DatabaseUrl
 from outbox.writer import Event, add_events
+from outbox_dev.jvm import kafka_tools
 from tests.cli import outbox
 from tests.helpers import REPO, Job, committed_messages, unique
 

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from outbox_dev.jvm import kafka_tools
 from psycopg import sql
 from pyspark.sql.types import StructType
 
 from outbox._core.config import DatabaseUrl
+from outbox_dev.jvm import kafka_tools
 from sinks.postgres import PostgresSink, parse_json
 from tests.helpers import Job, produce_transaction, read_committed, transactional_producer
 from tests.source_support import stream

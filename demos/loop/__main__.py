@@ -22,9 +22,6 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from outbox_dev.kafka import Broker, Cluster
-from outbox_dev.process import free_port
-from outbox_dev.stack import running
 from rich.console import Console
 
 from demos.loop.run import Loop, Settings
@@ -33,6 +30,9 @@ from outbox._core.config import DatabaseUrl
 from outbox._core.errors import OutboxError
 from outbox._core.java import find_java
 from outbox._core.probe import check_kafka
+from outbox_dev.kafka import Broker, Cluster
+from outbox_dev.process import free_port
+from outbox_dev.stack import running
 
 
 def _at_least(low: float, kind: type = int) -> Callable[[str], float]:

@@ -20,10 +20,6 @@ from pathlib import Path
 import psycopg
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from outbox_dev.connect import ConnectServer
-from outbox_dev.kafka import Broker, Cluster, replicas
-from outbox_dev.process import spawn
-from outbox_dev.process import tail as tail_of
 from psycopg import sql
 
 from demos.loop import plan, traces
@@ -35,6 +31,10 @@ from outbox._core.committed import read_committed
 from outbox._core.config import DatabaseUrl
 from outbox._core.errors import ConfigError
 from outbox._core.kafka import client_settings
+from outbox_dev.connect import ConnectServer
+from outbox_dev.kafka import Broker, Cluster, replicas
+from outbox_dev.process import spawn
+from outbox_dev.process import tail as tail_of
 
 SCHEMA = "outbox_demo"
 TABLE = "squares"

@@ -20,9 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-from outbox_dev.local_spark import local_session
 from pyspark.sql import functions as F
 
+from outbox_dev.local_spark import local_session
 from sinks.kafka_source import register
 from sinks.postgres import Outbox, PostgresSink, parse_json
 

@@ -15,4 +15,5 @@ spark.py     a Spark standalone cluster on loopback
 toxiproxy.py Toxiproxy's TCP proxies on loopback, to cut and heal links (network faults)
 process.py   children that die with their parent; free ports
 service.py   what a started service leaves behind: its address and pid
+errors.py    the errors all of it raises, each with its code (DEV_...)
 """

@@ -20,9 +20,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from outbox._core.errors import ConfigError, ServiceUnavailable
+from outbox._core.errors import ServiceUnavailable
 from outbox._core.java import find_java
 from outbox._core.probe import check_kafka
+from outbox_dev.errors import error
 from outbox_dev.jvm import log4j2, maven
 from outbox_dev.process import free_port, spawn, stop, wait_until
 from outbox_dev.service import Service
@@ -163,7 +164,7 @@ def configure(data_dir: Path, node: Node, voters: Sequence[Node], cluster: str) 
     if result.returncode != 0:
         lines = (result.stderr + result.stdout).strip().splitlines() or ["no output"]
         first = next((line for line in lines if "Exception" in line or "rror" in line), lines[0])
-        raise ConfigError(f"formatting Kafka's storage in {data_dir} failed: {first.strip()}")
+        raise error("DEV_KAFKA_FORMAT_FAILED", data_dir=data_dir, reason=first.strip())
 
 
 def launch(data_dir: Path, *, die_with_parent: bool) -> subprocess.Popen[bytes]:

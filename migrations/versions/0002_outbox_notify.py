@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from alembic import op
-from outbox.migrations import target_schema
 from psycopg import sql
+
+from outbox.migrations import target_schema
 
 revision: str = "0002"
 down_revision: str | None = "0001"

@@ -11,8 +11,9 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
-from outbox.migrations import target_schema
 from sqlalchemy.dialects import postgresql
+
+from outbox.migrations import target_schema
 
 revision: str = "0004"
 down_revision: str | None = "0003"

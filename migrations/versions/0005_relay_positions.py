@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
+
 from outbox.migrations import target_schema
 
 revision: str = "0005"

@@ -20,9 +20,10 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
-from outbox.migrations import target_schema
 from psycopg import sql
 from sqlalchemy.dialects import postgresql
+
+from outbox.migrations import target_schema
 
 revision: str = "0008"
 down_revision: str | None = "0007"

@@ -5,7 +5,7 @@ Nothing here knows about the outbox or the sink; the rest of `outbox/` and
 underscore says: the public names are re-exported by `outbox` itself.
 
     config.py     settings from flags and env vars; URLs that never print their password
-    errors.py     OutboxError and its kinds: what the CLI prints as one line
+    errors.py     OutboxError and its kinds: what the CLI prints as one line; the base's error codes
     postgres.py   connect, and turn a driver failure into one scrubbed line
     tables.py     the framework's tables: names, the outbox's columns, the "run db upgrade" check
     kafka.py      client settings per role, librdkafka's log routed to logging

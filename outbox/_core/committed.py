@@ -16,7 +16,7 @@ from typing import cast
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from outbox._core.errors import ConfigError, ServiceUnavailable
+from outbox._core.errors import error
 from outbox._core.kafka import client_settings
 
 NEW_TOPIC_S = 5.0  # how long a topic that is not found is asked for again before it is said missing
@@ -55,12 +55,12 @@ def read_committed(
             try:
                 metadata = consumer.list_topics(topic, timeout=min(timeout, 30))
             except KafkaException as exc:
-                raise ServiceUnavailable(f"cannot reach Kafka at {servers}: {exc.args[0].str()}") from None
+                raise error("KAFKA_READ_UNREACHABLE", servers=servers, reason=exc.args[0].str()) from None
             found = metadata.topics.get(topic)
             if found is not None and found.error is None:
                 break
             if time.monotonic() > known_by:
-                raise ConfigError(f"topic {topic!r} does not exist on {servers}")
+                raise error("KAFKA_TOPIC_MISSING", topic=topic, servers=servers)
             time.sleep(0.2)
         ends = {
             p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
@@ -80,26 +80,23 @@ def read_committed(
                 where = ", ".join(
                     f"partition {p} at offset {reached.get(p, '?')} of {ends[p]}" for p in sorted(pending)
                 )
-                late = f"{topic} not read to its end in {timeout:.0f}s ({where})"
-                raise ServiceUnavailable(
-                    f"{stuck} ({where})"
-                    if stuck
-                    else f"{late}: a transaction still open, or Kafka slow to answer"
-                )
+                if stuck:
+                    raise error("KAFKA_READ_STUCK", stuck=stuck, where=where)
+                raise error("KAFKA_READ_TIMEOUT", topic=topic, timeout=timeout, where=where)
             message = consumer.poll(0.5)
             if message is None:
                 continue
-            error = message.error()
+            failure = message.error()
             partition, offset = place(message)
-            if error is None:
+            if failure is None:
                 out.append(message)
                 if offset + 1 >= ends[partition]:
                     pending.discard(partition)
-            elif error.code() == KafkaError._PARTITION_EOF:
+            elif failure.code() == KafkaError._PARTITION_EOF:
                 if offset >= ends[partition]:
                     pending.discard(partition)
             else:
-                raise ServiceUnavailable(f"reading {topic} on {servers}: {error.str()}")
+                raise error("KAFKA_READ_FAILED", topic=topic, servers=servers, reason=failure.str())
         return out
     finally:
         consumer.close()

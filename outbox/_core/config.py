@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 from urllib.parse import parse_qsl, quote, unquote, urlencode
 
-from outbox._core.errors import ConfigError
+from outbox._core.errors import error
 
 DATABASE_URL = "DATABASE_URL"
 KAFKA_BOOTSTRAP_SERVERS = "KAFKA_BOOTSTRAP_SERVERS"
@@ -38,38 +38,37 @@ class DatabaseUrl:
     @classmethod
     def parse(cls, value: str | None, *, source: str = DATABASE_URL) -> DatabaseUrl:
         if not value or not value.strip():
-            raise ConfigError(
-                f"{source} is not set: give a URL like postgresql://user:password@host:5432/dbname"
-                ' (or run `eval "$(outbox dev up)"` for a local one)'
-            )
+            raise error("CONFIG_DATABASE_URL_MISSING", source=source)
         value = value.strip()
         uri = _split(value)
         if uri.scheme not in _SCHEMES:
-            raise ConfigError(
-                f"{source} must start with postgresql:// (got {uri.scheme or 'no scheme'!r}):"
-                f" {redact_url(value)}"
+            raise error(
+                "CONFIG_DATABASE_URL_SCHEME",
+                source=source,
+                scheme=uri.scheme or "no scheme",
+                url=redact_url(value),
             )
         hosts = uri.hosts.split(",")
+        problem: dict[str, object] = {}
         if "@" in uri.hosts + uri.path:
-            problem = ""  # no host or database name holds an '@': a password does
+            code = ""  # no host or database name holds an '@': a password does
         elif hosts == [""]:
-            problem = "names no host"
+            code = "CONFIG_DATABASE_URL_NO_HOST"
         elif (bad := next((host for host in hosts if not _HOST.match(host)), None)) is not None:
             # libpq takes several hosts (host1:5432,host2:5432), as HA setups use with
             # target_session_attrs=read-write: each one a host with an optional port.
-            problem = f"is malformed (host {bad!r} is not host[:port]; several hosts are joined by ',')"
+            code, problem = "CONFIG_DATABASE_URL_HOST_INVALID", {"host": bad}
         elif not uri.path.strip("/"):
-            problem = "names no database (add /dbname)"
+            code = "CONFIG_DATABASE_URL_NO_DATABASE"
         elif (key := _unknown_parameter(uri.query)) is not None:
-            problem = f"is malformed (query parameter {key!r} is not a libpq setting)"
+            code, problem = "CONFIG_DATABASE_URL_PARAMETER_UNKNOWN", {"key": key}
         else:
             return cls(value)
-        if not problem or "@" in uri.query:
+        if not code or "@" in uri.query:
             # An '@' libpq did not read as the end of the user info: the password holds a raw '@',
             # '/', '?' or '#', which libpq and every other URL reader split differently.
-            problem = "is malformed: its user or password holds a raw '@', '/', '?' or '#'; percent-encode it"
-            problem += " (@ as %40, / as %2F, ? as %3F, # as %23)"
-        raise ConfigError(f"{source} {problem}: {redact_url(value)}")
+            code, problem = "CONFIG_DATABASE_URL_UNENCODED", {}
+        raise error(code, source=source, url=redact_url(value), **problem)
 
     @property
     def parameters(self) -> set[str]:
@@ -186,15 +185,12 @@ def redact_url(url: str) -> str:
 def parse_bootstrap(value: str | None, *, source: str = KAFKA_BOOTSTRAP_SERVERS) -> str:
     """Validate a comma-separated list of host:port pairs."""
     if not value or not value.strip():
-        raise ConfigError(
-            f"{source} is not set: give host:port[,host:port...]"
-            ' (or run `eval "$(outbox dev up)"` for a local broker)'
-        )
+        raise error("CONFIG_BOOTSTRAP_MISSING", source=source)
     servers = [s.strip() for s in value.split(",") if s.strip()]
     for server in servers:
         bare = re.sub(r"^[A-Za-z_]+://", "", server)
         if not _HOST_PORT.match(bare) or not 0 < int(bare.rsplit(":", 1)[1]) < 65536:
-            raise ConfigError(f"{source} entry {server!r} is not host:port (e.g. localhost:9092)")
+            raise error("CONFIG_BOOTSTRAP_INVALID", source=source, server=server)
     return ",".join(servers)
 
 
@@ -202,7 +198,7 @@ def schema_name(value: str | None = None) -> str:
     """The schema for the framework's tables: flag, else OUTBOX_SCHEMA, else public."""
     name = value or os.environ.get(OUTBOX_SCHEMA) or DEFAULT_SCHEMA
     if "\x00" in name or len(name.encode()) > 63:
-        raise ConfigError(f"schema name {name!r} is not a valid PostgreSQL identifier")
+        raise error("CONFIG_SCHEMA_INVALID", name=name)
     return name
 
 

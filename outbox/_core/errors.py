@@ -68,13 +68,23 @@ class Condition:
 
 
 class Conditions(Mapping[str, Condition]):
-    """One half's error conditions, code -> Condition; `error(code, **fields)` makes one to raise."""
+    """One half's error conditions, code -> Condition; `error(code, **fields)` makes one to raise.
 
-    def __init__(self, **table: Condition) -> None:
+    A half's table is built on the base's (`Conditions(CORE, ...)`): its `error` raises the
+    shared codes too, and iterating it gives its own codes only.
+    """
+
+    def __init__(self, *bases: Conditions, **table: Condition) -> None:
+        self._bases = bases
         self._table = table
 
     def __getitem__(self, code: str) -> Condition:
-        return self._table[code]
+        if code in self._table:
+            return self._table[code]
+        for base in self._bases:
+            if code in base:
+                return base[code]
+        raise KeyError(code)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._table)
@@ -83,12 +93,12 @@ class Conditions(Mapping[str, Condition]):
         return len(self._table)
 
     def error(self, code: str, /, **fields: object) -> OutboxError:
-        condition = self._table[code]
+        condition = self[code]
         return condition.kind(condition.template.format(**fields), code=code)
 
     def message(self, code: str, /, **fields: object) -> str:
         """The words alone, for an error class of its own (one with more than a message)."""
-        return self._table[code].template.format(**fields)
+        return self[code].template.format(**fields)
 
 
 def merged(*halves: Mapping[str, Condition]) -> dict[str, Condition]:
@@ -99,3 +109,98 @@ def merged(*halves: Mapping[str, Condition]) -> dict[str, Condition]:
         assert not twice, f"error codes declared twice: {sorted(twice)}"
         out.update(half)
     return out
+
+
+_INSTALL_JAVA = (
+    "install Java 17 or newer (Debian/Ubuntu: `apt-get install openjdk-17-jre-headless`;"
+    " macOS: `brew install openjdk@17`) or point JAVA_HOME at one"
+)
+_UPGRADE = "run `outbox db upgrade --schema {schema}` first"
+
+# The base's conditions: what both halves share (settings and URLs, reaching PostgreSQL and
+# Kafka, the framework's tables, Java, the dev tools' plugins).
+CORE = Conditions(
+    # Settings and URLs (outbox/_core/config.py); `url` is always the masked one.
+    CONFIG_DATABASE_URL_MISSING=Condition(
+        ConfigError,
+        "{source} is not set: give a URL like postgresql://user:password@host:5432/dbname"
+        ' (or run `eval "$(outbox dev up)"` for a local one)',
+    ),
+    CONFIG_DATABASE_URL_SCHEME=Condition(
+        ConfigError, "{source} must start with postgresql:// (got {scheme!r}): {url}"
+    ),
+    CONFIG_DATABASE_URL_NO_HOST=Condition(ConfigError, "{source} names no host: {url}"),
+    CONFIG_DATABASE_URL_HOST_INVALID=Condition(
+        ConfigError,
+        "{source} is malformed (host {host!r} is not host[:port]; several hosts are joined by ','): {url}",
+    ),
+    CONFIG_DATABASE_URL_NO_DATABASE=Condition(ConfigError, "{source} names no database (add /dbname): {url}"),
+    CONFIG_DATABASE_URL_PARAMETER_UNKNOWN=Condition(
+        ConfigError, "{source} is malformed (query parameter {key!r} is not a libpq setting): {url}"
+    ),
+    CONFIG_DATABASE_URL_UNENCODED=Condition(
+        ConfigError,
+        "{source} is malformed: its user or password holds a raw '@', '/', '?' or '#'; percent-encode it"
+        " (@ as %40, / as %2F, ? as %3F, # as %23): {url}",
+    ),
+    CONFIG_BOOTSTRAP_MISSING=Condition(
+        ConfigError,
+        "{source} is not set: give host:port[,host:port...]"
+        ' (or run `eval "$(outbox dev up)"` for a local broker)',
+    ),
+    CONFIG_BOOTSTRAP_INVALID=Condition(
+        ConfigError, "{source} entry {server!r} is not host:port (e.g. localhost:9092)"
+    ),
+    CONFIG_SCHEMA_INVALID=Condition(ConfigError, "schema name {name!r} is not a valid PostgreSQL identifier"),
+    # Reaching and using PostgreSQL (outbox/_core/postgres.py).
+    POSTGRES_UNREACHABLE=Condition(
+        ServiceUnavailable,
+        "cannot reach PostgreSQL at {url}: {reason}."
+        " Check DATABASE_URL, or start a local server with `outbox dev up`.",
+    ),
+    POSTGRES_NO_ANSWER=Condition(
+        ServiceUnavailable,
+        "PostgreSQL at {url} did not answer {what} within {timeout:g}s; the connection was dropped",
+    ),
+    POSTGRES_SESSION_LOST=Condition(
+        ServiceUnavailable, "PostgreSQL at {url} {cause}; the connection was dropped"
+    ),
+    # Reaching Kafka, reading a topic's committed records (probe.py, committed.py).
+    KAFKA_UNREACHABLE=Condition(
+        ServiceUnavailable,
+        "cannot reach Kafka at {servers}: {reason}."
+        " Check KAFKA_BOOTSTRAP_SERVERS, or start a local broker with `outbox dev up`.",
+    ),
+    KAFKA_READ_UNREACHABLE=Condition(ServiceUnavailable, "cannot reach Kafka at {servers}: {reason}"),
+    KAFKA_TOPIC_MISSING=Condition(ConfigError, "topic {topic!r} does not exist on {servers}"),
+    KAFKA_READ_TIMEOUT=Condition(
+        ServiceUnavailable,
+        "{topic} not read to its end in {timeout:.0f}s ({where}):"
+        " a transaction still open, or Kafka slow to answer",
+    ),
+    KAFKA_READ_STUCK=Condition(ServiceUnavailable, "{stuck} ({where})"),  # the caller's words for the above
+    KAFKA_READ_FAILED=Condition(ServiceUnavailable, "reading {topic} on {servers}: {reason}"),
+    # The framework's tables (outbox/_core/tables.py).
+    TABLES_MISSING=Condition(ConfigError, "{noun} {listed} {verb} missing{where}: " + _UPGRADE + "{note}"),
+    TABLES_OUTDATED=Condition(
+        ConfigError,
+        "{columns} {verb} missing in {url}: its tables are of an older revision; " + _UPGRADE,
+    ),
+    # Java (outbox/_core/java.py).
+    JAVA_HOME_INVALID=Condition(ConfigError, "JAVA_HOME={home} has no bin/java: " + _INSTALL_JAVA),
+    JAVA_MISSING=Condition(
+        ConfigError, "{needed_by} needs Java {minimum}+, and no `java` was found: " + _INSTALL_JAVA
+    ),
+    JAVA_VERSION_FAILED=Condition(ConfigError, "{java} -version failed ({reason}): " + _INSTALL_JAVA),
+    JAVA_TOO_OLD=Condition(
+        ConfigError, "{needed_by} needs Java {minimum}+, {java} is {found}: " + _INSTALL_JAVA
+    ),
+    # The dev tools' plugins (outbox/_core/plugins.py).
+    PLUGIN_COMMAND_MISSING=Condition(
+        ConfigError, "`outbox {name}` ({what}) comes with the dev tools: {install}"
+    ),
+    PLUGIN_TOOL_MISSING=Condition(
+        ConfigError, "{needed_by} runs {name}, which comes with the dev tools: {install}"
+    ),
+)
+error = CORE.error

@@ -13,13 +13,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from outbox._core.errors import ConfigError
+from outbox._core.errors import error
 
-MIN_MAJOR = 17
-INSTALL_HINT = (
-    "install Java 17 or newer (Debian/Ubuntu: `apt-get install openjdk-17-jre-headless`;"
-    " macOS: `brew install openjdk@17`) or point JAVA_HOME at one"
-)
+MIN_MAJOR = 17  # the errors' words say how to install it (outbox/_core/errors.py)
 
 
 @dataclass(frozen=True)
@@ -44,21 +40,21 @@ def find_java(environ: dict[str, str] | None = None, *, needed_by: str = "Spark"
     if candidate is None or not candidate.exists():
         found = shutil.which("java", path=env.get("PATH"))
         if candidate is not None and found is None:
-            raise ConfigError(f"JAVA_HOME={home} has no bin/java: {INSTALL_HINT}")
+            raise error("JAVA_HOME_INVALID", home=home)
         candidate = Path(found) if found else None
     if candidate is None:
-        raise ConfigError(f"{needed_by} needs Java {MIN_MAJOR}+, and no `java` was found: {INSTALL_HINT}")
+        raise error("JAVA_MISSING", needed_by=needed_by, minimum=MIN_MAJOR)
     try:
         # -XX:-UsePerfData: no /tmp/hsperfdata_<user> left behind.
         out = subprocess.run(
             [str(candidate), "-XX:-UsePerfData", "-version"], capture_output=True, text=True, timeout=30
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ConfigError(f"{candidate} -version failed ({exc}): {INSTALL_HINT}") from None
+        raise error("JAVA_VERSION_FAILED", java=candidate, reason=exc) from None
     major = parse_major(out.stderr + out.stdout)
     if major is None or major < MIN_MAJOR:
         found_version = major if major is not None else "an unknown version"
-        raise ConfigError(
-            f"{needed_by} needs Java {MIN_MAJOR}+, {candidate} is {found_version}: {INSTALL_HINT}"
+        raise error(
+            "JAVA_TOO_OLD", needed_by=needed_by, minimum=MIN_MAJOR, java=candidate, found=found_version
         )
     return Java(candidate, major)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any
 
-from outbox._core.errors import ConfigError
+from outbox._core.errors import error
 
 COMMANDS = "outbox.commands"
 TOOLS = "outbox.tools"
@@ -34,6 +34,6 @@ def tool(name: str, needed_by: str) -> Callable[..., Any]:
     """The tool `name`, or a ConfigError that says which distribution brings it."""
     found = [ep for ep in entry_points(group=TOOLS) if ep.name == name]
     if not found:
-        raise ConfigError(f"{needed_by} runs {name}, which comes with the dev tools: {INSTALL}")
+        raise error("PLUGIN_TOOL_MISSING", needed_by=needed_by, name=name, install=INSTALL)
     loaded: Callable[..., Any] = found[0].load()
     return loaded

@@ -26,7 +26,7 @@ from typing import Any
 import psycopg
 
 from outbox._core.config import DatabaseUrl
-from outbox._core.errors import ServiceUnavailable
+from outbox._core.errors import ServiceUnavailable, error
 
 CONNECT_TIMEOUT = 10  # seconds
 
@@ -121,10 +121,7 @@ def answered_within(
         yield
     except psycopg.Error:
         if dropped.is_set():
-            raise ServiceUnavailable(
-                f"PostgreSQL at {url.safe} did not answer {what} within {timeout:g}s;"
-                " the connection was dropped"
-            ) from None
+            raise error("POSTGRES_NO_ANSWER", url=url.safe, what=what, timeout=timeout) from None
         raise
     finally:
         timer.cancel()
@@ -187,9 +184,7 @@ def watched(conn: psycopg.Connection[Any], url: DatabaseUrl, timeout: float) -> 
         yield
     except psycopg.Error:
         if why:
-            raise ServiceUnavailable(
-                f"PostgreSQL at {url.safe} {why[0]}; the connection was dropped"
-            ) from None
+            raise error("POSTGRES_SESSION_LOST", url=url.safe, cause=why[0]) from None
         raise
     finally:
         done.set()
@@ -216,7 +211,4 @@ def connect(
             url.libpq, autocommit=autocommit, connect_timeout=max(1, int(timeout)), **extra
         )
     except psycopg.Error as exc:
-        raise ServiceUnavailable(
-            f"cannot reach PostgreSQL at {url.safe}: {reason(exc, url)}."
-            " Check DATABASE_URL, or start a local server with `outbox dev up`."
-        ) from None
+        raise error("POSTGRES_UNREACHABLE", url=url.safe, reason=reason(exc, url)) from None

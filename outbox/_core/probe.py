@@ -10,7 +10,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from outbox._core.config import DatabaseUrl
-from outbox._core.errors import ServiceUnavailable
+from outbox._core.errors import error
 from outbox._core.kafka import client_settings
 from outbox._core.postgres import connect
 
@@ -27,8 +27,7 @@ def check_kafka(bootstrap: str, timeout: float = 10.0, config: dict[str, object]
     try:
         metadata = admin.list_topics(timeout=timeout)
     except KafkaException as exc:
-        raise ServiceUnavailable(
-            f"cannot reach Kafka at {bootstrap}: {exc.args[0].str() if exc.args else exc}."
-            " Check KAFKA_BOOTSTRAP_SERVERS, or start a local broker with `outbox dev up`."
+        raise error(
+            "KAFKA_UNREACHABLE", servers=bootstrap, reason=exc.args[0].str() if exc.args else exc
         ) from None
     return len(metadata.brokers)

@@ -13,7 +13,7 @@ import psycopg
 from psycopg import sql
 
 from outbox._core.config import DatabaseUrl
-from outbox._core.errors import ConfigError
+from outbox._core.errors import OutboxError, error
 
 OUTBOX_EVENTS = "outbox_events"
 OUTBOX_IDENTITY = "outbox_identity"
@@ -35,13 +35,17 @@ OUTBOX_COLUMNS = ("event_id", "topic", "key", "value", "header_keys", "header_va
 
 def missing_tables(
     schema: str, names: Sequence[str], where: DatabaseUrl | None = None, *, note: str = ""
-) -> ConfigError:
-    """The one error for tables that are not there, with the command that creates them."""
-    listed = ", ".join(f"{schema}.{name}" for name in names)
-    found_in = f" in {where.safe}" if where is not None else ""
-    return ConfigError(
-        f"{'table' if len(names) == 1 else 'tables'} {listed} {'is' if len(names) == 1 else 'are'}"
-        f" missing{found_in}: run `outbox db upgrade --schema {schema}` first{f' ({note})' if note else ''}"
+) -> OutboxError:
+    """The one error for tables that are not there (a ConfigError), with the command that creates them."""
+    one = len(names) == 1
+    return error(
+        "TABLES_MISSING",
+        noun="table" if one else "tables",
+        listed=", ".join(f"{schema}.{name}" for name in names),
+        verb="is" if one else "are",
+        where=f" in {where.safe}" if where is not None else "",
+        schema=schema,
+        note=f" ({note})" if note else "",
     )
 
 
@@ -64,7 +68,10 @@ def require(conn: psycopg.Connection[Any], url: DatabaseUrl, schema: str, names:
     ).fetchall()
     behind = [f"{schema}.{t}.{c}" for t, c in wanted if (t, c) not in set(present)]
     if behind:
-        raise ConfigError(
-            f"{', '.join(behind)} {'is' if len(behind) == 1 else 'are'} missing in {url.safe}: its tables are"
-            f" of an older revision; run `outbox db upgrade --schema {schema}` first"
+        raise error(
+            "TABLES_OUTDATED",
+            columns=", ".join(behind),
+            verb="is" if len(behind) == 1 else "are",
+            url=url.safe,
+            schema=schema,
         )

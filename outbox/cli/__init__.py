@@ -25,8 +25,9 @@ import sys
 from collections.abc import Callable, Sequence
 
 from outbox._core import plugins
-from outbox._core.errors import ConfigError, OutboxError
+from outbox._core.errors import OutboxError
 from outbox.cli import check, db, relay, relays, status, trace, transactions, verify
+from outbox.errors import error
 from outbox.stopping import release_stop_signals
 
 EXIT_USER_ERROR = 2
@@ -60,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _not_installed(name: str, what: str) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
-        raise ConfigError(f"`outbox {name}` ({what}) comes with the dev tools: {plugins.INSTALL}")
+        raise error("PLUGIN_COMMAND_MISSING", name=name, what=what, install=plugins.INSTALL)
 
     return handler
 

@@ -15,6 +15,7 @@ from outbox._core.config import DatabaseUrl, bootstrap_servers, database_url, sc
 from outbox._core.errors import OutboxError
 from outbox._core.postgres import connect
 from outbox._core.probe import check_kafka, check_postgres
+from outbox.errors import error
 
 
 class Notice(Exception):
@@ -52,9 +53,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         url, schema = database_url(args.url), schema_name(args.schema)
         revs = migrate.revisions(url, schema)
         if not revs.up_to_date:
-            raise OutboxError(
-                f"schema {schema!r} is at {', '.join(revs.current) or 'base'}, head is {revs.head}:"
-                " run `outbox db upgrade`"
+            raise error(
+                "DB_NOT_AT_HEAD", schema=schema, current=", ".join(revs.current) or "base", head=revs.head
             )
         return f"schema {schema!r} at head ({revs.head})"
 

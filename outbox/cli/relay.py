@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import cast
 
 from outbox._core.config import OUTBOX_SCHEMA, bootstrap_servers, database_url, schema_name
-from outbox._core.errors import ConfigError
+from outbox.errors import error
 from outbox.logs import configure
 from outbox.relay.kafka import PRODUCER_DEFAULTS
 from outbox.relay.metrics import RelayMetrics, serve
@@ -179,7 +179,7 @@ def kafka_settings(pairs: list[str], file: Path | None) -> dict[str, object]:
         try:
             text = file.read_text()
         except OSError as exc:
-            raise ConfigError(f"--kafka-config {file}: {exc.strerror}") from None
+            raise error("RELAY_KAFKA_CONFIG_UNREADABLE", file=file, reason=exc.strerror) from None
         lines += [
             (str(file), line)
             for line in text.splitlines()
@@ -190,7 +190,7 @@ def kafka_settings(pairs: list[str], file: Path | None) -> dict[str, object]:
     for source, line in lines:
         key, sep, value = line.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"{source}: expected KEY=VALUE, got {line.split('=')[0]!r}...")
+            raise error("RELAY_KAFKA_SETTING_MALFORMED", source=source, key=line.split("=")[0])
         settings[key.strip()] = value.strip()
     return settings
 
@@ -203,7 +203,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
     """The daemon; `args.pause`, when a fault test's job injects one, holds it at named points."""
     configure(args.log_format, logging.DEBUG if args.verbose else logging.INFO)
     if not args.name:
-        raise ConfigError("--name is required (or env OUTBOX_RELAY_NAME): it identifies the relay's position")
+        raise error("RELAY_NAME_REQUIRED")
     kafka = kafka_settings(args.kafka, args.kafka_config)
     settings = RelaySettings(
         url=database_url(args.url),

@@ -11,9 +11,9 @@ import psycopg
 
 from outbox._core import tables
 from outbox._core.config import database_url, schema_name
-from outbox._core.errors import OutboxError
 from outbox._core.postgres import connect, reason
 from outbox.cli import options
+from outbox.errors import error
 from outbox.relay import registry
 from outbox.relay.position import Shard
 
@@ -58,7 +58,9 @@ def _database(args: argparse.Namespace) -> Iterator[tuple[psycopg.Connection[Any
         try:
             yield conn, schema
         except psycopg.Error as exc:
-            raise OutboxError(f"outbox relays {args.action} in {url.safe}: {reason(exc, url)}") from None
+            raise error(
+                "RELAY_REGISTRY_DATABASE_ERROR", action=args.action, url=url.safe, reason=reason(exc, url)
+            ) from None
 
 
 def cmd_list(args: argparse.Namespace) -> int:

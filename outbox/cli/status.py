@@ -20,9 +20,9 @@ import psycopg
 
 from outbox._core import tables
 from outbox._core.config import KAFKA_BOOTSTRAP_SERVERS, bootstrap_servers, database_url, schema_name
-from outbox._core.errors import OutboxError
 from outbox._core.postgres import connect, reason
 from outbox.cli import options, transactions
+from outbox.errors import error
 from outbox.status import gather
 from outbox.status.report import Status, as_json, lines
 
@@ -64,7 +64,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         try:
             status = gather.from_database(conn, schema)
         except psycopg.Error as exc:
-            raise OutboxError(f"outbox status in {url.safe}: {reason(exc, url)}") from None
+            raise error("STATUS_DATABASE_ERROR", url=url.safe, reason=reason(exc, url)) from None
     given = args.bootstrap_servers or os.environ.get(KAFKA_BOOTSTRAP_SERVERS)
     if args.transactions and not given:
         bootstrap_servers(None)  # the one error for a missing Kafka, with its remedy

@@ -22,9 +22,9 @@ import psycopg
 
 from outbox._core import tables
 from outbox._core.config import KAFKA_BOOTSTRAP_SERVERS, bootstrap_servers, database_url, schema_name
-from outbox._core.errors import ConfigError, OutboxError
 from outbox._core.postgres import connect, reason
 from outbox.cli import options
+from outbox.errors import error
 from outbox.trace import gather
 from outbox.trace.report import Position, as_json, lines
 
@@ -57,7 +57,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def cmd_trace(args: argparse.Namespace) -> int:
     if (args.event is None) == (args.prune is None):
-        raise ConfigError("give an EVENT_ID to trace, or --prune DAYS (not both)")
+        raise error("TRACE_EVENT_OR_PRUNE")
     url, schema = database_url(args.url), schema_name(args.schema)
     at = Position.parse(args.at) if args.at else None
     with connect(url, autocommit=True, application_name="outbox trace") as conn:
@@ -69,7 +69,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
             if at:
                 trace = trace.only(at)
         except psycopg.Error as exc:
-            raise OutboxError(f"outbox trace in {url.safe}: {reason(exc, url)}") from None
+            raise error("TRACE_DATABASE_ERROR", url=url.safe, reason=reason(exc, url)) from None
     given = args.bootstrap_servers or os.environ.get(KAFKA_BOOTSTRAP_SERVERS)
     if given:
         trace = gather.in_kafka(trace, bootstrap_servers(given), args.timeout)
@@ -85,7 +85,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 def _prune(conn: psycopg.Connection, schema: str, days: float) -> int:
     if not days >= 0:
-        raise ConfigError(f"--prune needs a number of days >= 0, got {days:g}")
+        raise error("TRACE_PRUNE_DAYS_INVALID", days=days)
     total = 0
     for deleted in gather.prune(conn, schema, days):
         total += deleted

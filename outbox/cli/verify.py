@@ -14,8 +14,8 @@ import json
 import psycopg
 
 from outbox._core.config import bootstrap_servers, database_url
-from outbox._core.errors import ConfigError
 from outbox._core.postgres import connect
+from outbox.errors import error
 from outbox.verify.findings import check
 from outbox.verify.topic import committed, record
 
@@ -85,7 +85,7 @@ def _offsets(text: str | None) -> dict[int, int] | None:
     try:
         return {int(p): int(o) for p, o in json.loads(text).items()}
     except (ValueError, AttributeError, TypeError):
-        raise ConfigError(f'--from-offsets must be JSON like {{"0": 42, "1": 7}}, got {text!r}') from None
+        raise error("VERIFY_FROM_OFFSETS_MALFORMED", text=text) from None
 
 
 def _ids_from_sql(url_flag: str | None, query: str) -> set[str]:
@@ -94,4 +94,4 @@ def _ids_from_sql(url_flag: str | None, query: str) -> set[str]:
         with connect(url) as conn:
             return {str(row[0]) for row in conn.execute(query.encode()) if row[0] is not None}
     except psycopg.Error as exc:
-        raise ConfigError(f"--source-sql failed: {str(exc).strip().splitlines()[0]}") from None
+        raise error("VERIFY_SOURCE_SQL_FAILED", reason=str(exc).strip().splitlines()[0]) from None

@@ -21,8 +21,9 @@ from confluent_kafka import (
     Producer,
 )
 
-from outbox._core.errors import ConfigError, Fenced, OutboxError, ServiceUnavailable
+from outbox._core.errors import OutboxError
 from outbox._core.kafka import client_settings
+from outbox.errors import error
 from outbox.relay.outcomes import FENCED_CODES, Action, Call, classify, outcome
 from outbox.relay.pause import BEFORE_COMMIT, BEFORE_POSITION, BEFORE_PRODUCE, MID_TRANSACTION, Pause
 from outbox.relay.poison import SIZE_CODES, Poison, explain, is_poison, missing_topic
@@ -51,16 +52,18 @@ _UNREACHABLE = frozenset(
 )
 
 
-def kafka_failure(exc: KafkaException, bootstrap: str = "", cause: str | None = None) -> ServiceUnavailable:
-    """One line for a failed Kafka call: fenced, unreachable (with the cause the client saw), or other."""
-    error = exc.args[0]
-    if not isinstance(error, KafkaError):
-        return ServiceUnavailable(f"Kafka at {bootstrap}: {error}")
-    if error.code() in FENCED_CODES:
-        return Fenced("fenced: another instance with this relay name and shard took over")
-    if error.code() in _UNREACHABLE and cause:
-        return ServiceUnavailable(f"cannot reach Kafka at {bootstrap}: {cause}")
-    return ServiceUnavailable(f"Kafka at {bootstrap}: {error.str()}")
+def kafka_failure(exc: KafkaException, bootstrap: str = "", cause: str | None = None) -> OutboxError:
+    """One line for a failed Kafka call: fenced, unreachable (with the cause the client saw), or other.
+
+    A ServiceUnavailable: Fenced (RELAY_FENCED), or RELAY_KAFKA_UNREACHABLE, or RELAY_KAFKA_FAILED."""
+    failure = exc.args[0]
+    if not isinstance(failure, KafkaError):
+        return error("RELAY_KAFKA_FAILED", bootstrap=bootstrap, reason=failure)
+    if failure.code() in FENCED_CODES:
+        return error("RELAY_FENCED")
+    if failure.code() in _UNREACHABLE and cause:
+        return error("RELAY_KAFKA_UNREACHABLE", bootstrap=bootstrap, cause=cause)
+    return error("RELAY_KAFKA_FAILED", bootstrap=bootstrap, reason=failure.str())
 
 
 class Publisher:
@@ -79,7 +82,7 @@ class Publisher:
     ) -> None:
         clash = sorted(RESERVED & set(kafka))
         if clash:
-            raise ConfigError(f"-X {clash[0]} is set by the relay itself and cannot be overridden")
+            raise error("RELAY_KAFKA_SETTING_RESERVED", setting=clash[0])
         self.bootstrap, self.relay = bootstrap, relay
         self.exactly_once, self.timeout, self.pause = exactly_once, timeout, pause
         self.retry_for = 2 * timeout  # how long a call the outcome table retries is asked again
@@ -232,10 +235,10 @@ class Publisher:
 
     def _flush(self, producer: Producer, rows: Sequence[Row]) -> None:
         if producer.flush(self.timeout) > 0:
-            raise ServiceUnavailable(f"Kafka at {self.bootstrap}: delivery did not finish in {self.timeout}s")
+            raise error("RELAY_DELIVERY_TIMEOUT", bootstrap=self.bootstrap, timeout=self.timeout)
         self._raise_poison(rows)
         if self._failures:
-            raise ServiceUnavailable(f"Kafka at {self.bootstrap}: {self._failures[0][0].str()}")
+            raise error("RELAY_KAFKA_FAILED", bootstrap=self.bootstrap, reason=self._failures[0][0].str())
 
     def _delivered(self, error: KafkaError | None, message: Message) -> None:
         if error is not None:
@@ -250,13 +253,13 @@ class Publisher:
         answer, none of them is named (the Poison is ambiguous).
         """
         refused = []
-        for error, message in self._failures:
-            if not is_poison(error):
+        for failure, message in self._failures:
+            if not is_poison(failure):
                 continue
             sent = (message.topic(), message.key(), message.value())
             row = next((r for r in rows if (r.topic, r.key, r.value) == sent), None)
             if row is not None:
-                refused.append((row.id, explain(error, row.topic, len(row.value or b"")), error.code()))
+                refused.append((row.id, explain(failure, row.topic, len(row.value or b"")), failure.code()))
         if refused:
             row_id, reason, code = min(refused)
             too_large = {r for r, _, c in refused if c in SIZE_CODES}
@@ -274,7 +277,7 @@ class Publisher:
     @property
     def producer(self) -> Producer:
         if self._producer is None:
-            raise OutboxError("publisher not started")
+            raise error("RELAY_PUBLISHER_NOT_STARTED")
         return self._producer
 
     def close(self) -> None:

@@ -20,7 +20,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from outbox._core.errors import ConfigError
+from outbox.errors import error
 
 disable_created_metrics()  # the *_created series only add noise for a long-running daemon
 
@@ -76,7 +76,7 @@ def serve(metrics: RelayMetrics, address: str) -> ThreadingHTTPServer:
     """Serve /metrics and /healthz on host:port (port 0: any free one) in a daemon thread."""
     host, _, port = address.rpartition(":")
     if not port.isdigit():
-        raise ConfigError(f"--metrics-address must be HOST:PORT or off, got {address!r}")
+        raise error("RELAY_METRICS_ADDRESS_MALFORMED", address=address)
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -101,9 +101,7 @@ def serve(metrics: RelayMetrics, address: str) -> ThreadingHTTPServer:
     try:
         server = ThreadingHTTPServer((host.strip("[]") or "0.0.0.0", int(port)), Handler)
     except OSError as exc:
-        raise ConfigError(
-            f"cannot serve metrics on {address}: {exc.strerror} (pick another --metrics-address, or off)"
-        ) from None
+        raise error("RELAY_METRICS_ADDRESS_UNAVAILABLE", address=address, reason=exc.strerror) from None
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server

@@ -26,9 +26,10 @@ from psycopg import sql
 
 from outbox._core import tables
 from outbox._core.config import DatabaseUrl
-from outbox._core.errors import ConfigError, ServiceUnavailable, Standby
+from outbox._core.errors import ConfigError, ServiceUnavailable
 from outbox._core.postgres import answered_within, connect, keepalive, limit_session, server_limits
 from outbox._core.sqltext import bindable
+from outbox.errors import error
 from outbox.relay.position import Position, Shard, Target
 from outbox.relay.resume import Mark
 from outbox.relay.row import Row
@@ -90,7 +91,7 @@ class OutboxTable:
         """timeout: seconds a round trip may take; silence: seconds after which the server ends
         a session it has heard nothing from (longer than a healthy relay is ever silent)."""
         if synchronous_commit not in SYNCHRONOUS_COMMIT:
-            raise ConfigError(f"synchronous_commit must be one of {', '.join(SYNCHRONOUS_COMMIT)}")
+            raise error("RELAY_SYNCHRONOUS_COMMIT_INVALID", choices=", ".join(SYNCHRONOUS_COMMIT))
         self.url, self.schema, self.relay, self.shard = url, schema, relay, shard
         self.synchronous_commit, self.timeout, self.silence = synchronous_commit, timeout, silence
         self._conn: psycopg.Connection[Any] | None = None
@@ -209,7 +210,7 @@ class OutboxTable:
         ).fetchone()
         assert row is not None
         if row[0]:
-            raise Standby(f"PostgreSQL at {self.url.safe} is a standby (in recovery)")
+            raise error("RELAY_STANDBY", url=self.url.safe)
         self.system = str(row[1])
         if listen:
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
@@ -223,7 +224,7 @@ class OutboxTable:
     @property
     def conn(self) -> psycopg.Connection[Any]:
         if self._conn is None:
-            raise ServiceUnavailable("not connected to PostgreSQL")
+            raise error("RELAY_NOT_CONNECTED")
         return self._conn
 
     @round_trip("reading the outbox's id")
@@ -232,9 +233,8 @@ class OutboxTable:
         query = sql.SQL("SELECT id::text FROM {}").format(sql.Identifier(self.schema, tables.OUTBOX_IDENTITY))
         row = self.conn.execute(query).fetchone()
         if row is None:
-            raise ConfigError(
-                f"{self.schema}.{tables.OUTBOX_IDENTITY} in {self.url.safe} is empty:"
-                f" run `outbox db upgrade --schema {self.schema}` (it adds the outbox's id)"
+            raise error(
+                "RELAY_OUTBOX_ID_MISSING", schema=self.schema, table=tables.OUTBOX_IDENTITY, url=self.url.safe
             )
         return str(row[0])
 

@@ -47,11 +47,15 @@ class Poison(OutboxError):
     cannot say which one is: the rows are tried again one per transaction.
     """
 
+    code = "RELAY_POISON"  # a class attribute, not a field: the constructor stays (row_id, reason, ambiguous)
+
     row_id: int
     reason: str
     ambiguous: bool = False
 
-    def __str__(self) -> str:
+    # The base sets `message` in its __init__, which this dataclass's own __init__ replaces.
+    @property
+    def message(self) -> str:  # type: ignore[override]  # read-only here: the words follow the fields
         return f"outbox row {self.row_id}: {self.reason}"
 
 

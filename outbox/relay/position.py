@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from outbox._core.errors import ConfigError, OutboxError
+from outbox.errors import error
 
 # The snapshot before any transaction: every row of the table is in the first delta.
 EMPTY_SNAPSHOT = "1:1:"
@@ -40,10 +40,10 @@ class Shard:
     def parse(cls, text: str) -> Shard:
         match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
         if not match:
-            raise ConfigError(f"--shard must look like I/N (e.g. 0/4), got {text!r}")
+            raise error("RELAY_SHARD_MALFORMED", text=text)
         index, count = int(match[1]), int(match[2])
         if count < 1 or not 0 <= index < count:
-            raise ConfigError(f"--shard {text}: need 0 <= I < N (shards are numbered from 0)")
+            raise error("RELAY_SHARD_OUT_OF_RANGE", text=text)
         return cls(index, count)
 
     def __str__(self) -> str:
@@ -131,10 +131,10 @@ class Position:
                 str(doc["relay"]), str(doc["outbox"]), Shard(int(doc["shard"]), int(doc["shards"]))
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise OutboxError(f"unreadable relay position record ({exc}): {data[:200]!r}") from None
+            raise error("RELAY_POSITION_UNREADABLE", reason=exc, data=data[:200]) from None
         for snapshot in (position.base, position.target):
             if snapshot is not None and not _SNAPSHOT.match(snapshot):
-                raise OutboxError(f"relay position holds a malformed snapshot {snapshot!r}")
+                raise error("RELAY_POSITION_SNAPSHOT_MALFORMED", snapshot=snapshot)
         return position, relay
 
     @property
@@ -163,21 +163,20 @@ def latest_position(records: Sequence[tuple[bytes | None, bytes | None]], relay:
             continue
         position, recorded = Position.from_json(value)
         if recorded.outbox != relay.outbox or recorded.name != relay.name:
-            raise ConfigError(
-                f"the position record under {key.decode(errors='replace')!r} belongs to relay"
-                f" {recorded.name!r} of outbox {recorded.outbox}, not to {relay.name!r} of outbox"
-                f" {relay.outbox}: refusing to apply another outbox's position"
+            raise error(
+                "RELAY_POSITION_OTHER_OUTBOX",
+                key=key.decode(errors="replace"),
+                recorded=recorded.name,
+                recorded_outbox=recorded.outbox,
+                relay=relay.name,
+                outbox=relay.outbox,
             )
         layouts[recorded.shard.count] = key
         if key == relay.position_key:
             found = position
     others = sorted(count for count in layouts if count != relay.shard.count)
     if others:
-        raise ConfigError(
-            f"relay {relay.name!r} already has positions for {others[-1]} shard(s) of this outbox, and this"
-            f" one was started as shard {relay.shard}. Changing the shard count needs a new relay name (which"
-            " republishes the rows still in the outbox table) or keeping the old count."
-        )
+        raise error("RELAY_SHARD_COUNT_CHANGED", relay=relay.name, count=others[-1], shard=relay.shard)
     return found
 
 

@@ -16,8 +16,8 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from outbox._core.committed import read_committed
-from outbox._core.errors import ConfigError, ServiceUnavailable
 from outbox._core.kafka import client_settings
+from outbox.errors import error
 from outbox.relay.position import Identity, Position, latest_position
 
 log = logging.getLogger("outbox.relay")
@@ -82,10 +82,11 @@ class PositionStore:
                 future.result(self.timeout)
             except KafkaException as exc:
                 if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                    raise ConfigError(
-                        f"cannot create the relay positions topic {self.topic!r}:"
-                        f" {exc.args[0].str()} (create it yourself: compacted, 1 partition,"
-                        f" {factor} replicas)"
+                    raise error(
+                        "RELAY_POSITIONS_TOPIC_NOT_CREATED",
+                        topic=self.topic,
+                        reason=exc.args[0].str(),
+                        replicas=factor,
                     ) from None
         log.info("created positions topic", extra={"topic": self.topic, "replicas": factor, **config})
         self._wait_for_leader(admin)
@@ -99,9 +100,7 @@ class PositionStore:
             if found is not None and found.error is None and min(leaders, default=-1) >= 0:
                 return
             time.sleep(0.2)
-        raise ServiceUnavailable(
-            f"the positions topic {self.topic!r} has no leader {self.timeout:.0f}s after its creation"
-        )
+        raise error("RELAY_POSITIONS_TOPIC_NO_LEADER", topic=self.topic, timeout=self.timeout)
 
     def records(self, name: str) -> list[tuple[bytes | None, bytes | None]]:
         """Every committed record of the topic, in order, up to its high watermark now

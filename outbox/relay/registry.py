@@ -19,7 +19,7 @@ import psycopg
 from psycopg import sql
 
 from outbox._core import tables
-from outbox._core.errors import ConfigError
+from outbox.errors import error
 from outbox.relay.outbox_table import lock_key
 from outbox.relay.position import Shard
 from outbox.relay.resume import REBASED
@@ -65,9 +65,7 @@ def rebase(
     shards = [(r.relay, r.shard) for r in registered(conn, schema)] + list(add)
     with _locked(conn, schema, shards) as free:
         if not free:
-            raise ConfigError(
-                f"a relay of the outbox in schema {schema!r} is running: stop every relay of it, then rebase"
-            )
+            raise error("RELAY_REBASE_WHILE_RUNNING", schema=schema)
         with conn.transaction():
             # Taken before this transaction has an id: the stamp below is not visible in it.
             snapshot = str(conn.execute("SELECT pg_current_snapshot()").fetchone()[0])  # type: ignore[index]  # a query that always returns one row
@@ -108,10 +106,10 @@ def forget(conn: psycopg.Connection[Any], schema: str, relay: str) -> int:
     """Drop a retired relay's rows, so that cleanup no longer waits for it. Returns how many."""
     shards = [(r.relay, r.shard) for r in registered(conn, schema) if r.relay == relay]
     if not shards:
-        raise ConfigError(f"no relay {relay!r} is recorded in schema {schema!r} (see `outbox relays list`)")
+        raise error("RELAY_NOT_RECORDED", relay=relay, schema=schema)
     with _locked(conn, schema, shards) as free:
         if not free:
-            raise ConfigError(f"relay {relay!r} is running: stop it before forgetting it")
+            raise error("RELAY_FORGET_WHILE_RUNNING", relay=relay)
         table = sql.Identifier(schema, tables.RELAY_POSITIONS)
         return conn.execute(sql.SQL("DELETE FROM {} WHERE relay = %s").format(table), [relay]).rowcount
 

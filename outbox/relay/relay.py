@@ -27,8 +27,9 @@ import psycopg
 from confluent_kafka import KafkaException
 
 from outbox._core.config import DatabaseUrl
-from outbox._core.errors import ConfigError, OutboxError, ServiceUnavailable, Standby
+from outbox._core.errors import OutboxError, ServiceUnavailable, Standby
 from outbox._core.postgres import reason
+from outbox.errors import error
 from outbox.relay.cleaner import Cleaner
 from outbox.relay.kafka import Publisher, kafka_failure
 from outbox.relay.metrics import RelayMetrics
@@ -69,15 +70,15 @@ class RelaySettings:
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", relay_name(self.name))
         if self.batch_size < 1:
-            raise OutboxError("--batch-size must be at least 1")
+            raise error("RELAY_BATCH_SIZE_TOO_SMALL")
         for flag, value in (
             ("--kafka-timeout", self.kafka_timeout),
             ("--database-timeout", self.database_timeout),
         ):
             if value <= 0:
-                raise OutboxError(f"{flag} must be positive, got {value:g}")
+                raise error("RELAY_TIMEOUT_NOT_POSITIVE", flag=flag, value=value)
         if self.on_poison not in (HALT, DEAD_LETTER):
-            raise OutboxError(f"--on-poison must be {HALT} or {DEAD_LETTER}, got {self.on_poison!r}")
+            raise error("RELAY_ON_POISON_INVALID", halt=HALT, dead_letter=DEAD_LETTER, policy=self.on_poison)
 
     @property
     def silence(self) -> float:
@@ -97,9 +98,7 @@ def relay_name(name: str) -> str:
     """
     control = any(unicodedata.category(c) in ("Cc", "Cs") for c in name)
     if not name or name != name.strip() or "/" in name or control:
-        raise ConfigError(
-            f"relay name {name!r} cannot be used: give printable characters, no '/', no space at either end"
-        )
+        raise error("RELAY_NAME_INVALID", name=name)
     return unicodedata.normalize("NFC", name)
 
 
@@ -150,9 +149,7 @@ class Relay:
                 self._failures += 1
                 reason = _describe(exc, self.settings.url, self.settings.bootstrap)
                 if self._failures > self.settings.max_retries:
-                    raise ServiceUnavailable(
-                        f"giving up after {self.settings.max_retries} retries: {reason}"
-                    ) from None
+                    raise error("RELAY_GAVE_UP", retries=self.settings.max_retries, reason=reason) from None
                 waiting = False
                 delay = backoff(self._failures)
                 self.metrics.health(False, f"retrying: {reason}")
@@ -364,8 +361,9 @@ def _settle(read: Future[Any] | None) -> None:
 
 
 def _describe(exc: BaseException, url: DatabaseUrl, bootstrap: str) -> str:
+    """The failure in words, without its code: it goes into RELAY_GAVE_UP's message, which has its own."""
     if isinstance(exc, KafkaException):
-        return str(kafka_failure(exc, bootstrap))
+        return kafka_failure(exc, bootstrap).message
     if isinstance(exc, psycopg.Error):
         return f"PostgreSQL at {url.safe}: {reason(exc, url)}"
-    return url.scrub(str(exc))
+    return url.scrub(exc.message if isinstance(exc, OutboxError) else str(exc))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from outbox._core.errors import ConfigError
+from outbox.errors import error
 from outbox.relay.position import Position
 
 
@@ -55,11 +55,7 @@ def resume(kafka: Position | None, mark: Mark | None, system: str, horizon: int,
     chosen = _choose(kafka, mark, system, rebase)
     position = replace(chosen.position, system=system)
     if position.horizon > horizon:
-        raise ConfigError(
-            f"the relay's position ({position.base}) is ahead of this database, whose next transaction id"
-            f" is {horizon}: restored from an older backup or another cluster? Run `{rebase}` to"
-            " publish again every row left in the outbox"
-        )
+        raise error("RELAY_POSITION_AHEAD", base=position.base, horizon=horizon, rebase=rebase)
     return replace(chosen, position=position)
 
 
@@ -80,12 +76,7 @@ def _choose(kafka: Position | None, mark: Mark | None, system: str, rebase: str)
         )
     stamped = kafka.system or (mark.system if mark else None)
     if stamped is not None and stamped != system:
-        raise ConfigError(
-            f"this database is another PostgreSQL cluster (system identifier {system}) than the one the"
-            f" relay's position was read from ({stamped}): restored with pg_dump, upgraded with pg_upgrade,"
-            f" or a wrong DATABASE_URL? Transaction ids mean something else here. If this is now the"
-            f" outbox, stop every relay of it and run `{rebase}`"
-        )
+        raise error("RELAY_POSITION_OTHER_CLUSTER", system=system, stamped=stamped, rebase=rebase)
     if mark is None:
         if kafka.mark is None:
             return Resumed(kafka)  # both from before marks: nothing to compare yet

@@ -16,9 +16,9 @@ from psycopg import sql
 
 from outbox._core import tables
 from outbox._core.committed import place, read_committed
-from outbox._core.errors import ConfigError, ServiceUnavailable
 from outbox._core.kafka import client_settings
 from outbox._core.trace import outbox_event_id
+from outbox.errors import error
 from outbox.relay.outbox_table import KEY_HASH
 from outbox.relay.position import Identity, Shard
 from outbox.trace import outcomes
@@ -195,11 +195,11 @@ def _offsets_at(servers: str, topic: str, millis: float, timeout: float) -> dict
         metadata = consumer.list_topics(topic, timeout=timeout)
         listed = metadata.topics.get(topic)
         if listed is None or listed.error is not None:
-            raise ConfigError(f"topic {topic!r} does not exist on {servers}")
+            raise error("KAFKA_TOPIC_MISSING", topic=topic, servers=servers)
         asked = [TopicPartition(topic, p, int(millis)) for p in listed.partitions]
         answered = consumer.offsets_for_times(asked, timeout=max(deadline - time.monotonic(), 1))
     except KafkaException as exc:
-        raise ServiceUnavailable(f"cannot reach Kafka at {servers}: {exc.args[0].str()}") from None
+        raise error("KAFKA_READ_UNREACHABLE", servers=servers, reason=exc.args[0].str()) from None
     finally:
         consumer.close()
     # -1: no record that late; read_committed's start then is the end, and nothing is read.

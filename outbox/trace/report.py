@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from outbox._core.errors import ConfigError
+from outbox.errors import error
 from outbox.jsonable import plain
 
 # What the sink did with an input record (outbox/trace/outcomes.py decides it), as a reader says it.
@@ -76,7 +76,7 @@ class Position:
         topic, _, rest = text.partition(":")  # a Kafka topic name has no ':'
         partition, _, offset = rest.partition(":")
         if not (topic and partition.isdigit() and offset.isdigit()):
-            raise ConfigError(f"--at needs TOPIC:PARTITION:OFFSET (like orders:0:42), got {text!r}")
+            raise error("TRACE_AT_MALFORMED", text=text)
         return cls(topic, int(partition), int(offset))
 
     def __str__(self) -> str:

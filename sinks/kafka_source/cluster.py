@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, ClusterMetadata, ConfigResource, OffsetSpec
 
-from outbox._core.errors import ConfigError, ServiceUnavailable
 from outbox._core.kafka import client_settings
+from sinks.errors import error
 from sinks.kafka_source.options import SourceOptions
 from sinks.kafka_source.ranges import TopicPartitionKey
 
@@ -65,9 +65,8 @@ class Cluster:
         ]
         missing = sorted(set(self.options.topics) - {name for name, _ in found})
         if missing:
-            raise ConfigError(
-                f"topic(s) {', '.join(missing)} do not exist on {self.options.bootstrap_servers}"
-                " (deleted, or never created)"
+            raise error(
+                "KAFKA_RC_TOPIC_MISSING", topics=", ".join(missing), servers=self.options.bootstrap_servers
             )
         return sorted(found)
 
@@ -104,19 +103,24 @@ class Cluster:
             try:
                 answer = ask()
             except KafkaException as exc:
-                error, waited = exc.args[0], time.monotonic() - began
-                if not transient(error):
-                    raise ServiceUnavailable(f"cannot {doing} on {where}: {error.str()}") from None
+                failed, waited = exc.args[0], time.monotonic() - began
+                if not transient(failed):
+                    raise error(
+                        "KAFKA_RC_REQUEST_FAILED", doing=doing, servers=where, reason=failed.str()
+                    ) from None
                 if self.patience is not None and waited >= self.patience:
-                    raise ServiceUnavailable(
-                        f"cannot {doing} on {where}: {error.str()}, for {waited:.0f}s"
-                        " (option unavailableTimeoutMs)"
+                    raise error(
+                        "KAFKA_RC_CLUSTER_UNAVAILABLE",
+                        doing=doing,
+                        servers=where,
+                        reason=failed.str(),
+                        seconds=waited,
                     ) from None
                 if not said and waited >= self.timeout:
                     log.warning(
                         "Kafka at %s has not answered for %.0fs (cannot %s: %s); waiting for it"
                         " (option unavailableTimeoutMs)",
-                        where, waited, doing, error.str(),
+                        where, waited, doing, failed.str(),
                     )  # fmt: skip
                     said = True
                 attempts += 1

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from outbox._core.config import database_url, schema_name
-from outbox._core.errors import ConfigError
+from sinks.errors import error
 from sinks.ledger import Ledger
 
 READ_UNCOMMITTED_OPT_IN = "unsafe.readUncommitted"
@@ -92,34 +92,29 @@ def parse(options: Mapping[str, str]) -> SourceOptions:
     kafka = {k[len("kafka.") :]: v for k, v in options.items() if k.lower().startswith("kafka.")}
     for key, why in _REJECTED.items():
         if key in opts:
-            raise ConfigError(f"option {key!r} is not supported: {why}")
+            raise error("KAFKA_RC_OPTION_UNSUPPORTED", option=key, why=why)
     unknown = sorted(k for k in opts if not k.startswith("kafka.") and k not in _OURS and k != "path")
     if unknown:
-        raise ConfigError(
-            f"unknown option(s) {', '.join(unknown)}: kafka client settings take a 'kafka.' prefix"
-        )
+        raise error("KAFKA_RC_OPTION_UNKNOWN", options=", ".join(unknown))
     bootstrap = kafka.pop("bootstrap.servers", None)
     if not bootstrap:
-        raise ConfigError("option kafka.bootstrap.servers is required")
+        raise error("KAFKA_RC_BOOTSTRAP_MISSING")
     if "isolation.level" in kafka:
-        raise ConfigError(
-            "set no kafka.isolation.level: the source reads read_committed; to read records of"
-            f" aborted and open transactions too, set {READ_UNCOMMITTED_OPT_IN}=true"
-        )
+        raise error("KAFKA_RC_ISOLATION_LEVEL_SET", opt_in=READ_UNCOMMITTED_OPT_IN)
     subscribe, pattern = opts.get("subscribe"), opts.get("subscribepattern")
     if bool(subscribe) == bool(pattern):
-        raise ConfigError("give exactly one of the options subscribe or subscribePattern")
+        raise error("KAFKA_RC_SUBSCRIPTION_NOT_ONE")
     topics = tuple(t.strip() for t in (subscribe or "").split(",") if t.strip())
     if subscribe is not None and not topics:
-        raise ConfigError("option subscribe names no topic")
+        raise error("KAFKA_RC_SUBSCRIBE_EMPTY")
     if pattern is not None:
         try:
             re.compile(pattern)
         except re.error as exc:
-            raise ConfigError(f"option subscribePattern is not a valid regex: {exc}") from None
+            raise error("KAFKA_RC_PATTERN_INVALID", reason=exc) from None
     max_per_trigger = opts.get("maxoffsetspertrigger")
     if ("ledger.url" in opts or "ledger.schema" in opts) and not opts.get("ledger.sink"):
-        raise ConfigError("options ledger.url / ledger.schema need ledger.sink, the sink's name")
+        raise error("KAFKA_RC_LEDGER_SINK_MISSING")
     ledger = None
     if opts.get("ledger.sink"):
         url = database_url(opts.get("ledger.url"))
@@ -152,10 +147,7 @@ def _offsets_option(name: str, value: str) -> str | dict[str, dict[str, int]]:
             str(topic): {str(int(p)): int(o) for p, o in parts.items()} for topic, parts in parsed.items()
         }
     except (ValueError, AttributeError, TypeError):
-        raise ConfigError(
-            f'option {name} must be earliest, latest or JSON like {{"topic":{{"0":23,"1":-2}}}}'
-            f" (-2 earliest, -1 latest), got {value!r}"
-        ) from None
+        raise error("KAFKA_RC_OFFSETS_INVALID", option=name, value=value) from None
 
 
 def _positive_int(name: str, value: str | None) -> int | None:
@@ -166,7 +158,7 @@ def _positive_int(name: str, value: str | None) -> int | None:
     except ValueError:
         number = 0
     if number <= 0:
-        raise ConfigError(f"option {name} must be a positive integer, got {value!r}")
+        raise error("KAFKA_RC_OPTION_NOT_POSITIVE", option=name, value=value)
     return number
 
 
@@ -178,4 +170,4 @@ def _seconds(name: str, millis: str | None) -> float | None:
 def _bool(name: str, value: str) -> bool:
     if value.lower() in ("true", "false"):
         return value.lower() == "true"
-    raise ConfigError(f"option {name} must be true or false, got {value!r}")
+    raise error("KAFKA_RC_OPTION_NOT_BOOLEAN", option=name, value=value)

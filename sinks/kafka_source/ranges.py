@@ -10,7 +10,8 @@ import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from outbox._core.errors import ConfigError
+from outbox._core.errors import OutboxError
+from sinks.errors import error
 from sinks.kafka_source.options import EARLIEST, LATEST
 
 Offsets = dict[str, dict[str, int]]
@@ -54,8 +55,9 @@ def reconcile(
     ids: Mapping[str, str],
     earliest: Mapping[TopicPartitionKey, int],
     latest: Mapping[TopicPartitionKey, int],
-) -> tuple[dict[TopicPartitionKey, int], list[str]]:
-    """Where each partition can begin now, and what was lost on the way (Spark's failOnDataLoss cases).
+) -> tuple[dict[TopicPartitionKey, int], list[OutboxError]]:
+    """Where each partition can begin now, and what was lost on the way (Spark's failOnDataLoss cases),
+    each as the DataLossError that stops the query.
 
     known: the topic ids `begin` was read under; ids: the topics' ids now. A
     topic recreated under its name, a log that now ends before `begin`
@@ -63,11 +65,7 @@ def reconcile(
     never read): each begins again at its earliest offset, and is a loss.
     """
     recreated = sorted({t for t, _ in begin if t in known and t in ids and known[t] != ids[t]})
-    losses = [
-        f"topic {t} was deleted and created again (topic id {known[t]}, now {ids[t]}):"
-        " the offsets read so far are of the old topic"
-        for t in recreated
-    ]
+    losses = [error("KAFKA_RC_TOPIC_RECREATED", topic=t, was=known[t], now=ids[t]) for t in recreated]
     out = {tp: earliest[tp] for tp in earliest if tp[0] in recreated}
     for tp, offset in sorted(begin.items()):
         topic, partition = tp
@@ -75,14 +73,20 @@ def reconcile(
             continue
         if tp in latest and offset > latest[tp]:
             losses.append(
-                f"{topic}-{partition} now ends at offset {latest[tp]}, before offset {offset} already read:"
-                " its log was truncated, or the topic created again"
+                error(
+                    "KAFKA_RC_LOG_TRUNCATED", topic=topic, partition=partition, end=latest[tp], offset=offset
+                )
             )
             offset = earliest[tp]
         elif tp in earliest and offset < earliest[tp]:
             losses.append(
-                f"offsets {offset}-{earliest[tp] - 1} of {topic}-{partition} were deleted before they"
-                " were read (retention?)"
+                error(
+                    "KAFKA_RC_OFFSETS_DELETED",
+                    first=offset,
+                    last=earliest[tp] - 1,
+                    topic=topic,
+                    partition=partition,
+                )
             )
             offset = earliest[tp]
         out[tp] = offset
@@ -108,7 +112,7 @@ def resolve(
     missing = sorted(set(partitions) - set(given))
     if missing:
         names = ", ".join(f"{t}-{p}" for t, p in missing)
-        raise ConfigError(f"option {option} gives no offset for {names}: list every partition")
+        raise error("KAFKA_RC_OFFSETS_INCOMPLETE", option=option, partitions=names)
     resolved = {}
     for tp in partitions:
         offset = given[tp]

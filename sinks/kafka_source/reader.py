@@ -18,8 +18,8 @@ from typing import Any, cast
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from outbox._core.errors import DataLossError, ServiceUnavailable
 from outbox._core.kafka import client_settings
+from sinks.errors import error
 from sinks.kafka_source.ranges import Range
 
 ARROW_SCHEMA = pa.schema(
@@ -104,14 +104,22 @@ def _drain(
                 said = False
             moved_at = now
         elif now - moved_at > poll_timeout_s:
-            stalled = (
-                f"{rng.topic}-{rng.partition}: no progress at offset {position} (reading up to {rng.end})"
-                f" for {now - moved_at:.0f}s; is the broker reachable?"
-            )
             if now - moved_at > patience_s:
                 option = "pollTimeoutMs" if patience_s <= poll_timeout_s else "unavailableTimeoutMs"
-                raise ServiceUnavailable(f"{stalled} (option {option})")
+                raise error(
+                    "KAFKA_RC_READ_STALLED",
+                    topic=rng.topic,
+                    partition=rng.partition,
+                    offset=position,
+                    end=rng.end,
+                    seconds=now - moved_at,
+                    option=option,
+                )
             if not said:
+                stalled = (
+                    f"{rng.topic}-{rng.partition}: no progress at offset {position} (reading up to {rng.end})"
+                    f" for {now - moved_at:.0f}s; is the broker reachable?"
+                )
                 log.warning("%s; waiting for it (option unavailableTimeoutMs)", stalled)
                 said = True
     if rows:
@@ -124,13 +132,10 @@ def _offset(message: Message) -> int:
 
 
 def _raise(failed: list[Message], rng: Range, position: int) -> None:
-    error = cast(KafkaError, failed[0].error())
-    if error.code() == KafkaError._AUTO_OFFSET_RESET:
-        raise DataLossError(
-            f"{rng.topic}-{rng.partition}: offset {position} is no longer on the broker"
-            " (removed by retention?); set failOnDataLoss=false to skip what is gone"
-        )
-    raise ServiceUnavailable(f"{rng.topic}-{rng.partition}: {error.str()}")
+    failed_with = cast(KafkaError, failed[0].error())
+    if failed_with.code() == KafkaError._AUTO_OFFSET_RESET:
+        raise error("KAFKA_RC_OFFSET_GONE", topic=rng.topic, partition=rng.partition, offset=position)
+    raise error("KAFKA_RC_READ_FAILED", topic=rng.topic, partition=rng.partition, reason=failed_with.str())
 
 
 def to_arrow(messages: list[Message], rng: Range) -> pa.RecordBatch:

@@ -26,7 +26,8 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from outbox._core.errors import ConfigError, DataLossError, OutboxError, ServiceUnavailable
+from outbox._core.errors import OutboxError, ServiceUnavailable
+from sinks.errors import KAFKA_RC_LOSS_ADVICE, error
 from sinks.kafka_source import ranges
 from sinks.kafka_source.cluster import Cluster
 from sinks.kafka_source.options import SourceOptions, parse
@@ -79,10 +80,10 @@ def starting_positions(
     if options.ledger is not None:
         recorded, recorded_ids = options.ledger.read()
         for topic in (new := recreated(recorded_ids, ids)):
-            error = recreated_error(options.ledger.sink, topic, recorded_ids[topic], ids[topic])
+            lost = recreated_error(options.ledger.sink, topic, recorded_ids[topic], ids[topic])
             if options.fail_on_data_loss:
-                raise error
-            log.warning("%s; reading it from its earliest offset", str(error).split(": the sink")[0])
+                raise lost
+            log.warning("%s; reading it from its earliest offset", lost.message.split(": the sink")[0])
         start = {tp: earliest[tp] if tp[0] in new else offset for tp, offset in start.items()}
         start = ranges.overlay(start, {tp: o for tp, o in recorded.items() if tp[0] not in new})
     start, losses = ranges.reconcile(start, {}, {}, earliest, latest)
@@ -90,15 +91,13 @@ def starting_positions(
     return start
 
 
-def judge(losses: list[str], options: SourceOptions, *, warn: bool) -> None:
+def judge(losses: list[OutboxError], options: SourceOptions, *, warn: bool) -> None:
     """Stop at the first loss, or (failOnDataLoss=false) log each and go on, as Spark's source does."""
     if losses and options.fail_on_data_loss:
-        raise DataLossError(
-            f"{losses[0]}; records may have been lost. To go on from the earliest offsets still there,"
-            " set the source option failOnDataLoss=false"
-        )
+        raise losses[0]
     for loss in losses if warn else ():
-        log.warning("%s; going on from the earliest offset still there (failOnDataLoss=false)", loss)
+        said = loss.message.removesuffix(KAFKA_RC_LOSS_ADVICE)
+        log.warning("%s; going on from the earliest offset still there (failOnDataLoss=false)", said)
 
 
 def _input_partitions(
@@ -240,12 +239,12 @@ def unsubscribed(topics: list[str], existing: set[str], options: SourceOptions) 
     """The error for checkpointed topics the query no longer reads: deleted, or another subscription's."""
     present = [t for t in topics if t in existing]
     if present:
-        return ConfigError(
-            f"the checkpoint holds offsets of topic(s) {', '.join(present)}, which this query does not"
-            f" subscribe to ({options.subscription}): the checkpoint belongs to another subscription;"
-            " give this query a new checkpointLocation"
+        return error(
+            "KAFKA_RC_CHECKPOINT_OTHER_SUBSCRIPTION",
+            topics=", ".join(present),
+            subscription=options.subscription,
         )
-    return ConfigError(f"topic(s) {', '.join(topics)} were deleted while the query was reading them")
+    return error("KAFKA_RC_TOPIC_DELETED", topics=", ".join(topics))
 
 
 def register(spark: SparkSession) -> None:

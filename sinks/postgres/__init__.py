@@ -16,9 +16,9 @@ task, a redelivered event or a lost checkpoint changes nothing.
   spec.py       what the user asked for; parse.py: parse_json
 """
 
+from sinks.errors import SinkError
 from sinks.postgres.apply import BatchResult
 from sinks.postgres.parse import parse_json
-from sinks.postgres.refusal import SinkError
 from sinks.postgres.sink import PostgresSink
 from sinks.postgres.spec import Outbox, SinkSpec
 

@@ -16,7 +16,8 @@ from typing import Any, NamedTuple
 
 import psycopg
 
-from sinks.postgres.refusal import ROW_ERRORS, SinkError, reason
+from sinks.errors import error
+from sinks.postgres.refusal import ROW_ERRORS, reason
 from sinks.postgres.statements import Statements
 
 
@@ -68,10 +69,7 @@ def apply_batch(
     with conn.transaction():
         counts = apply_rows(conn, st, params)
         if counts.staged != staged:  # raising here rolls the whole batch back
-            raise SinkError(
-                f"sink {st.spec.name}: the stage table holds {counts.staged} of {staged} staged rows (was"
-                " PostgreSQL restarted?); nothing was applied, the batch replays when the query restarts"
-            )
+            raise error("SINK_STAGE_INCOMPLETE", sink=st.spec.name, present=counts.staged, staged=staged)
         conn.execute(st.drop_stage())
         if record:
             conn.execute(st.record_batch(), record)
@@ -100,14 +98,22 @@ def apply_rows(conn: psycopg.Connection, st: Statements, params: dict[str, Any])
     # Enough memory to number a batch's events in one in-memory sort, not in temp files.
     conn.execute("SET LOCAL work_mem = '256MB'")
     if fail and (bad := conn.execute(st.first_error(), params).fetchone()):
-        raise SinkError(f"sink {st.spec.name}: cannot write {bad[0]}[{bad[1]}]@{bad[2]}: {bad[3]}")
+        topic, partition, offset, why = bad
+        raise error(
+            "SINK_VALUE_UNPARSED",
+            sink=st.spec.name,
+            topic=topic,
+            partition=partition,
+            offset=offset,
+            reason=why,
+        )
     if conn.execute(st.rounds(), params).fetchone()[0] <= 1:  # type: ignore[index]  # a query that always returns one row
         try:
             with conn.transaction():
                 return Counts(*conn.execute(st.apply(), params).fetchone())  # type: ignore[misc]  # a query that always returns one row
         except ROW_ERRORS as exc:
             if fail:
-                raise SinkError(f"sink {st.spec.name}: the table refused a row: {reason(exc)}") from None
+                raise error("SINK_ROW_REFUSED", sink=st.spec.name, reason=reason(exc)) from None
     upserted, deleted, stale, refused = _apply_in_rounds(conn, st, params, fail)
     present, fresh, dead = conn.execute(st.finish(), params).fetchone()  # type: ignore[misc]  # a query that always returns one row
     return Counts(present, fresh, upserted, deleted, dead + refused, stale)
@@ -136,7 +142,7 @@ def _apply_in_rounds(
                 upserted, deleted, stale = upserted + u, deleted + d, stale + s
             except ROW_ERRORS as exc:
                 if fail:
-                    raise SinkError(f"sink {st.spec.name}: the table refused a row: {reason(exc)}") from None
+                    raise error("SINK_ROW_REFUSED", sink=st.spec.name, reason=reason(exc)) from None
                 if lo == hi:
                     row = {**params, "round": round_, "n": lo, "error": reason(exc)}
                     conn.execute(st.dead_letter_row(), row)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-from outbox._core.errors import ConfigError
+from sinks.errors import error
 
 
 @dataclass(frozen=True)
@@ -55,10 +55,7 @@ GROUP BY i.indexrelid
 def describe(conn: psycopg.Connection, schema: str, table: str) -> Table:
     rows = conn.execute(_COLUMNS, [schema, table]).fetchall()
     if not rows:
-        raise ConfigError(
-            f"table {schema}.{table} does not exist in {conn.info.dbname}: create it (with a unique"
-            " index on the key columns) before starting the sink"
-        )
+        raise error("SINK_TABLE_NOT_FOUND", schema=schema, table=table, database=conn.info.dbname)
     columns = {r[0]: Column(*r) for r in rows}
     keys = tuple(frozenset(r[0]) for r in conn.execute(_UNIQUE, [schema, table]).fetchall())
     return Table(schema, table, columns, keys)

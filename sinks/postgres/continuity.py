@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 from pyspark.sql import DataFrame
 
+from outbox._core.errors import OutboxError
+from sinks.errors import error
 from sinks.kafka_source.ranges import to_offsets
 from sinks.ledger import Positions
-from sinks.postgres.refusal import SinkError
 from sinks.postgres.spark_plan import is_connect
 
 
@@ -55,15 +56,9 @@ def query_id(batch: DataFrame, checkpoint: str | None = None) -> str | None:
     return str(json.loads(metadata[0])["id"]) if metadata else None
 
 
-def lost_batches(sink: str, gone: range, batch: int, ledger: Positions) -> SinkError:
+def lost_batches(sink: str, gone: range, batch: int, ledger: Positions) -> OutboxError:
     """The one line for a database that went back: what is missing and how to read it again."""
     first, last = gone[0], gone[-1]
     which = f"batch {first}" if first == last else f"batches {first}-{last}"
-    offsets = to_offsets(ledger)
-    return SinkError(
-        f"sink {sink}: PostgreSQL no longer holds {which}, which Spark's checkpoint counts as applied"
-        " (it went back in time: a failover to an asynchronous replica, a restore, or a crash without"
-        f" fsync); nothing of batch {batch} was applied. To read the lost events again, restart the query"
-        f" with a new checkpointLocation and kafka_rc's option ledger.sink={sink}, which starts where the"
-        f" ledger stands, or with startingOffsets='{json.dumps(offsets, separators=(',', ':'))}'"
-    )
+    offsets = json.dumps(to_offsets(ledger), separators=(",", ":"))
+    return error("SINK_BATCH_LOST", sink=sink, which=which, batch=batch, offsets=offsets)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from pyspark.sql.streaming import StreamingQueryListener
 
-from outbox._core.errors import ConfigError
+from sinks.errors import error
 from sinks.postgres.spark_plan import is_connect
 
 if TYPE_CHECKING:
@@ -160,13 +160,13 @@ class SinkMetrics(StreamingQueryListener):
         """Serve /metrics on HOST:PORT (port 0: any free one) in a daemon thread; returns host:port."""
         host, _, port = address.rpartition(":")
         if not port.isdigit():
-            raise ConfigError(f"metrics address must be HOST:PORT, got {address!r}")
+            raise error("SINK_METRICS_ADDRESS_INVALID", address=address)
         try:
             server, _ = start_http_server(
                 int(port), addr=host.strip("[]") or "0.0.0.0", registry=self.registry
             )
         except OSError as exc:
-            raise ConfigError(f"cannot serve the sink's metrics on {address}: {exc.strerror}") from None
+            raise error("SINK_METRICS_CANNOT_SERVE", address=address, reason=exc.strerror) from None
         self._server = server
         return f"{host}:{server.server_port}"
 

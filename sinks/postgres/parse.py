@@ -8,7 +8,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from outbox._core.errors import ConfigError
+from sinks.errors import error
 from sinks.postgres.plan import ERROR_COLUMN
 
 KEEP = ("key", "value", "topic", "partition", "offset")
@@ -36,9 +36,9 @@ def parse_json(
     event = _struct(frame, schema)
     clash = [f.name for f in event.fields if f.name in (*KEEP, ERROR_COLUMN, _CORRUPT)]
     if clash:
-        raise ConfigError(f"schema fields {clash} clash with the Kafka columns of the same name; rename them")
+        raise error("SINK_SCHEMA_FIELDS_CLASH", fields=clash)
     if key_column is not None and key_column not in event.fieldNames():
-        raise ConfigError(f"key_column {key_column!r} is not a field of the schema {event.simpleString()}")
+        raise error("SINK_KEY_COLUMN_NOT_IN_SCHEMA", key_column=key_column, schema=event.simpleString())
     text = F.col("value").cast("string")
     # PERMISSIVE parsing keeps the fields it could read and, when any field (or the
     # whole value) could not be, the record's text in the corrupt-record column:
@@ -56,8 +56,8 @@ def parse_json(
         return column.alias(f.name)
 
     corrupt = F.col("_event").getField(_CORRUPT)
-    error = F.when(corrupt.isNotNull(), _unreadable_fields(text, event, options or None))
-    return parsed.select(*(field(f) for f in event.fields), *KEEP, error.alias(ERROR_COLUMN))
+    unreadable = F.when(corrupt.isNotNull(), _unreadable_fields(text, event, options or None))
+    return parsed.select(*(field(f) for f in event.fields), *KEEP, unreadable.alias(ERROR_COLUMN))
 
 
 def _struct(frame: DataFrame, schema: str | T.StructType) -> T.StructType:

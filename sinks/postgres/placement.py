@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from outbox._core.errors import ConfigError
+from sinks.errors import error
 
 ApplyIn = Literal["auto", "tasks", "driver"]
 
@@ -102,9 +102,5 @@ def choose(root: Node | None, position: frozenset[int], apply_in: ApplyIn) -> Ro
         return Route(False, "apply_in='driver'")
     found = route(root, position) if root else Route(False, "the frame's plan cannot be read here")
     if apply_in == "tasks" and not found.tasks:
-        raise ConfigError(
-            f"apply_in='tasks' needs each topic-partition's rows of a batch in one Spark task,"
-            f" but {found.why}; use apply_in='auto' to apply such frames on the driver,"
-            " or repartition by topic and partition"
-        )
+        raise error("SINK_TASKS_UNPROVEN", why=found.why)
     return found

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pyspark.sql import types as T
 
-from outbox._core.errors import ConfigError
+from sinks.errors import error
 from sinks.postgres.catalog import Table
 from sinks.postgres.spec import SinkSpec
 
@@ -46,39 +46,40 @@ class Plan:
 
 def plan(schema: T.StructType, table: Table, spec: SinkSpec) -> Plan:
     fields = {f.name: f.dataType for f in schema.fields}
-    where = f"table {table.schema}.{table.name}"
+    qualified = f"{table.schema}.{table.name}"
     _check_position(fields)
 
     unknown = [n for n in fields if n not in table.columns and n not in KAFKA_COLUMNS | {ERROR_COLUMN}]
     if unknown:
-        raise ConfigError(
-            f"DataFrame columns {unknown} are not in {where} (columns: {list(table.columns)});"
-            " drop or rename them before the sink"
+        raise error(
+            "SINK_COLUMNS_NOT_IN_TABLE", columns=unknown, table=qualified, table_columns=list(table.columns)
         )
     columns = tuple(n for n in fields if n in table.columns and n != ERROR_COLUMN)
     generated = [n for n in columns if table.columns[n].generated]
     if generated:
-        raise ConfigError(f"columns {generated} of {where} are generated and cannot be written; drop them")
+        raise error("SINK_COLUMNS_GENERATED", columns=generated, table=qualified)
     missing = [
         c.name for c in table.columns.values() if c.not_null and not c.has_default and c.name not in fields
     ]
     if missing:
-        raise ConfigError(f"{where} needs columns {missing} (NOT NULL, no default) that the DataFrame lacks")
+        raise error("SINK_REQUIRED_COLUMNS_MISSING", table=qualified, columns=missing)
     absent_keys = [k for k in spec.key if k not in columns]
     if absent_keys:
-        raise ConfigError(f"key columns {absent_keys} are not both in the DataFrame and in {where}")
+        raise error("SINK_KEY_COLUMNS_ABSENT", columns=absent_keys, table=qualified)
     if frozenset(spec.key) not in table.unique_keys:
-        raise ConfigError(
-            f"{where} has no unique index on exactly {list(spec.key)}: the sink upserts ON CONFLICT over"
-            f" the key; add one, e.g. CREATE UNIQUE INDEX ON {table.name} ({', '.join(spec.key)})"
+        raise error(
+            "SINK_NO_UNIQUE_INDEX",
+            table=qualified,
+            key=list(spec.key),
+            name=table.name,
+            columns=", ".join(spec.key),
         )
     if spec.version is not None:
         if spec.version not in columns:
-            raise ConfigError(f"version column {spec.version!r} is not both in the DataFrame and in {where}")
+            raise error("SINK_VERSION_COLUMN_ABSENT", version=spec.version, table=qualified)
         if table.columns[spec.version].category not in "ND":
-            raise ConfigError(
-                f"version column {spec.version!r} is {table.columns[spec.version].type}; it must be a number"
-                " or a timestamp so versions can be compared"
+            raise error(
+                "SINK_VERSION_NOT_ORDERED", version=spec.version, type=table.columns[spec.version].type
             )
 
     conversions = {n: conversion(n, fields[n], table) for n in columns}
@@ -91,19 +92,15 @@ def plan(schema: T.StructType, table: Table, spec: SinkSpec) -> Plan:
     no_equality = frozenset(
         n for n in columns if table.columns[n].base in ("json", "xml") or table.columns[n].category == "G"
     )
-    error = ERROR_COLUMN if isinstance(fields.get(ERROR_COLUMN), T.StringType) else None
-    return Plan(columns, conversions, raw("key"), raw("value"), error, no_equality)
+    parse_error = ERROR_COLUMN if isinstance(fields.get(ERROR_COLUMN), T.StringType) else None
+    return Plan(columns, conversions, raw("key"), raw("value"), parse_error, no_equality)
 
 
 def _check_position(fields: dict[str, T.DataType]) -> None:
     wanted = {"topic": T.StringType, "partition": T.IntegerType, "offset": T.LongType}
     bad = [n for n, kind in wanted.items() if not isinstance(fields.get(n), kind)]
     if bad:
-        raise ConfigError(
-            f"the DataFrame needs the Kafka position columns topic (string), partition (int) and offset"
-            f" (long) to apply each event exactly once; missing or mistyped: {bad}. Keep them when you"
-            " parse the value, or use sinks.postgres.parse_json"
-        )
+        raise error("SINK_POSITION_COLUMNS_MISSING", columns=bad)
 
 
 def conversion(name: str, kind: T.DataType, table: Table) -> Conversion:
@@ -131,9 +128,12 @@ def conversion(name: str, kind: T.DataType, table: Table) -> Conversion:
         and _element_fits(kind.elementType, column.element_category or "")
     ):
         return "array"
-    raise ConfigError(
-        f"column {name!r}: a Spark {kind.simpleString()} cannot be written to {table.schema}.{table.name}"
-        f".{name} of type {column.type}; cast it in the DataFrame first"
+    raise error(
+        "SINK_COLUMN_TYPE_MISMATCH",
+        column=name,
+        spark_type=kind.simpleString(),
+        table=f"{table.schema}.{table.name}",
+        type=column.type,
     )
 
 

@@ -12,14 +12,11 @@ import re
 
 import psycopg
 
-from outbox._core.errors import OutboxError
+from sinks.errors import SinkError
+
+__all__ = ["ROW_ERRORS", "SinkError", "reason"]
 
 ROW_ERRORS = (psycopg.errors.DataError, psycopg.errors.IntegrityError, psycopg.errors.ProgramLimitExceeded)
-
-
-class SinkError(OutboxError):
-    """A batch the sink refused to apply. Nothing of it was committed, except, when applied in
-    the tasks, other tasks' topic-partitions, which the batch's replay then skips."""
 
 
 def reason(exc: psycopg.Error, names: tuple[str, ...] = ()) -> str:

@@ -19,6 +19,7 @@ from pyspark.sql.streaming import StreamingQuery
 from outbox._core import tables
 from outbox._core.config import database_url, schema_name
 from outbox._core.postgres import connect
+from sinks.errors import SinkError, error
 from sinks.ledger import positions
 from sinks.postgres.apply import BatchResult, apply_batch
 from sinks.postgres.catalog import describe
@@ -27,7 +28,6 @@ from sinks.postgres.continuity import LastBatch, lost, lost_batches, query_id
 from sinks.postgres.metrics import SinkMetrics
 from sinks.postgres.placement import ApplyIn, Route, choose
 from sinks.postgres.plan import Conversion, Plan, plan
-from sinks.postgres.refusal import SinkError
 from sinks.postgres.retry import with_retries
 from sinks.postgres.spark_plan import is_connect, read_plan
 from sinks.postgres.spec import Mode, OnError, Outbox, SinkSpec
@@ -309,9 +309,9 @@ class BatchWriter:
 
     def summarize(self, batch_id: int, done: list[Row]) -> BatchResult:
         """The batch's result from its tasks' rows; a task's refusal fails the batch with its line."""
-        refused = [r.refused for r in done if r.refused]
-        if refused:
-            raise SinkError(refused[0])
+        refused = [r for r in done if r.refused]
+        if refused:  # raised again as the task raised it: its message and code
+            raise SinkError(refused[0].refused, code=refused[0].refused_code)
         counts = {c: sum(getattr(r, c) for r in done) for c in COUNTS}
         stages = {stage: sum(getattr(r, t) for r in done) for stage, t in zip(STAGES, TIMES, strict=True)}
 
@@ -423,10 +423,7 @@ class BatchWriter:
     def _lock(self, conn: psycopg.Connection) -> None:
         locked = conn.execute(f"SELECT pg_try_advisory_lock({_LOCK_KEY})", [self.spec.name]).fetchone()
         if not locked or not locked[0]:
-            raise SinkError(
-                f"sink {self.spec.name} is being written by another query right now (it holds the sink's"
-                " advisory lock); stop that query, or give this sink another name"
-            )
+            raise error("SINK_IN_USE", sink=self.spec.name)
 
 
 _LOCK_KEY = "hashtextextended('outbox-sink:' || %s, 0)"

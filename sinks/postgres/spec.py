@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from outbox._core.config import DatabaseUrl
-from outbox._core.errors import ConfigError
+from sinks.errors import error
 from sinks.postgres.placement import ApplyIn
 
 Mode = Literal["upsert", "insert"]
@@ -60,26 +60,24 @@ class SinkSpec:
 
     def __post_init__(self) -> None:
         if not self.table:
-            raise ConfigError("the sink needs a table name")
+            raise error("SINK_TABLE_UNNAMED")
         if not self.key:
-            raise ConfigError("the sink needs at least one key column (default: event_id)")
+            raise error("SINK_KEY_MISSING")
         if len(set(self.key)) != len(self.key):
-            raise ConfigError(f"key columns repeat: {list(self.key)}")
+            raise error("SINK_KEY_REPEATS", key=list(self.key))
         if self.mode not in ("upsert", "insert"):
-            raise ConfigError(f"mode must be 'upsert' or 'insert', not {self.mode!r}")
+            raise error("SINK_MODE_INVALID", mode=self.mode)
         if self.on_error not in ("dead_letter", "fail"):
-            raise ConfigError(f"on_error must be 'dead_letter' or 'fail', not {self.on_error!r}")
+            raise error("SINK_ON_ERROR_INVALID", on_error=self.on_error)
         if self.apply_in not in ("auto", "tasks", "driver"):
-            raise ConfigError(f"apply_in must be 'auto', 'tasks' or 'driver', not {self.apply_in!r}")
+            raise error("SINK_APPLY_IN_INVALID", apply_in=self.apply_in)
         if not self.database_timeout > 0:
-            raise ConfigError(
-                f"database_timeout must be a positive number of seconds, got {self.database_timeout}"
-            )
+            raise error("SINK_DATABASE_TIMEOUT_INVALID", seconds=self.database_timeout)
         if self.version is not None and self.version in self.key:
-            raise ConfigError(f"the version column {self.version!r} cannot also be a key column")
+            raise error("SINK_VERSION_IS_KEY", version=self.version)
         if self.version is not None and self.mode == "insert":
-            raise ConfigError("a version column needs mode='upsert': mode='insert' never replaces a row")
+            raise error("SINK_VERSION_NEEDS_UPSERT")
         if self.outbox is not None and not self.outbox.topic:
-            raise ConfigError("Outbox needs a topic")
+            raise error("SINK_OUTBOX_TOPIC_MISSING")
         if not self.name:
             object.__setattr__(self, "name", f"{self.schema}.{self.table}")

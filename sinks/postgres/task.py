@@ -25,18 +25,25 @@ from typing import Any
 import pyarrow as pa
 
 from outbox._core.postgres import connect, keepalive, limit_session, server_limits, watched
+from sinks.errors import SinkError
 from sinks.postgres.apply import Counts, apply_rows
 from sinks.postgres.clock import STAGES, Clock
-from sinks.postgres.refusal import SinkError
 from sinks.postgres.retry import with_retries
 from sinks.postgres.stage import StageJob, attempt_id, copy_batch
 from sinks.postgres.statements import ATTEMPT_SETTING, Statements
 
 COUNTS = (*Counts._fields, "retries")  # BatchResult's names
 TIMES = tuple(f"{stage}_seconds" for stage in STAGES)
-TASK_RESULT = ", ".join([*(f"{c} long" for c in COUNTS), *(f"{t} double" for t in TIMES), "refused string"])
+_REFUSAL = ("refused", "refused_code")  # a refusal's message and code (sinks/errors.py)
+TASK_RESULT = ", ".join(
+    [*(f"{c} long" for c in COUNTS), *(f"{t} double" for t in TIMES), *(f"{r} string" for r in _REFUSAL)]
+)
 _SCHEMA = pa.schema(
-    [*((c, pa.int64()) for c in COUNTS), *((t, pa.float64()) for t in TIMES), ("refused", pa.string())]
+    [
+        *((c, pa.int64()) for c in COUNTS),
+        *((t, pa.float64()) for t in TIMES),
+        *((r, pa.string()) for r in _REFUSAL),
+    ]
 )
 
 
@@ -52,6 +59,7 @@ class TaskJob:
 class Outcome:
     counts: Counts
     refused: str | None = None  # why the sink refused the rows (on_error='fail'); nothing was committed
+    refused_code: str | None = None  # the refusal's code
     retries: int = 0
 
 
@@ -72,7 +80,8 @@ def applier(job: TaskJob) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.Re
                 lambda: apply_task(job, rows, attempt, clock), job.statements.spec.retry_for, who
             )
             outcome = replace(outcome, retries=retries)
-        values = [*outcome.counts, outcome.retries, *clock.seconds.values(), outcome.refused]
+        refusal = [outcome.refused, outcome.refused_code]
+        values = [*outcome.counts, outcome.retries, *clock.seconds.values(), *refusal]
         columns = {f: [v] for f, v in zip(_SCHEMA.names, values, strict=True)}
         yield pa.RecordBatch.from_pydict(columns, _SCHEMA)
 
@@ -116,7 +125,7 @@ def apply_task(job: TaskJob, rows: list[pa.RecordBatch], attempt: int, clock: Cl
                     committing = time.perf_counter()
                 clock.seconds["commit"] += time.perf_counter() - committing
         except SinkError as exc:  # rolled back: the driver fails the batch with this line
-            return replace(NOTHING, refused=str(exc))
+            return replace(NOTHING, refused=exc.message, refused_code=exc.code)
     return Outcome(counts)
 
 

@@ -22,8 +22,9 @@ import psycopg
 from psycopg import sql
 
 from outbox._core import tables
-from outbox._core.errors import DataLossError
+from outbox._core.errors import OutboxError
 from outbox._core.sqltext import bindable
+from sinks.errors import error
 from sinks.kafka_source.cluster import Cluster
 from sinks.kafka_source.options import SourceOptions, parse
 from sinks.ledger import Positions, positions, recreated, recreated_error, topic_ids
@@ -42,7 +43,7 @@ class Verdict:
     topics: tuple[str, ...] = ()  # created again: forget all their offsets
     partitions: tuple[tuple[str, int], ...] = ()  # truncated: forget their offsets
     record: dict[str, str] = field(default_factory=dict)
-    losses: tuple[DataLossError, ...] = ()
+    losses: tuple[OutboxError, ...] = ()
 
 
 def judge(
@@ -56,12 +57,7 @@ def judge(
     again = recreated(recorded, ids)
     truncated = sorted(tp for tp, o in ledger.items() if tp[0] not in again and tp in ends and o > ends[tp])
     losses = [recreated_error(sink, t, recorded[t], ids[t]) for t in again] + [
-        DataLossError(
-            f"{t}-{p} now ends at offset {ends[t, p]}, but sink {sink} has applied it up to offset"
-            f" {ledger[t, p]}: the log was truncated (an unclean leader election?), and records written"
-            " again at those offsets would be skipped. To apply them, set the source option"
-            " failOnDataLoss=false (the sink then forgets that partition's offsets, and says so)"
-        )
+        error("SINK_LOG_TRUNCATED", topic=t, partition=p, end=ends[t, p], sink=sink, offset=ledger[t, p])
         for t, p in truncated
     ]
     record = {t: i for t, i in ids.items() if recorded.get(t) != i}
@@ -113,7 +109,7 @@ class TopicCheck:
         if verdict.losses and self.options.fail_on_data_loss:
             raise verdict.losses[0]
         for loss in verdict.losses:
-            log.warning("%s; forgetting them (failOnDataLoss=false)", str(loss).split(". To apply")[0])
+            log.warning("%s; forgetting them (failOnDataLoss=false)", loss.message.split(". To apply")[0])
         if verdict.record or verdict.topics or verdict.partitions:
             with conn.transaction():
                 self._write(conn, verdict)

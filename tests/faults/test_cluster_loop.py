@@ -22,15 +22,15 @@ from pathlib import Path
 import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
-from outbox_dev.jvm import kafka_tools
-from outbox_dev.kafka import Cluster
-from outbox_dev.process import pid_alive
 
 from outbox import migrate
 from outbox._core.config import DatabaseUrl
 from outbox.relay.pause import BEFORE_COMMIT, BEFORE_POSITION, MID_TRANSACTION
 from outbox.relay.position import Identity
 from outbox.relay.relay import POSITIONS_TOPIC
+from outbox_dev.jvm import kafka_tools
+from outbox_dev.kafka import Cluster
+from outbox_dev.process import pid_alive
 from sinks.ledger import positions
 from tests.helpers import REPO, Job, create_topic, fresh_database, unique, wait_for
 from tests.relay_support import (

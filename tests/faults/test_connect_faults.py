@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 import psycopg
-from outbox_dev.connect import ConnectServer
-from outbox_dev.spark import StandaloneCluster
 
 from outbox._core.config import DatabaseUrl
+from outbox_dev.connect import ConnectServer
+from outbox_dev.spark import StandaloneCluster
 from tests.helpers import REPO, Job, wait_for
 from tests.sink_support import check_exactly_once, produce_orders, sink_job, table
 

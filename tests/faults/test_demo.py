@@ -4,9 +4,9 @@ import json
 from pathlib import Path
 
 import pytest
-from outbox_dev.process import cmdline_contains
 
 from outbox._core.config import DatabaseUrl
+from outbox_dev.process import cmdline_contains
 from tests.helpers import Job
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer
-from outbox_dev.kafka import Broker
 
 from outbox._core.kafka import client_settings
+from outbox_dev.kafka import Broker
 from tests.helpers import (
     Job,
     create_topic,

@@ -24,14 +24,14 @@ from typing import Any
 
 import psycopg
 import pytest
-from outbox_dev.kafka import Broker, Cluster
-from outbox_dev.spark import StandaloneCluster
-from outbox_dev.toxiproxy import Link, Stream, Toxiproxy
 
 from outbox import migrate
 from outbox._core.config import DatabaseUrl
 from outbox._core.errors import ServiceUnavailable
 from outbox.relay.pause import BEFORE_CLEANUP, BEFORE_COMMIT, MID_TRANSACTION
+from outbox_dev.kafka import Broker, Cluster
+from outbox_dev.spark import StandaloneCluster
+from outbox_dev.toxiproxy import Link, Stream, Toxiproxy
 from sinks.kafka_source.ranges import Range
 from sinks.kafka_source.reader import read_range
 from sinks.ledger import positions
@@ -340,8 +340,9 @@ def read_while_cut(
     if not stream:
         with pytest.raises(
             ServiceUnavailable, match=rf"{topic}-0: no progress at offset 0 .*\(option pollTimeoutMs\)"
-        ):
+        ) as caught:
             list(read)
+        assert caught.value.code == "KAFKA_RC_READ_STALLED"
         return
     got: list[int] = []
     reader = threading.Thread(

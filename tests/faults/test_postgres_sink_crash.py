@@ -7,7 +7,6 @@ import signal
 import time
 
 from outbox_dev.kafka import Broker
-
 from tests.helpers import create_topic, unique
 from tests.sink_support import check_exactly_once, ledger, log_ends, produce_orders, sink_job, table
 

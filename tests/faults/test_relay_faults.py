@@ -12,9 +12,9 @@ import unicodedata
 from pathlib import Path
 
 import pytest
-from outbox_dev.kafka import Broker
 
 from outbox._core.config import DatabaseUrl
+from outbox_dev.kafka import Broker
 from tests.helpers import Job, OwnPostgres, create_topic, unique, wait_for
 from tests.relay_support import (
     ACTIVE,

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from outbox_dev import postgres
 
 from outbox import migrate
 from outbox._core.config import DatabaseUrl
 from outbox.writer import Event, add_events
+from outbox_dev import postgres
 from tests.cli import outbox
 from tests.helpers import Job, OwnPostgres, create_topic, unique, wait_for
 from tests.relay_support import Committed, Writers, assert_exactly_once, published, relay_job, terminate
@@ -229,7 +229,7 @@ def test_a_dump_restored_into_another_cluster_is_refused_until_rebased(
         third = write(new.url, topic)
         refused = start_relay(tmp_path, new.url.raw, bootstrap, name)
         assert refused.wait(60) == 2
-        assert "another PostgreSQL cluster" in refused.output()
+        assert "outbox: error: [RELAY_POSITION_OTHER_CLUSTER] " in refused.output()
         assert "outbox relays rebase --schema public" in refused.output()
         rebased = outbox("relays", "rebase", env={"DATABASE_URL": new.url.raw})
         assert "outbox rows will be published again" in rebased.out

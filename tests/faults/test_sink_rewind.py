@@ -86,7 +86,8 @@ def test_batches_postgres_lost_after_the_checkpoint_moved_on_fail_the_next_and_a
 
         expected |= orders(bootstrap, topic, 30)
         with pytest.raises(
-            StreamingQueryException, match=r"sink orders: PostgreSQL no longer holds batch 1,"
+            StreamingQueryException,
+            match=r"\[SINK_BATCH_LOST\] sink orders: PostgreSQL no longer holds batch 1,",
         ) as info:
             sink_run(tmp_path / "checkpoint")  # batch 2
         assert "nothing of batch 2 was applied" in str(info.value)

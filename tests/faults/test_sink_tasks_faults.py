@@ -14,10 +14,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from outbox_dev.process import cmdline_contains, descendants, stop
-from outbox_dev.spark import StandaloneCluster
 
 from outbox._core.config import DatabaseUrl
+from outbox_dev.process import cmdline_contains, descendants, stop
+from outbox_dev.spark import StandaloneCluster
 from tests.helpers import (
     Job,
     OwnPostgres,

@@ -13,22 +13,28 @@ from tests.helpers import REPO
 
 def test_malformed_database_url() -> None:
     result = outbox("db", "current", env={"DATABASE_URL": "postgresql://u:hunter2@db:port/app"})
-    assert_one_line_error(result, "DATABASE_URL is malformed")
+    assert_one_line_error(result, "DATABASE_URL")
+    assert result.err.startswith("outbox: error: [CONFIG_DATABASE_URL_HOST_INVALID] "), result.err
     assert "hunter2" not in result.err
 
 
 def test_wrong_scheme() -> None:
-    assert_one_line_error(outbox("db", "upgrade", "--url", "mysql://db/app"), "must start with postgresql://")
+    result = outbox("db", "upgrade", "--url", "mysql://db/app")
+    assert_one_line_error(result, "--url")
+    assert result.err.startswith("outbox: error: [CONFIG_DATABASE_URL_SCHEME] "), result.err
 
 
 def test_unreachable_database_hides_the_password() -> None:
     result = outbox("db", "upgrade", env={"DATABASE_URL": "postgresql://u:hunter2@127.0.0.1:1/app"})
-    assert_one_line_error(result, "cannot reach PostgreSQL at postgresql://u:***@127.0.0.1:1/app")
+    assert_one_line_error(result, "postgresql://u:***@127.0.0.1:1/app")
+    assert result.err.startswith("outbox: error: [POSTGRES_UNREACHABLE] "), result.err
     assert "hunter2" not in result.err
 
 
 def test_missing_database_url() -> None:
-    assert_one_line_error(outbox("db", "current"), "DATABASE_URL is not set")
+    result = outbox("db", "current")
+    assert_one_line_error(result, "DATABASE_URL")
+    assert result.err.startswith("outbox: error: [CONFIG_DATABASE_URL_MISSING] "), result.err
 
 
 def test_unreachable_kafka(server_url: DatabaseUrl) -> None:
@@ -42,7 +48,8 @@ def test_unreachable_kafka(server_url: DatabaseUrl) -> None:
     )
     assert result.code == 1
     kafka = [line for line in result.out.splitlines() if "kafka" in line]
-    assert kafka == [kafka[0]] and kafka[0].startswith("FAIL kafka: cannot reach Kafka at 127.0.0.1:1")
+    assert kafka == [kafka[0]] and kafka[0].startswith("FAIL kafka: [KAFKA_UNREACHABLE] "), kafka
+    assert "cannot reach Kafka at 127.0.0.1:1" in kafka[0]
     assert "Traceback" not in result.err and "rdkafka" not in result.err
 
 
@@ -52,13 +59,15 @@ def test_port_already_in_use(tmp_path: Path) -> None:
         taken.listen()
         port = taken.getsockname()[1]
         result = outbox("dev", "up", "--dir", str(tmp_path / "dev"), "--pg-port", str(port))
-    assert_one_line_error(result, f"port {port} on 127.0.0.1 is already in use")
+    assert_one_line_error(result, f"port {port} ")
+    assert result.err.startswith("outbox: error: [DEV_PORT_IN_USE] "), result.err
     assert not (tmp_path / "dev" / "state.json").exists(), "nothing may start when a port is taken"
 
 
 def test_unknown_revision(server_url: DatabaseUrl) -> None:
     result = outbox("db", "upgrade", "nope", env={"DATABASE_URL": server_url.raw})
     assert_one_line_error(result, "Can't locate revision identified by 'nope'")
+    assert result.err.startswith("outbox: error: [DB_MIGRATION_FAILED] "), result.err
 
 
 def test_missing_java_stops_the_demo_before_anything_starts(tmp_path: Path) -> None:
@@ -73,14 +82,15 @@ def test_missing_java_stops_the_demo_before_anything_starts(tmp_path: Path) -> N
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("demo: error: Spark needs Java 17+"), proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("demo: error: [JAVA_MISSING] Spark "), proc.stderr
     assert "apt-get install openjdk-17-jre-headless" in lines[0]
     assert not (tmp_path / "demo").exists()
 
 
 def test_relay_needs_a_name(database) -> None:  # type: ignore[no-untyped-def]
     result = outbox("relay", "--url", database.raw, "--bootstrap-servers", "127.0.0.1:9", env={})
-    assert_one_line_error(result, "--name is required")
+    assert_one_line_error(result, "--name")
+    assert result.err.startswith("outbox: error: [RELAY_NAME_REQUIRED] "), result.err
 
 
 def test_relay_names_the_missing_tables(database, bootstrap) -> None:  # type: ignore[no-untyped-def]
@@ -97,7 +107,7 @@ def test_relay_names_the_missing_tables(database, bootstrap) -> None:  # type: i
         "public.outbox_events, public.relay_dead_letters, public.outbox_identity, public.relay_positions"
         " are missing"
     )
-    assert f"outbox: error: tables {missing}" in result.err
+    assert f"outbox: error: [TABLES_MISSING] tables {missing}" in result.err
     assert "outbox db upgrade" in result.err
 
 
@@ -117,6 +127,7 @@ def test_relay_gives_up_on_an_unreachable_database_without_leaking_the_password(
         "off",
     )
     assert result.code == 2, result
+    assert result.err.strip().splitlines()[-1].startswith("outbox: error: [RELAY_GAVE_UP] "), result.err
     assert (
         "giving up after 1 retries: cannot reach PostgreSQL at postgresql://app:***@127.0.0.1:9/db"
         in result.err
@@ -131,6 +142,7 @@ def test_relay_hides_a_password_given_as_a_query_parameter() -> None:
         "--max-retries", "0", "--metrics-address", "off",
     )  # fmt: skip
     assert result.code == 2, result
+    assert result.err.strip().splitlines()[-1].startswith("outbox: error: [RELAY_GAVE_UP] "), result.err
     assert (
         "cannot reach PostgreSQL at postgresql://app@127.0.0.1:9/db?sslmode=disable&password=***"
         in result.err
@@ -139,9 +151,8 @@ def test_relay_hides_a_password_given_as_a_query_parameter() -> None:
 
 
 def test_relay_names_an_unreachable_kafka_and_why_once_per_attempt(database) -> None:  # type: ignore[no-untyped-def]
-    from outbox_dev.process import free_port
-
     from outbox import migrate
+    from outbox_dev.process import free_port
 
     migrate.upgrade(database, "public")
     servers = f"127.0.0.1:{free_port()}"
@@ -157,7 +168,8 @@ def test_relay_names_an_unreachable_kafka_and_why_once_per_attempt(database) -> 
     assert len(about_kafka) == 2, result.err
     for line in about_kafka:
         assert f"cannot reach Kafka at {servers}" in line and "Connection refused" in line, line
-    assert lines[-1].startswith("outbox: error: giving up after 1 retries: cannot reach Kafka at"), lines[-1]
+    assert lines[-1].startswith("outbox: error: [RELAY_GAVE_UP] giving up after 1 retries: "), lines[-1]
+    assert f"cannot reach Kafka at {servers}" in lines[-1], lines[-1]
 
 
 def test_a_relay_told_to_stop_while_starting_exits_cleanly(tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ from typing import Any
 
 from outbox_dev.connect import ConnectServer
 from outbox_dev.process import cmdline_contains, free_port, port_in_use
-
 from tests.helpers import Job, produce_transaction, read_committed, transactional_producer
 from tests.sink_support import check_exactly_once, produce_orders, produce_poison
 from tests.source_support import mistakes
@@ -60,7 +59,9 @@ def test_kafka_rc_tells_a_connect_client_what_it_tells_a_classic_one(  # type: i
     told = probe(connect_server.url, tmp_path, "mistakes", bootstrap)
     assert told == mistakes(spark, bootstrap)
     assert all(told.values()), told
-    assert told["no bootstrap"] == "option kafka.bootstrap.servers is required", told
+    assert (
+        told["no bootstrap"] == "[KAFKA_RC_BOOTSTRAP_MISSING] option kafka.bootstrap.servers is required"
+    ), told
 
 
 def test_the_sink_applies_every_committed_event_once(  # type: ignore[no-untyped-def]

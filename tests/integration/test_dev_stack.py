@@ -5,9 +5,9 @@ import signal
 from pathlib import Path
 
 import psycopg
-from outbox_dev.process import cmdline_contains
 
 from outbox._core.probe import check_kafka
+from outbox_dev.process import cmdline_contains
 from tests.cli import outbox
 
 
@@ -135,7 +135,10 @@ def test_up_with_three_brokers_forms_one_replicated_cluster_whose_nodes_fail_on_
         assert "kill: Kafka node 2" in broker("kill", "2")
         brokers(2)
         again = outbox("dev", "broker", "kill", "2", "--dir", str(root))
-        assert again.err == "outbox: error: Kafka node 2 is not running (`outbox dev broker start 2`)\n"
+        assert again.err == (
+            "outbox: error: [DEV_BROKER_NOT_RUNNING] Kafka node 2 is not running"
+            " (`outbox dev broker start 2`)\n"
+        )
         assert "started Kafka node 2" in broker("start", "2")
         brokers(3)
         broker("pause", "3")
@@ -143,7 +146,7 @@ def test_up_with_three_brokers_forms_one_replicated_cluster_whose_nodes_fail_on_
         assert status.code == 0, "a paused node is alive"
         broker("resume", "3")
         unknown = outbox("dev", "broker", "kill", "7", "--dir", str(root))
-        assert unknown.err == "outbox: error: no Kafka node 7 here (nodes: [1, 2, 3])\n"
+        assert unknown.err == "outbox: error: [DEV_BROKER_UNKNOWN] no Kafka node 7 here (nodes: [1, 2, 3])\n"
     finally:
         down = outbox("dev", "down", "--dir", str(root))
     assert down.code == 0 and "stopped: kafka-1, kafka-2, kafka-3" in down.out, down

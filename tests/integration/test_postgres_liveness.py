@@ -19,8 +19,9 @@ def test_a_round_trip_not_answered_in_time_drops_the_connection_with_one_line(da
     with pytest.raises(ServiceUnavailable) as caught, answered_within(conn, 1, database, "sleeping"):
         conn.execute("SELECT pg_sleep(30)")
     assert time.monotonic() - started < 10
+    assert caught.value.code == "POSTGRES_NO_ANSWER"
     assert (
-        str(caught.value)
+        caught.value.message
         == f"PostgreSQL at {database.safe} did not answer sleeping within 1s; the connection was dropped"
     )
     assert conn.closed or conn.broken
@@ -71,6 +72,7 @@ def test_a_watched_wait_on_a_session_the_server_left_idle_is_dropped(database: D
         for _ in conn.notifies(timeout=30):
             pass
     assert time.monotonic() - started < 10
-    assert str(caught.value).startswith(f"PostgreSQL at {database.safe} has session {pid} idle for ")
-    assert str(caught.value).endswith("s while we wait on it; the connection was dropped")
+    assert caught.value.code == "POSTGRES_SESSION_LOST"
+    assert caught.value.message.startswith(f"PostgreSQL at {database.safe} has session {pid} idle for ")
+    assert caught.value.message.endswith("s while we wait on it; the connection was dropped")
     assert conn.closed or conn.broken

@@ -258,8 +258,9 @@ def test_poison_records_go_to_dead_letters_and_the_batch_goes_on(spark, db, pg) 
 @pytest.mark.parametrize("tasks", [True, False], ids=["in-tasks", "on-driver"])
 def test_fail_mode_stops_and_commits_nothing(spark, db, pg, tasks) -> None:  # type: ignore[no-untyped-def]
     sink = PostgresSink("orders", url=db.raw, on_error="fail")
-    with pytest.raises(SinkError, match="@1: the value is not a JSON object of the schema"):
+    with pytest.raises(SinkError, match="@1: the value is not a JSON object of the schema") as caught:
         apply_batches(spark, sink, [[event(str(uuid.uuid4()), 1), (b"k", b"{not json")]], tasks=tasks)
+    assert caught.value.code == "SINK_VALUE_UNPARSED"
 
     assert table(pg) == {} and ledger(pg) == {}
     assert pg.execute("SELECT count(*) FROM sink_dead_letters").fetchone() == (0,)
@@ -414,59 +415,82 @@ def test_column_types_round_trip(spark, bootstrap, topic, db, pg, checkpoint) ->
 
 
 @pytest.mark.parametrize(
-    ("ddl", "columns", "options", "message"),
+    ("ddl", "columns", "options", "code", "message"),
     [
-        (None, "event_id string, n long", {}, "does not exist"),
+        (None, "event_id string, n long", {}, "SINK_TABLE_NOT_FOUND", "does not exist"),
         (
             "CREATE TABLE orders2 (event_id uuid PRIMARY KEY)",
             "event_id string, n long",
             {},
+            "SINK_COLUMNS_NOT_IN_TABLE",
             "are not in table",
         ),
         (
             "CREATE TABLE orders2 (event_id uuid PRIMARY KEY, n int NOT NULL)",
             "event_id string",
             {},
+            "SINK_REQUIRED_COLUMNS_MISSING",
             "needs columns ['n']",
         ),
-        ("CREATE TABLE orders2 (event_id uuid, n int)", "event_id string, n long", {}, "no unique index"),
+        (
+            "CREATE TABLE orders2 (event_id uuid, n int)",
+            "event_id string, n long",
+            {},
+            "SINK_NO_UNIQUE_INDEX",
+            "no unique index",
+        ),
         (
             "CREATE TABLE orders2 (event_id uuid PRIMARY KEY, n numeric)",
             "event_id string, n boolean",
             {},
+            "SINK_COLUMN_TYPE_MISMATCH",
             "cannot be written",
         ),
         (
             "CREATE TABLE orders2 (event_id uuid PRIMARY KEY, v text)",
             "event_id string, v string",
             {"version": "v"},
+            "SINK_VERSION_NOT_ORDERED",
             "must be a number",
         ),
-        ("CREATE TABLE orders2 (id uuid PRIMARY KEY)", "id string", {}, "key columns ['event_id']"),
+        (
+            "CREATE TABLE orders2 (id uuid PRIMARY KEY)",
+            "id string",
+            {},
+            "SINK_KEY_COLUMNS_ABSENT",
+            "key columns ['event_id']",
+        ),
     ],
 )
-def test_mistakes_fail_before_the_query_starts(spark, db, pg, ddl, columns, options, message) -> None:  # type: ignore[no-untyped-def]
+def test_mistakes_fail_before_the_query_starts(spark, db, pg, ddl, columns, options, code, message) -> None:  # type: ignore[no-untyped-def]
     if ddl:
         pg.execute(ddl)
     frame = spark.createDataFrame([], f"{columns}, {KAFKA}")
-    with pytest.raises(ConfigError, match=re.escape(message)):
+    with pytest.raises(ConfigError, match=re.escape(message)) as caught:
         PostgresSink("orders2", url=db.raw, **options).writer(frame)
+    assert caught.value.code == code
 
 
 def test_position_columns_and_ledger_are_required(spark, database, db, pg) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(ConfigError, match="position columns"):
+    with pytest.raises(ConfigError) as positions:
         PostgresSink("orders", url=db.raw).writer(spark.createDataFrame([], "event_id string, n long"))
-    with pytest.raises(ConfigError, match="outbox db upgrade --schema elsewhere"):
+    assert positions.value.code == "SINK_POSITION_COLUMNS_MISSING"
+    with pytest.raises(ConfigError) as missing:
         PostgresSink("orders", url=db.raw, ledger_schema="elsewhere").writer(
             spark.createDataFrame([], f"event_id string, n long, {KAFKA}")
         )
+    assert missing.value.code == "TABLES_MISSING"
+    assert "outbox db upgrade --schema elsewhere" in missing.value.message  # the remedy, for that schema
 
     # Tables of an older revision: the column a later one added is named, with the same remedy.
     migrate.downgrade(db, "public", "0006")
-    with pytest.raises(ConfigError, match=r"public\.sink_batches\.result is missing .* older revision; run"):
+    with pytest.raises(ConfigError) as behind:
         PostgresSink("orders", url=db.raw).writer(
             spark.createDataFrame([], f"event_id string, n long, {KAFKA}")
         )
+    assert behind.value.code == "TABLES_OUTDATED"
+    assert behind.value.message.startswith("public.sink_batches.result is missing "), behind.value.message
+    assert "outbox db upgrade --schema public" in behind.value.message
 
 
 def test_one_running_query_per_sink(spark, db, pg) -> None:  # type: ignore[no-untyped-def]
@@ -475,8 +499,9 @@ def test_one_running_query_per_sink(spark, db, pg) -> None:  # type: ignore[no-u
     first = PostgresSink("orders", url=db.raw).writer(batch)
     second = PostgresSink("orders", url=db.raw).writer(batch)
     staged = first.stage(batch, 0)
-    with pytest.raises(SinkError, match="being written by another query"):
+    with pytest.raises(SinkError) as caught:
         second(batch, 0)
+    assert caught.value.code == "SINK_IN_USE"
     first.apply(staged)
     second(batch, 0)  # once the first is done: a replay, nothing changes
     assert table(pg) == {i: (1, None, None)} and ledger(pg) == {0: 1}
@@ -492,8 +517,9 @@ def test_a_stage_that_lost_rows_applies_nothing(spark, db, pg) -> None:  # type:
     staged = writer.stage(batch, 0)
     # What a crash of PostgreSQL does to the unlogged stage table: its rows are gone.
     pg.execute(sql.SQL("DELETE FROM {} WHERE _offset = 1").format(writer.statements.names.stage))
-    with pytest.raises(SinkError, match="holds 2 of 3 staged rows"):
+    with pytest.raises(SinkError, match="holds 2 of 3 staged rows") as caught:
         writer.apply(staged)
+    assert caught.value.code == "SINK_STAGE_INCOMPLETE"
     assert table(pg) == {} and ledger(pg) == {}
     writer(batch, 0)  # the replay Spark makes of the failed batch
     assert set(table(pg)) == set(ids) and ledger(pg) == {0: 3}

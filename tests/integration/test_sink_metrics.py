@@ -9,7 +9,6 @@ import uuid
 from pathlib import Path
 
 from outbox_dev.connect import ConnectServer
-
 from sinks.postgres import PostgresSink, parse_json
 from tests.helpers import Job, produce_transaction, transactional_producer, wait_for
 from tests.sink_support import SCHEMA, event

@@ -75,8 +75,9 @@ def test_a_frame_that_may_split_a_topic_partition_is_applied_on_the_driver_or_re
         expected |= produce_orders(bootstrap, other, 600)
     frame = split_frames(spark, bootstrap, topic, other)[shape]
 
-    with pytest.raises(ConfigError, match="apply_in='tasks' needs each topic-partition's rows"):
+    with pytest.raises(ConfigError) as caught:
         sink(db, apply_in="tasks").writer(frame)
+    assert caught.value.code == "SINK_TASKS_UNPROVEN"
     auto = sink(db)
     query = auto.start(frame, str(checkpoint), trigger={"availableNow": True})
     assert auto.route is not None and not auto.route.tasks, auto.route
@@ -153,8 +154,9 @@ def test_one_query_writes_a_sink_at_a_time_in_the_tasks_too(spark, db, pg) -> No
     batch = parse_json(spark.createDataFrame(rows, KAFKA), SCHEMA, key_column="event_id").coalesce(1)
     first, second = sink(db).writer(batch), sink(db).writer(batch)
     assert first.route.tasks and second.route.tasks
-    with first.exclusive(), pytest.raises(SinkError, match="being written by another query"):
+    with first.exclusive(), pytest.raises(SinkError) as caught:
         second(batch, 0)
+    assert caught.value.code == "SINK_IN_USE"
     assert table(pg) == {} and ledger(pg) == {}
     second(batch, 0)  # once the first is done
     assert set(table(pg)) == set(ids) and ledger(pg) == {0: 3}

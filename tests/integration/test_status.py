@@ -114,3 +114,4 @@ def test_status_shows_what_waits_what_lags_and_what_was_dead_lettered(
 def test_status_of_a_database_without_the_tables_says_how_to_make_them(database: DatabaseUrl) -> None:
     result = outbox("status", "--url", database.raw)
     assert_one_line_error(result, "outbox_events", "missing", "outbox db upgrade")
+    assert result.err.startswith("outbox: error: [TABLES_MISSING] "), result.err

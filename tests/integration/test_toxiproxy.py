@@ -10,11 +10,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from outbox_dev.process import pid_alive
-from outbox_dev.toxiproxy import Link, Toxiproxy
 from psycopg.conninfo import conninfo_to_dict
 
 from outbox._core.config import DatabaseUrl
+from outbox_dev.process import pid_alive
+from outbox_dev.toxiproxy import Link, Toxiproxy
 from tests.helpers import Job, wait_for
 
 # PostgreSQL answers this 8-byte SSLRequest with one byte, 'S' or 'N', before any login.

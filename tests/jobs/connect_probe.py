@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 from outbox_dev.local_spark import local_session, stop_session
-
 from sinks.kafka_source import register
 from tests.placement_frames import expected, routes
 from tests.source_support import batch_read, mistakes

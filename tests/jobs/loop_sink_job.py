@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 from outbox_dev.local_spark import local_session
-
 from sinks.kafka_source import register
 from sinks.postgres import Outbox, PostgresSink, parse_json
 

@@ -19,7 +19,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 from outbox_dev.local_spark import local_session
-
 from sinks.kafka_source import register
 from sinks.postgres import Outbox, PostgresSink
 from tests.sink_support import orders_stream

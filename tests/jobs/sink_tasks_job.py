@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
-from outbox_dev.local_spark import local_session
 
+from outbox_dev.local_spark import local_session
 from sinks.kafka_source import register
 from sinks.postgres import Outbox, PostgresSink
 from sinks.postgres.task import TASK_RESULT

@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 from outbox_dev.local_spark import local_session
-
 from sinks.kafka_source import register
 
 bootstrap, topic, out, checkpoint, work, max_offsets = sys.argv[1:7]

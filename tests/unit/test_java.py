@@ -21,8 +21,10 @@ def test_parse_major(output: str, major: int | None) -> None:
 
 
 def test_missing_java_says_how_to_install(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="no `java` was found: install Java 17"):
+    with pytest.raises(ConfigError) as caught:
         find_java({"PATH": str(tmp_path)})
+    assert caught.value.code == "JAVA_MISSING"
+    assert "install Java 17" in caught.value.message
 
 
 def test_old_java_is_refused(tmp_path: Path) -> None:
@@ -30,8 +32,10 @@ def test_old_java_is_refused(tmp_path: Path) -> None:
     java.parent.mkdir()
     java.write_text("#!/bin/sh\necho 'openjdk version \"11.0.2\"' >&2\n")
     java.chmod(java.stat().st_mode | stat.S_IEXEC)
-    with pytest.raises(ConfigError, match="is 11: install Java 17"):
+    with pytest.raises(ConfigError) as caught:
         find_java({"JAVA_HOME": str(tmp_path), "PATH": ""})
+    assert caught.value.code == "JAVA_TOO_OLD"
+    assert "is 11: install Java 17" in caught.value.message  # the version found, and what to do
 
 
 def test_java_on_this_machine_is_found() -> None:

@@ -3,6 +3,7 @@ import itertools
 import pytest
 
 from outbox._core.errors import ConfigError
+from sinks.errors import KAFKA_RC_LOSS_ADVICE
 from sinks.kafka_source import ranges
 from sinks.kafka_source.options import parse
 
@@ -22,8 +23,9 @@ def test_resolve_earliest_latest_and_json() -> None:
     assert ranges.resolve("latest", [A0, A1], earliest, latest, option="x") == latest
     spec = {"a": {"0": -2, "1": 3}}
     assert ranges.resolve(spec, [A0, A1], earliest, latest, option="x") == {A0: 2, A1: 3}
-    with pytest.raises(ConfigError, match="gives no offset for a-1"):
+    with pytest.raises(ConfigError, match="gives no offset for a-1") as caught:
         ranges.resolve({"a": {"0": 1}}, [A0, A1], earliest, latest, option="x")
+    assert caught.value.code == "KAFKA_RC_OFFSETS_INCOMPLETE"
 
 
 def test_cap_shares_the_limit_by_backlog_and_never_exceeds_latest() -> None:
@@ -63,37 +65,51 @@ def test_options_mirror_sparks_kafka_source() -> None:
 
 
 @pytest.mark.parametrize(
-    ("options", "message"),
+    ("options", "code", "named"),
     [
-        ({"subscribe": "a"}, "kafka.bootstrap.servers is required"),
-        ({"kafka.bootstrap.servers": "h:1"}, "exactly one of the options subscribe"),
+        ({"subscribe": "a"}, "KAFKA_RC_BOOTSTRAP_MISSING", ""),
+        ({"kafka.bootstrap.servers": "h:1"}, "KAFKA_RC_SUBSCRIPTION_NOT_ONE", ""),
         (
             {"kafka.bootstrap.servers": "h:1", "subscribe": "a", "kafka.isolation.level": "read_uncommitted"},
+            "KAFKA_RC_ISOLATION_LEVEL_SET",
             "unsafe.readUncommitted",
         ),
         (
             {"kafka.bootstrap.servers": "h:1", "subscribe": "a", "startingOffsets": "first"},
-            "startingOffsets must be",
+            "KAFKA_RC_OFFSETS_INVALID",
+            "startingOffsets",
         ),
         (
             {"kafka.bootstrap.servers": "h:1", "subscribe": "a", "maxOffsetsPerTrigger": "0"},
-            "positive integer",
+            "KAFKA_RC_OPTION_NOT_POSITIVE",
+            "",
         ),
-        ({"kafka.bootstrap.servers": "h:1", "subscribe": "a", "kafka.group.id": "g"}, "not supported"),
-        ({"kafka.bootstrap.servers": "h:1", "subscribe": "a", "subscrbe": "b"}, "unknown option"),
+        (
+            {"kafka.bootstrap.servers": "h:1", "subscribe": "a", "kafka.group.id": "g"},
+            "KAFKA_RC_OPTION_UNSUPPORTED",
+            "",
+        ),
+        (
+            {"kafka.bootstrap.servers": "h:1", "subscribe": "a", "subscrbe": "b"},
+            "KAFKA_RC_OPTION_UNKNOWN",
+            "",
+        ),
     ],
 )
-def test_bad_options_fail_before_anything_runs(options: dict[str, str], message: str) -> None:
-    with pytest.raises(ConfigError, match=message):
+def test_bad_options_fail_before_anything_runs(options: dict[str, str], code: str, named: str) -> None:
+    """named: what the message must name, beside its code."""
+    with pytest.raises(ConfigError) as caught:
         parse(options)
+    assert caught.value.code == code and named in caught.value.message
 
 
 def test_the_wait_for_kafka_is_unbounded_in_a_stream_unless_an_option_bounds_it() -> None:
     base = {"kafka.bootstrap.servers": "h:1", "subscribe": "a"}
     assert parse(base).unavailable_timeout_s is None
     assert parse({**base, "unavailableTimeoutMs": "90000"}).unavailable_timeout_s == 90.0
-    with pytest.raises(ConfigError, match="unavailableTimeoutMs must be a positive integer"):
+    with pytest.raises(ConfigError, match="unavailableTimeoutMs") as caught:
         parse({**base, "unavailableTimeoutMs": "-1"})
+    assert caught.value.code == "KAFKA_RC_OPTION_NOT_POSITIVE"
 
 
 def test_read_uncommitted_needs_the_loud_opt_in() -> None:
@@ -128,19 +144,28 @@ def test_reconcile_reads_a_recreated_topic_from_its_start_all_its_partitions() -
         {A0: 1200, A1: 4, B0: 3},
     )
     assert begin == {A0: 0, A1: 0, B0: 3}
-    assert losses == [
-        "topic a was deleted and created again (topic id old, now new):"
-        " the offsets read so far are of the old topic"
+    assert [(loss.code, loss.message) for loss in losses] == [
+        (
+            "KAFKA_RC_TOPIC_RECREATED",
+            "topic a was deleted and created again (topic id old, now new):"
+            " the offsets read so far are of the old topic" + KAFKA_RC_LOSS_ADVICE,
+        )
     ]
 
 
 def test_reconcile_names_a_truncated_log_and_records_retention_deleted_unread() -> None:
     begin, losses = ranges.reconcile({A0: 60, A1: 2}, {}, {}, {A0: 0, A1: 10}, {A0: 50, A1: 20})
     assert begin == {A0: 0, A1: 10}
-    assert losses == [
-        "a-0 now ends at offset 50, before offset 60 already read: its log was truncated, or the topic"
-        " created again",
-        "offsets 2-9 of a-1 were deleted before they were read (retention?)",
+    assert [(loss.code, loss.message) for loss in losses] == [
+        (
+            "KAFKA_RC_LOG_TRUNCATED",
+            "a-0 now ends at offset 50, before offset 60 already read: its log was truncated, or the topic"
+            " created again" + KAFKA_RC_LOSS_ADVICE,
+        ),
+        (
+            "KAFKA_RC_OFFSETS_DELETED",
+            "offsets 2-9 of a-1 were deleted before they were read (retention?)" + KAFKA_RC_LOSS_ADVICE,
+        ),
     ]
 
 

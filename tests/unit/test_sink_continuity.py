@@ -21,7 +21,9 @@ def test_nothing_to_compare_for_a_new_query_a_first_batch_or_no_query() -> None:
 
 
 def test_the_error_names_the_batches_and_the_offsets_to_start_from() -> None:
-    error = str(lost_batches("orders", range(5, 7), 7, {("t", 1): 20, ("t", 0): 10, ("u", 0): 3}))
+    lost_error = lost_batches("orders", range(5, 7), 7, {("t", 1): 20, ("t", 0): 10, ("u", 0): 3})
+    assert lost_error.code == "SINK_BATCH_LOST"
+    error = lost_error.message
     assert "sink orders: PostgreSQL no longer holds batches 5-6," in error
     assert "nothing of batch 7 was applied" in error
     assert """startingOffsets='{"t":{"0":10,"1":20},"u":{"0":3}}'""" in error

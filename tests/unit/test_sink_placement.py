@@ -63,8 +63,11 @@ def test_a_stack_applies_in_tasks_exactly_when_every_step_is_narrow(names: list[
 
 def test_apply_in_tasks_refuses_what_it_cannot_prove_and_driver_is_always_honoured() -> None:
     split = over(Node("Repartition", (KAFKA_RC,), partitions=4), "Project")
-    with pytest.raises(ConfigError, match=r"apply_in='tasks' needs .* but Repartition in the frame's plan"):
+    with pytest.raises(
+        ConfigError, match=r"apply_in='tasks' needs .* but Repartition in the frame's plan"
+    ) as caught:
         choose(split, POSITION, "tasks")
+    assert caught.value.code == "SINK_TASKS_UNPROVEN"
     assert not choose(split, POSITION, "auto").tasks
     assert not choose(KAFKA_RC, POSITION, "driver").tasks
     assert choose(KAFKA_RC, POSITION, "tasks").tasks

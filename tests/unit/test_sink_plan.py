@@ -82,43 +82,86 @@ def test_a_kafka_column_named_like_a_table_column_is_written_not_kept_raw() -> N
 
 
 @pytest.mark.parametrize(
-    ("fields", "kw", "message"),
+    ("fields", "kw", "code", "message"),
     [
-        ([("event_id", T.StringType()), ("extra", T.StringType())], {}, "['extra'] are not in table"),
-        ([("amount", T.DecimalType(12, 2))], {}, "needs columns ['event_id']"),
-        ([("event_id", T.StringType()), ("amount", T.BooleanType())], {}, "boolean cannot be written"),
-        ([("event_id", T.StringType()), ("tags", T.ArrayType(T.TimestampType()))], {}, "cannot be written"),
-        ([("event_id", T.StringType()), ("doc", T.LongType())], {}, "cannot be written"),
-        ([("event_id", T.StringType()), ("amount", T.LongType())], {"key": ("amount",)}, "no unique index"),
-        ([("event_id", T.StringType())], {"version": "amount"}, "version column 'amount' is not"),
-        ([("event_id", T.StringType()), ("doc", T.StringType())], {"version": "doc"}, "must be a number"),
+        (
+            [("event_id", T.StringType()), ("extra", T.StringType())],
+            {},
+            "SINK_COLUMNS_NOT_IN_TABLE",
+            "['extra'] are not in table",
+        ),
+        (
+            [("amount", T.DecimalType(12, 2))],
+            {},
+            "SINK_REQUIRED_COLUMNS_MISSING",
+            "needs columns ['event_id']",
+        ),
+        (
+            [("event_id", T.StringType()), ("amount", T.BooleanType())],
+            {},
+            "SINK_COLUMN_TYPE_MISMATCH",
+            "boolean cannot be written",
+        ),
+        (
+            [("event_id", T.StringType()), ("tags", T.ArrayType(T.TimestampType()))],
+            {},
+            "SINK_COLUMN_TYPE_MISMATCH",
+            "cannot be written",
+        ),
+        (
+            [("event_id", T.StringType()), ("doc", T.LongType())],
+            {},
+            "SINK_COLUMN_TYPE_MISMATCH",
+            "cannot be written",
+        ),
+        (
+            [("event_id", T.StringType()), ("amount", T.LongType())],
+            {"key": ("amount",)},
+            "SINK_NO_UNIQUE_INDEX",
+            "no unique index",
+        ),
+        (
+            [("event_id", T.StringType())],
+            {"version": "amount"},
+            "SINK_VERSION_COLUMN_ABSENT",
+            "version column 'amount' is not",
+        ),
+        (
+            [("event_id", T.StringType()), ("doc", T.StringType())],
+            {"version": "doc"},
+            "SINK_VERSION_NOT_ORDERED",
+            "must be a number",
+        ),
     ],
 )
-def test_mistakes_are_named(fields: list, kw: dict, message: str) -> None:
-    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+def test_mistakes_are_named(fields: list, kw: dict, code: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")) as caught:
         plan(frame(*fields), TABLE, spec(**kw))
+    assert caught.value.code == code
 
 
 def test_position_columns_are_required() -> None:
-    with pytest.raises(ConfigError, match="position columns"):
+    with pytest.raises(ConfigError) as caught:
         plan(frame(("event_id", T.StringType()), kafka=False), TABLE, spec())
+    assert caught.value.code == "SINK_POSITION_COLUMNS_MISSING"
 
 
 @pytest.mark.parametrize(
-    ("kw", "message"),
+    ("kw", "code"),
     [
-        ({"key": ()}, "at least one key"),
-        ({"key": ("a", "a")}, "repeat"),
-        ({"mode": "merge"}, "mode must be"),
-        ({"on_error": "ignore"}, "on_error must be"),
-        ({"version": "event_id"}, "cannot also be a key"),
-        ({"version": "v", "mode": "insert"}, "needs mode='upsert'"),
-        ({"outbox": Outbox(topic="")}, "Outbox needs a topic"),
+        ({"key": ()}, "SINK_KEY_MISSING"),
+        ({"key": ("a", "a")}, "SINK_KEY_REPEATS"),
+        ({"mode": "merge"}, "SINK_MODE_INVALID"),
+        ({"on_error": "ignore"}, "SINK_ON_ERROR_INVALID"),
+        ({"version": "event_id"}, "SINK_VERSION_IS_KEY"),
+        ({"version": "v", "mode": "insert"}, "SINK_VERSION_NEEDS_UPSERT"),
+        ({"outbox": Outbox(topic="")}, "SINK_OUTBOX_TOPIC_MISSING"),
     ],
 )
-def test_spec_mistakes(kw: dict, message: str) -> None:
-    with pytest.raises(ConfigError, match=message):
+def test_spec_mistakes(kw: dict, code: str) -> None:
+    with pytest.raises(ConfigError) as caught:
         spec(**kw)
+    assert caught.value.code == code
 
 
 def test_spec_names_the_sink_by_table_and_hides_the_password() -> None:

@@ -16,16 +16,18 @@ def test_a_topic_created_again_is_forgotten_and_recorded_under_its_new_id() -> N
     verdict = judge("s", {"a": "1"}, {"a": "9"}, {("a", 0): 1000, ("a", 1): 5}, {})
     assert verdict.topics == ("a",) and verdict.record == {"a": "9"}
     (loss,) = verdict.losses
-    assert str(loss).startswith(
+    assert loss.code == "SINK_TOPIC_RECREATED"
+    assert loss.message.startswith(
         "topic a was deleted and created again since sink s applied it (topic id 1, now 9)"
     )
-    assert "failOnDataLoss=false" in str(loss)
+    assert "failOnDataLoss=false" in loss.message
 
 
 def test_a_log_that_ends_before_the_ledger_was_truncated() -> None:
     verdict = judge("s", {"a": "1"}, {"a": "1"}, {("a", 0): 50, ("a", 1): 5}, {("a", 0): 40, ("a", 1): 5})
     assert verdict.partitions == (("a", 0),) and verdict.topics == ()
-    assert "a-0 now ends at offset 40, but sink s has applied it up to offset 50" in str(verdict.losses[0])
+    assert verdict.losses[0].code == "SINK_LOG_TRUNCATED"
+    assert "a-0 now ends at offset 40, but sink s has applied it up to offset 50" in verdict.losses[0].message
 
 
 def test_a_deleted_topic_not_created_again_is_left_alone() -> None:

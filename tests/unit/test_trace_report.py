@@ -101,8 +101,9 @@ def test_any_kafka_position_is_read_back_from_topic_partition_offset(
 
 @pytest.mark.parametrize("text", ["", "orders", "orders:1", "orders:-1:2", "orders:1:x", ":1:2", "a:1:2:3"])
 def test_a_position_that_is_not_one_gets_one_line(text: str) -> None:
-    with pytest.raises(ConfigError, match="--at needs TOPIC:PARTITION:OFFSET"):
+    with pytest.raises(ConfigError) as refused:
         Position.parse(text)
+    assert refused.value.code == "TRACE_AT_MALFORMED"
 
 
 def test_a_trace_at_one_position_keeps_that_record_alone() -> None:

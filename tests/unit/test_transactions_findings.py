@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from outbox_dev.jvm.kafka_tools import parse, table
-
 from outbox.cli.transactions import Hanging, hanging, open_on
+from outbox_dev.jvm.kafka_tools import parse, table
 
 DESCRIBED = (
     "CoordinatorId\tTransactionalId\tProducerId\tProducerEpoch\tTransactionState\tTransactionTimeoutMs\t"

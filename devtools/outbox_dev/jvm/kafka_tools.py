@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from outbox._core.errors import ServiceUnavailable
 from outbox._core.java import find_java
+from outbox_dev.errors import error
 from outbox_dev.jvm import log4j2, maven
 
 WHAT = "Apache Kafka's command-line tools"
@@ -52,7 +52,7 @@ def console_consume(bootstrap: str, topic: str, *, idle_ms: int = 5_000) -> list
     ]
     done = run(CONSOLE_CONSUMER, args)
     if "Processed a total of" not in done.stderr:
-        raise ServiceUnavailable(f"the console consumer failed on {topic}: {done.stderr.strip()[:500]}")
+        raise error("DEV_CONSOLE_CONSUMER_FAILED", topic=topic, output=done.stderr.strip()[:500])
     return [parse(line) for line in done.stdout.splitlines() if line.startswith("Partition:")]
 
 
@@ -72,7 +72,7 @@ def transactions(bootstrap: str, *args: str) -> list[dict[str, str]]:
     """`kafka-transactions` (TransactionsCommand) with `args`; its table, one dict per row."""
     done = run(TRANSACTIONS, ["--bootstrap-server", bootstrap, *args], timeout=120)
     if done.returncode != 0:
-        raise ServiceUnavailable(f"kafka-transactions {' '.join(args)}: {done.stderr.strip()[:500]}")
+        raise error("DEV_KAFKA_TRANSACTIONS_FAILED", args=" ".join(args), output=done.stderr.strip()[:500])
     return table(done.stdout)
 
 

@@ -18,13 +18,12 @@ import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from outbox._core.errors import ConfigError
 from outbox._core.java import find_java
+from outbox_dev.errors import error
 
 OUTBOX_JAR_CACHE = "OUTBOX_JAR_CACHE"
 POMS = Path(__file__).with_name("poms")
 _DONE = ".complete"
-MAVEN_HINT = "install Maven 3 (Debian/Ubuntu: `apt-get install maven`; macOS: `brew install maven`)"
 
 
 def cache_root(environ: Mapping[str, str] | None = None) -> Path:
@@ -88,7 +87,7 @@ def _resolve(pom: Path, folder: Path, what: str, instead: str, properties: dict[
     mvn = shutil.which("mvn")
     suffix = f", {instead}" if instead else ""
     if mvn is None:
-        raise ConfigError(f"{what} are fetched once with Maven, and no `mvn` was found: {MAVEN_HINT}{suffix}")
+        raise error("DEV_MAVEN_MISSING", what=what, instead=suffix)
     java = find_java(needed_by="Maven")
     partial = folder.with_name(folder.name + f".partial-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
@@ -112,11 +111,11 @@ def _resolve(pom: Path, folder: Path, what: str, instead: str, properties: dict[
         result = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=env)
     except subprocess.TimeoutExpired:
         shutil.rmtree(partial, ignore_errors=True)
-        raise ConfigError(f"Maven did not fetch {what} within 15 minutes{suffix}") from None
+        raise error("DEV_MAVEN_TIMEOUT", what=what, instead=suffix) from None
     if result.returncode != 0 or not any(partial.glob("*.jar")):
         shutil.rmtree(partial, ignore_errors=True)
-        raise ConfigError(
-            f"Maven could not fetch {what}: {_first_error(result.stdout + result.stderr)}{suffix}"
+        raise error(
+            "DEV_MAVEN_FAILED", what=what, reason=_first_error(result.stdout + result.stderr), instead=suffix
         )
     (partial / _DONE).touch()
     shutil.rmtree(folder, ignore_errors=True)

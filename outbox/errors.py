@@ -1,0 +1,165 @@
+"""The outbox half's errors: the relay, add_event(s), `outbox` commands (db, relay, relays, trace,
+verify, status, check).
+
+Each condition is a code, the error class it raises and its message template
+(str.format fields, given by name at the raise: `error("RELAY_NAME_INVALID", name=name)`).
+The code is stable: code and tests match it; the words may change. The relay's
+poison row (outbox.relay.poison.Poison) has its own class, with code RELAY_POISON.
+"""
+
+from __future__ import annotations
+
+from outbox._core.errors import (
+    CORE,
+    Condition,
+    Conditions,
+    ConfigError,
+    Fenced,
+    OutboxError,
+    ServiceUnavailable,
+    Standby,
+)
+
+CONDITIONS = Conditions(
+    CORE,
+    # writer: add_event(s) and the outbox table
+    OUTBOX_EVENT_TOPIC_MISSING=Condition(OutboxError, "an outbox event needs a topic"),
+    OUTBOX_HEADER_NAME_NOT_STR=Condition(OutboxError, "header names must be str, not {kind}"),
+    OUTBOX_FIELD_NOT_BYTES=Condition(OutboxError, "the {what} must be bytes or str, not {kind}"),
+    OUTBOX_VALUE_NOT_SERIALISABLE=Condition(
+        OutboxError, "the event value is neither bytes, str nor JSON-serialisable: {reason}"
+    ),
+    OUTBOX_NO_TRANSACTION=Condition(
+        OutboxError,
+        "add_event needs an open transaction (this connection is in autocommit mode): {how}"
+        " so the event commits with your change",
+    ),
+    OUTBOX_CONNECTION_UNSUPPORTED=Condition(
+        OutboxError, "add_event takes a psycopg Connection or a SQLAlchemy Connection/Session, not {kind}"
+    ),
+    OUTBOX_DRIVER_NOT_PSYCOPG=Condition(
+        OutboxError,
+        "add_event needs SQLAlchemy's psycopg 3 driver: use a postgresql+psycopg:// URL"
+        " (this engine uses {module})",
+    ),
+    # relay settings: flags, -X settings, the metrics address
+    RELAY_NAME_REQUIRED=Condition(
+        ConfigError, "--name is required (or env OUTBOX_RELAY_NAME): it identifies the relay's position"
+    ),
+    RELAY_NAME_INVALID=Condition(
+        ConfigError,
+        "relay name {name!r} cannot be used: give printable characters, no '/', no space at either end",
+    ),
+    RELAY_BATCH_SIZE_TOO_SMALL=Condition(OutboxError, "--batch-size must be at least 1"),
+    RELAY_TIMEOUT_NOT_POSITIVE=Condition(OutboxError, "{flag} must be positive, got {value:g}"),
+    RELAY_ON_POISON_INVALID=Condition(
+        OutboxError, "--on-poison must be {halt} or {dead_letter}, got {policy!r}"
+    ),
+    RELAY_SHARD_MALFORMED=Condition(ConfigError, "--shard must look like I/N (e.g. 0/4), got {text!r}"),
+    RELAY_SHARD_OUT_OF_RANGE=Condition(
+        ConfigError, "--shard {text}: need 0 <= I < N (shards are numbered from 0)"
+    ),
+    RELAY_KAFKA_CONFIG_UNREADABLE=Condition(ConfigError, "--kafka-config {file}: {reason}"),
+    RELAY_KAFKA_SETTING_MALFORMED=Condition(ConfigError, "{source}: expected KEY=VALUE, got {key!r}..."),
+    RELAY_KAFKA_SETTING_RESERVED=Condition(
+        ConfigError, "-X {setting} is set by the relay itself and cannot be overridden"
+    ),
+    RELAY_SYNCHRONOUS_COMMIT_INVALID=Condition(ConfigError, "synchronous_commit must be one of {choices}"),
+    RELAY_METRICS_ADDRESS_MALFORMED=Condition(
+        ConfigError, "--metrics-address must be HOST:PORT or off, got {address!r}"
+    ),
+    RELAY_METRICS_ADDRESS_UNAVAILABLE=Condition(
+        ConfigError, "cannot serve metrics on {address}: {reason} (pick another --metrics-address, or off)"
+    ),
+    # relay at work: its database session, its Kafka producer, retries
+    RELAY_STANDBY=Condition(Standby, "PostgreSQL at {url} is a standby (in recovery)"),
+    RELAY_NOT_CONNECTED=Condition(ServiceUnavailable, "not connected to PostgreSQL"),
+    RELAY_OUTBOX_ID_MISSING=Condition(
+        ConfigError,
+        "{schema}.{table} in {url} is empty:"
+        " run `outbox db upgrade --schema {schema}` (it adds the outbox's id)",
+    ),
+    RELAY_KAFKA_FAILED=Condition(ServiceUnavailable, "Kafka at {bootstrap}: {reason}"),
+    RELAY_KAFKA_UNREACHABLE=Condition(ServiceUnavailable, "cannot reach Kafka at {bootstrap}: {cause}"),
+    RELAY_DELIVERY_TIMEOUT=Condition(
+        ServiceUnavailable, "Kafka at {bootstrap}: delivery did not finish in {timeout}s"
+    ),
+    RELAY_FENCED=Condition(Fenced, "fenced: another instance with this relay name and shard took over"),
+    RELAY_PUBLISHER_NOT_STARTED=Condition(OutboxError, "publisher not started"),
+    RELAY_GAVE_UP=Condition(ServiceUnavailable, "giving up after {retries} retries: {reason}"),
+    # positions: the relay's place in Kafka and in PostgreSQL, `outbox relays`
+    RELAY_POSITION_UNREADABLE=Condition(OutboxError, "unreadable relay position record ({reason}): {data!r}"),
+    RELAY_POSITION_SNAPSHOT_MALFORMED=Condition(
+        OutboxError, "relay position holds a malformed snapshot {snapshot!r}"
+    ),
+    RELAY_POSITION_OTHER_OUTBOX=Condition(
+        ConfigError,
+        "the position record under {key!r} belongs to relay {recorded!r} of outbox {recorded_outbox},"
+        " not to {relay!r} of outbox {outbox}: refusing to apply another outbox's position",
+    ),
+    RELAY_SHARD_COUNT_CHANGED=Condition(
+        ConfigError,
+        "relay {relay!r} already has positions for {count} shard(s) of this outbox, and this one was"
+        " started as shard {shard}. Changing the shard count needs a new relay name (which republishes"
+        " the rows still in the outbox table) or keeping the old count.",
+    ),
+    RELAY_POSITION_AHEAD=Condition(
+        ConfigError,
+        "the relay's position ({base}) is ahead of this database, whose next transaction id is {horizon}:"
+        " restored from an older backup or another cluster? Run `{rebase}` to publish again every row"
+        " left in the outbox",
+    ),
+    RELAY_POSITION_OTHER_CLUSTER=Condition(
+        ConfigError,
+        "this database is another PostgreSQL cluster (system identifier {system}) than the one the"
+        " relay's position was read from ({stamped}): restored with pg_dump, upgraded with pg_upgrade,"
+        " or a wrong DATABASE_URL? Transaction ids mean something else here. If this is now the"
+        " outbox, stop every relay of it and run `{rebase}`",
+    ),
+    RELAY_POSITIONS_TOPIC_NOT_CREATED=Condition(
+        ConfigError,
+        "cannot create the relay positions topic {topic!r}: {reason} (create it yourself: compacted,"
+        " 1 partition, {replicas} replicas)",
+    ),
+    RELAY_POSITIONS_TOPIC_NO_LEADER=Condition(
+        ServiceUnavailable, "the positions topic {topic!r} has no leader {timeout:.0f}s after its creation"
+    ),
+    RELAY_REBASE_WHILE_RUNNING=Condition(
+        ConfigError,
+        "a relay of the outbox in schema {schema!r} is running: stop every relay of it, then rebase",
+    ),
+    RELAY_NOT_RECORDED=Condition(
+        ConfigError, "no relay {relay!r} is recorded in schema {schema!r} (see `outbox relays list`)"
+    ),
+    RELAY_FORGET_WHILE_RUNNING=Condition(
+        ConfigError, "relay {relay!r} is running: stop it before forgetting it"
+    ),
+    RELAY_REGISTRY_DATABASE_ERROR=Condition(OutboxError, "outbox relays {action} in {url}: {reason}"),
+    # trace: `outbox trace`
+    TRACE_EVENT_OR_PRUNE=Condition(ConfigError, "give an EVENT_ID to trace, or --prune DAYS (not both)"),
+    TRACE_PRUNE_DAYS_INVALID=Condition(ConfigError, "--prune needs a number of days >= 0, got {days:g}"),
+    TRACE_AT_MALFORMED=Condition(
+        ConfigError, "--at needs TOPIC:PARTITION:OFFSET (like orders:0:42), got {text!r}"
+    ),
+    TRACE_DATABASE_ERROR=Condition(OutboxError, "outbox trace in {url}: {reason}"),
+    # verify: `outbox verify`
+    VERIFY_FROM_OFFSETS_MALFORMED=Condition(
+        ConfigError, '--from-offsets must be JSON like {{"0": 42, "1": 7}}, got {text!r}'
+    ),
+    VERIFY_SOURCE_SQL_FAILED=Condition(ConfigError, "--source-sql failed: {reason}"),
+    # status: `outbox status`
+    STATUS_DATABASE_ERROR=Condition(OutboxError, "outbox status in {url}: {reason}"),
+    # migrations: `outbox db`, `outbox check`
+    DB_DOWNGRADE_SQL_NEEDS_RANGE=Condition(
+        OutboxError, "downgrade --sql needs a range FROM:TO, e.g. 0001:base"
+    ),
+    DB_MIGRATION_FAILED=Condition(OutboxError, "migration failed: {reason}"),
+    DB_REVISION_FAILED=Condition(
+        OutboxError, "migration to {revision} failed in schema {schema!r}: {reason}"
+    ),
+    DB_NOT_AT_HEAD=Condition(
+        OutboxError, "schema {schema!r} is at {current}, head is {head}: run `outbox db upgrade`"
+    ),
+)
+
+error = CONDITIONS.error

@@ -1,0 +1,240 @@
+"""The sink half's errors: the kafka_rc source's (KAFKA_RC_*) and the PostgreSQL sink's (SINK_*).
+
+Each condition is a code, the class it is raised as and its message template
+(outbox/_core/errors.py says how codes and templates are used); a raise is
+`raise error("CODE", field=value)`. SinkError, the class of a batch the sink
+refused, is here too.
+"""
+
+from __future__ import annotations
+
+from outbox._core.errors import (
+    CORE,
+    Condition,
+    Conditions,
+    ConfigError,
+    DataLossError,
+    OutboxError,
+    ServiceUnavailable,
+)
+
+
+class SinkError(OutboxError):
+    """A batch the sink refused to apply. Nothing of it was committed, except, when applied in
+    the tasks, other tasks' topic-partitions, which the batch's replay then skips."""
+
+
+# What ends each of the source's losses (ranges.reconcile) when it stops the query.
+KAFKA_RC_LOSS_ADVICE = (
+    "; records may have been lost. To go on from the earliest offsets still there,"
+    " set the source option failOnDataLoss=false"
+)
+
+CONDITIONS = Conditions(
+    CORE,
+    # -- kafka_rc options (sinks/kafka_source/options.py) ----------------------------------------------
+    KAFKA_RC_OPTION_UNSUPPORTED=Condition(ConfigError, "option {option!r} is not supported: {why}"),
+    KAFKA_RC_OPTION_UNKNOWN=Condition(
+        ConfigError, "unknown option(s) {options}: kafka client settings take a 'kafka.' prefix"
+    ),
+    KAFKA_RC_BOOTSTRAP_MISSING=Condition(ConfigError, "option kafka.bootstrap.servers is required"),
+    KAFKA_RC_ISOLATION_LEVEL_SET=Condition(
+        ConfigError,
+        "set no kafka.isolation.level: the source reads read_committed; to read records of"
+        " aborted and open transactions too, set {opt_in}=true",
+    ),
+    KAFKA_RC_SUBSCRIPTION_NOT_ONE=Condition(
+        ConfigError, "give exactly one of the options subscribe or subscribePattern"
+    ),
+    KAFKA_RC_SUBSCRIBE_EMPTY=Condition(ConfigError, "option subscribe names no topic"),
+    KAFKA_RC_PATTERN_INVALID=Condition(ConfigError, "option subscribePattern is not a valid regex: {reason}"),
+    KAFKA_RC_LEDGER_SINK_MISSING=Condition(
+        ConfigError, "options ledger.url / ledger.schema need ledger.sink, the sink's name"
+    ),
+    KAFKA_RC_OFFSETS_INVALID=Condition(
+        ConfigError,
+        'option {option} must be earliest, latest or JSON like {{"topic":{{"0":23,"1":-2}}}}'
+        " (-2 earliest, -1 latest), got {value!r}",
+    ),
+    KAFKA_RC_OPTION_NOT_POSITIVE=Condition(
+        ConfigError, "option {option} must be a positive integer, got {value!r}"
+    ),
+    KAFKA_RC_OPTION_NOT_BOOLEAN=Condition(
+        ConfigError, "option {option} must be true or false, got {value!r}"
+    ),
+    # -- kafka_rc ranges (sinks/kafka_source/ranges.py): offsets given, offsets lost --------------------
+    KAFKA_RC_OFFSETS_INCOMPLETE=Condition(
+        ConfigError, "option {option} gives no offset for {partitions}: list every partition"
+    ),
+    KAFKA_RC_TOPIC_RECREATED=Condition(
+        DataLossError,
+        "topic {topic} was deleted and created again (topic id {was}, now {now}):"
+        " the offsets read so far are of the old topic" + KAFKA_RC_LOSS_ADVICE,
+    ),
+    KAFKA_RC_LOG_TRUNCATED=Condition(
+        DataLossError,
+        "{topic}-{partition} now ends at offset {end}, before offset {offset} already read:"
+        " its log was truncated, or the topic created again" + KAFKA_RC_LOSS_ADVICE,
+    ),
+    KAFKA_RC_OFFSETS_DELETED=Condition(
+        DataLossError,
+        "offsets {first}-{last} of {topic}-{partition} were deleted before they"
+        " were read (retention?)" + KAFKA_RC_LOSS_ADVICE,
+    ),
+    # -- kafka_rc cluster (sinks/kafka_source/cluster.py): the driver's questions to Kafka -------------
+    KAFKA_RC_TOPIC_MISSING=Condition(
+        ConfigError, "topic(s) {topics} do not exist on {servers} (deleted, or never created)"
+    ),
+    KAFKA_RC_REQUEST_FAILED=Condition(ServiceUnavailable, "cannot {doing} on {servers}: {reason}"),
+    KAFKA_RC_CLUSTER_UNAVAILABLE=Condition(
+        ServiceUnavailable,
+        "cannot {doing} on {servers}: {reason}, for {seconds:.0f}s (option unavailableTimeoutMs)",
+    ),
+    # -- kafka_rc reader (sinks/kafka_source/reader.py): a task reading one range ----------------------
+    KAFKA_RC_READ_STALLED=Condition(
+        ServiceUnavailable,
+        "{topic}-{partition}: no progress at offset {offset} (reading up to {end})"
+        " for {seconds:.0f}s; is the broker reachable? (option {option})",
+    ),
+    KAFKA_RC_OFFSET_GONE=Condition(
+        DataLossError,
+        "{topic}-{partition}: offset {offset} is no longer on the broker"
+        " (removed by retention?); set failOnDataLoss=false to skip what is gone",
+    ),
+    KAFKA_RC_READ_FAILED=Condition(ServiceUnavailable, "{topic}-{partition}: {reason}"),
+    # -- kafka_rc source (sinks/kafka_source/source.py): a checkpoint's topics -------------------------
+    KAFKA_RC_CHECKPOINT_OTHER_SUBSCRIPTION=Condition(
+        ConfigError,
+        "the checkpoint holds offsets of topic(s) {topics}, which this query does not"
+        " subscribe to ({subscription}): the checkpoint belongs to another subscription;"
+        " give this query a new checkpointLocation",
+    ),
+    KAFKA_RC_TOPIC_DELETED=Condition(
+        ConfigError, "topic(s) {topics} were deleted while the query was reading them"
+    ),
+    # -- ledger (sinks/ledger.py) ----------------------------------------------------------------------
+    SINK_TOPIC_RECREATED=Condition(
+        DataLossError,
+        "topic {topic} was deleted and created again since sink {sink} applied it (topic id"
+        " {was}, now {now}): the sink's ledger holds offsets of the old topic, which would skip the"
+        " new topic's records. To apply the new topic from its start, set the source option"
+        " failOnDataLoss=false (the sink then forgets the old topic's offsets, and says so)",
+    ),
+    # -- sink spec (sinks/postgres/spec.py) ------------------------------------------------------------
+    SINK_TABLE_UNNAMED=Condition(ConfigError, "the sink needs a table name"),
+    SINK_KEY_MISSING=Condition(ConfigError, "the sink needs at least one key column (default: event_id)"),
+    SINK_KEY_REPEATS=Condition(ConfigError, "key columns repeat: {key}"),
+    SINK_MODE_INVALID=Condition(ConfigError, "mode must be 'upsert' or 'insert', not {mode!r}"),
+    SINK_ON_ERROR_INVALID=Condition(
+        ConfigError, "on_error must be 'dead_letter' or 'fail', not {on_error!r}"
+    ),
+    SINK_APPLY_IN_INVALID=Condition(
+        ConfigError, "apply_in must be 'auto', 'tasks' or 'driver', not {apply_in!r}"
+    ),
+    SINK_DATABASE_TIMEOUT_INVALID=Condition(
+        ConfigError, "database_timeout must be a positive number of seconds, got {seconds}"
+    ),
+    SINK_VERSION_IS_KEY=Condition(ConfigError, "the version column {version!r} cannot also be a key column"),
+    SINK_VERSION_NEEDS_UPSERT=Condition(
+        ConfigError, "a version column needs mode='upsert': mode='insert' never replaces a row"
+    ),
+    SINK_OUTBOX_TOPIC_MISSING=Condition(ConfigError, "Outbox needs a topic"),
+    # -- parse_json (sinks/postgres/parse.py) ----------------------------------------------------------
+    SINK_SCHEMA_FIELDS_CLASH=Condition(
+        ConfigError, "schema fields {fields} clash with the Kafka columns of the same name; rename them"
+    ),
+    SINK_KEY_COLUMN_NOT_IN_SCHEMA=Condition(
+        ConfigError, "key_column {key_column!r} is not a field of the schema {schema}"
+    ),
+    # -- catalog (sinks/postgres/catalog.py) -----------------------------------------------------------
+    SINK_TABLE_NOT_FOUND=Condition(
+        ConfigError,
+        "table {schema}.{table} does not exist in {database}: create it (with a unique"
+        " index on the key columns) before starting the sink",
+    ),
+    # -- plan (sinks/postgres/plan.py): the frame against the table ------------------------------------
+    SINK_COLUMNS_NOT_IN_TABLE=Condition(
+        ConfigError,
+        "DataFrame columns {columns} are not in table {table} (columns: {table_columns});"
+        " drop or rename them before the sink",
+    ),
+    SINK_COLUMNS_GENERATED=Condition(
+        ConfigError, "columns {columns} of table {table} are generated and cannot be written; drop them"
+    ),
+    SINK_REQUIRED_COLUMNS_MISSING=Condition(
+        ConfigError, "table {table} needs columns {columns} (NOT NULL, no default) that the DataFrame lacks"
+    ),
+    SINK_KEY_COLUMNS_ABSENT=Condition(
+        ConfigError, "key columns {columns} are not both in the DataFrame and in table {table}"
+    ),
+    SINK_NO_UNIQUE_INDEX=Condition(
+        ConfigError,
+        "table {table} has no unique index on exactly {key}: the sink upserts ON CONFLICT over"
+        " the key; add one, e.g. CREATE UNIQUE INDEX ON {name} ({columns})",
+    ),
+    SINK_VERSION_COLUMN_ABSENT=Condition(
+        ConfigError, "version column {version!r} is not both in the DataFrame and in table {table}"
+    ),
+    SINK_VERSION_NOT_ORDERED=Condition(
+        ConfigError,
+        "version column {version!r} is {type}; it must be a number"
+        " or a timestamp so versions can be compared",
+    ),
+    SINK_POSITION_COLUMNS_MISSING=Condition(
+        ConfigError,
+        "the DataFrame needs the Kafka position columns topic (string), partition (int) and offset"
+        " (long) to apply each event exactly once; missing or mistyped: {columns}. Keep them when you"
+        " parse the value, or use sinks.postgres.parse_json",
+    ),
+    SINK_COLUMN_TYPE_MISMATCH=Condition(
+        ConfigError,
+        "column {column!r}: a Spark {spark_type} cannot be written to {table}.{column}"
+        " of type {type}; cast it in the DataFrame first",
+    ),
+    # -- placement (sinks/postgres/placement.py) -------------------------------------------------------
+    SINK_TASKS_UNPROVEN=Condition(
+        ConfigError,
+        "apply_in='tasks' needs each topic-partition's rows of a batch in one Spark task,"
+        " but {why}; use apply_in='auto' to apply such frames on the driver,"
+        " or repartition by topic and partition",
+    ),
+    # -- metrics (sinks/postgres/metrics.py) -----------------------------------------------------------
+    SINK_METRICS_ADDRESS_INVALID=Condition(ConfigError, "metrics address must be HOST:PORT, got {address!r}"),
+    SINK_METRICS_CANNOT_SERVE=Condition(
+        ConfigError, "cannot serve the sink's metrics on {address}: {reason}"
+    ),
+    # -- sink (sinks/postgres/sink.py) -----------------------------------------------------------------
+    SINK_IN_USE=Condition(
+        SinkError,
+        "sink {sink} is being written by another query right now (it holds the sink's"
+        " advisory lock); stop that query, or give this sink another name",
+    ),
+    # -- continuity (sinks/postgres/continuity.py) -----------------------------------------------------
+    SINK_BATCH_LOST=Condition(
+        SinkError,
+        "sink {sink}: PostgreSQL no longer holds {which}, which Spark's checkpoint counts as applied"
+        " (it went back in time: a failover to an asynchronous replica, a restore, or a crash without"
+        " fsync); nothing of batch {batch} was applied. To read the lost events again, restart the query"
+        " with a new checkpointLocation and kafka_rc's option ledger.sink={sink}, which starts where the"
+        " ledger stands, or with startingOffsets='{offsets}'",
+    ),
+    # -- topics (sinks/postgres/topics.py): the ledger against Kafka -----------------------------------
+    SINK_LOG_TRUNCATED=Condition(
+        DataLossError,
+        "{topic}-{partition} now ends at offset {end}, but sink {sink} has applied it up to offset"
+        " {offset}: the log was truncated (an unclean leader election?), and records written"
+        " again at those offsets would be skipped. To apply them, set the source option"
+        " failOnDataLoss=false (the sink then forgets that partition's offsets, and says so)",
+    ),
+    # -- apply (sinks/postgres/apply.py): a batch applied on the driver or in a task -------------------
+    SINK_STAGE_INCOMPLETE=Condition(
+        SinkError,
+        "sink {sink}: the stage table holds {present} of {staged} staged rows (was"
+        " PostgreSQL restarted?); nothing was applied, the batch replays when the query restarts",
+    ),
+    SINK_VALUE_UNPARSED=Condition(
+        SinkError, "sink {sink}: cannot write {topic}[{partition}]@{offset}: {reason}"
+    ),
+    SINK_ROW_REFUSED=Condition(SinkError, "sink {sink}: the table refused a row: {reason}"),
+)
+error = CONDITIONS.error
