@@ -9,6 +9,7 @@ positions, `outbox verify` and the tests' verifier.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Mapping
@@ -48,6 +49,7 @@ def read_committed(
         )
     )
     servers = config.get("bootstrap.servers")
+    deadline = time.monotonic() + timeout
     try:
         # A topic created a moment ago may be unknown yet to the broker asked: asked again, briefly.
         known_by = time.monotonic() + min(timeout, NEW_TOPIC_S)
@@ -62,15 +64,11 @@ def read_committed(
             if time.monotonic() > known_by:
                 raise error("KAFKA_TOPIC_MISSING", topic=topic, servers=servers)
             time.sleep(0.2)
-        ends = {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
-            for p in found.partitions
-        }
+        ends = {p: _end(consumer, topic, p, str(servers), deadline) for p in found.partitions}
         first = {p: (start or {}).get(p, OFFSET_BEGINNING) for p in ends}
         pending = {p for p, end in ends.items() if end > max(first[p], 0)}
         consumer.assign([TopicPartition(topic, p, first[p]) for p in pending])
         out: list[Message] = []
-        deadline = time.monotonic() + timeout
         while pending:
             if time.monotonic() > deadline:
                 reached = {
@@ -100,6 +98,28 @@ def read_committed(
         return out
     finally:
         consumer.close()
+
+
+def _end(consumer: Consumer, topic: str, partition: int, servers: str, deadline: float) -> int:
+    """A partition's end (its high watermark), asked again until `deadline` while the cluster
+    settles: a partition without a leader for now, or a new leader whose high watermark has not
+    caught up yet (OFFSET_NOT_AVAILABLE, just after a broker restart)."""
+    while True:
+        try:
+            asked = TopicPartition(topic, partition)
+            return int(consumer.get_watermark_offsets(asked, timeout=10, cached=False)[1])
+        except KafkaException as exc:
+            if time.monotonic() > deadline:
+                raise error(
+                    "KAFKA_READ_END_UNKNOWN",
+                    topic=topic,
+                    partition=partition,
+                    servers=servers,
+                    reason=exc.args[0].str(),
+                ) from None
+            time.sleep(0.5)
+            with contextlib.suppress(KafkaException):  # who leads it now: the client's map is stale
+                consumer.list_topics(topic, timeout=5)
 
 
 def place(message: Message) -> tuple[int, int]:

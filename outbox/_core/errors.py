@@ -172,6 +172,10 @@ CORE = Conditions(
         " Check KAFKA_BOOTSTRAP_SERVERS, or start a local broker with `outbox dev up`.",
     ),
     KAFKA_READ_UNREACHABLE=Condition(ServiceUnavailable, "cannot reach Kafka at {servers}: {reason}"),
+    KAFKA_READ_END_UNKNOWN=Condition(
+        ServiceUnavailable,
+        "cannot learn where {topic}-{partition} ends on {servers}, asked until the read's timeout: {reason}",
+    ),
     KAFKA_TOPIC_MISSING=Condition(ConfigError, "topic {topic!r} does not exist on {servers}"),
     KAFKA_READ_TIMEOUT=Condition(
         ServiceUnavailable,

@@ -16,14 +16,16 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 import pytest
-from confluent_kafka.admin import AdminClient, ConfigResource
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from outbox import migrate
+from outbox._core.committed import read_committed
 from outbox._core.config import DatabaseUrl
 from outbox.relay.pause import BEFORE_COMMIT, BEFORE_POSITION, MID_TRANSACTION
 from outbox.relay.position import Identity
@@ -32,7 +34,16 @@ from outbox_dev.jvm import kafka_tools
 from outbox_dev.kafka import Cluster
 from outbox_dev.process import pid_alive
 from sinks.ledger import positions
-from tests.helpers import REPO, Job, create_topic, fresh_database, unique, wait_for
+from tests.helpers import (
+    REPO,
+    Job,
+    create_topic,
+    fresh_database,
+    produce_transaction,
+    transactional_producer,
+    unique,
+    wait_for,
+)
 from tests.relay_support import (
     ACTIVE,
     Committed,
@@ -146,6 +157,30 @@ def start(
 ) -> tuple[Job, Path]:
     env = {"DATABASE_URL": url.raw, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
     return relay_job(tmp_path, env, name, *FAST, pause_at=pause_at)
+
+
+def test_a_read_of_a_partition_without_a_leader_waits_for_one_and_reads_every_record(
+    healthy: Cluster,
+) -> None:
+    """`outbox verify`, `outbox trace` and the tests read committed records right after brokers
+    restart, when a partition may have no leader yet, or one whose high watermark has not caught
+    up: the read asks again until its timeout (session 19's CI met OFFSET_NOT_AVAILABLE there)."""
+    bootstrap, node = healthy.bootstrap, sorted(healthy.services)[0]
+    topic = unique(MODULE)
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept: its futures die with it
+    one_replica = NewTopic(topic, num_partitions=1, replica_assignment=[[node]])  # its node down: no leader
+    admin.create_topics([one_replica])[topic].result(30)
+    values = [f"v{i}".encode() for i in range(20)]
+    producer = transactional_producer(bootstrap)
+    produce_transaction(producer, topic, [(None, v) for v in values])
+    producer.flush(30)
+    healthy.kill(node)
+    with ThreadPoolExecutor(1) as pool:
+        read = pool.submit(read_committed, {"bootstrap.servers": bootstrap}, topic, timeout=120)
+        time.sleep(15)  # longer than one ask for the ends (10 s)
+        # Started from this thread: a node dies with the thread that started it (PDEATHSIG).
+        healthy.start(node)
+        assert [m.value() for m in read.result()] == values
 
 
 def test_the_positions_outlive_the_broker_that_led_them(
