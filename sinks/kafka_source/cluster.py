@@ -150,7 +150,8 @@ class Cluster:
             resource = ConfigResource(ConfigResource.Type.BROKER, broker)
             entry = self.admin.describe_configs([resource])[resource].result(self.timeout)
             return int(entry["transaction.max.timeout.ms"].value) / 1000
-        except (KafkaException, KeyError, StopIteration, ValueError, TypeError):
+        # TimeoutError: the broker asked is down (a node killed while the stream is young).
+        except (KafkaException, TimeoutError, KeyError, StopIteration, ValueError, TypeError):
             return default
 
     def _list_offsets(

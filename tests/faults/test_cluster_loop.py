@@ -166,7 +166,7 @@ def test_a_read_of_a_partition_without_a_leader_waits_for_one_and_reads_every_re
     restart, when a partition may have no leader yet, or one whose high watermark has not caught
     up: the read asks again until its timeout (session 19's CI met OFFSET_NOT_AVAILABLE there)."""
     bootstrap, node = healthy.bootstrap, sorted(healthy.services)[0]
-    topic = unique(MODULE)
+    topic = unique("leaderless")  # outside the module's sink's subscribePattern: that job must not see it
     admin = AdminClient({"bootstrap.servers": bootstrap})  # kept: its futures die with it
     one_replica = NewTopic(topic, num_partitions=1, replica_assignment=[[node]])  # its node down: no leader
     admin.create_topics([one_replica])[topic].result(30)
