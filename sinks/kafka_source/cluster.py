@@ -167,17 +167,44 @@ class Cluster:
         )
 
         def ask() -> dict[TopicPartitionKey, int]:
-            futures = self.admin.list_offsets(wanted, isolation_level=isolation, request_timeout=ATTEMPT)
-            offsets = {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
+            try:
+                futures = self.admin.list_offsets(wanted, isolation_level=isolation, request_timeout=ATTEMPT)
+                offsets = {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
+            except KafkaException as exc:
+                # librdkafka fails the whole request ("No leaders found") when a partition has no
+                # leader at all: its only replicas' brokers are down. That passes when one returns.
+                leaderless = [] if transient(exc.args[0]) else self._leaderless(wanted)
+                if leaderless:
+                    raise _no_leader("no leader for", leaderless) from None
+                raise
             # A partition without a leader can come back as offset -1001: no answer, not a log's end.
-            unanswered = sorted(f"{t}-{p}" for (t, p), offset in offsets.items() if offset < 0)
+            unanswered = [tp for tp, offset in offsets.items() if offset < 0]
             if unanswered:
-                more = f" and {len(unanswered) - 3} more" if len(unanswered) > 3 else ""
-                reason = f"no offset for {', '.join(unanswered[:3])}{more}"
-                raise KafkaException(KafkaError(KafkaError.LEADER_NOT_AVAILABLE, reason))
+                raise _no_leader("no offset for", unanswered)
             return offsets
 
         return self._ask("list offsets", ask)
+
+    def _leaderless(self, partitions: Iterable[TopicPartition]) -> list[TopicPartitionKey]:
+        """Those of `partitions` that the cluster's metadata shows without a leader; none when one
+        is gone, its topic deleted or made again smaller (no wait: the caller says so)."""
+        topics = self.admin.list_topics(timeout=ATTEMPT).topics
+        found = []
+        for tp in partitions:
+            topic = topics.get(tp.topic)
+            partition = topic.partitions.get(tp.partition) if topic is not None else None
+            if partition is None:
+                return []
+            if partition.leader < 0:
+                found.append((tp.topic, tp.partition))
+        return found
+
+
+def _no_leader(what: str, partitions: list[TopicPartitionKey]) -> KafkaException:
+    """A transient error naming (some of) the partitions that have no leader to answer for them."""
+    names = sorted(f"{t}-{p}" for t, p in partitions)
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return KafkaException(KafkaError(KafkaError.LEADER_NOT_AVAILABLE, f"{what} {', '.join(names[:3])}{more}"))
 
 
 # A partition just added, or whose leader just moved, answers with these for a moment; a

@@ -14,7 +14,9 @@ outbox against what was committed.
 from __future__ import annotations
 
 import contextlib
+import json
 import time
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -181,6 +183,47 @@ def test_a_read_of_a_partition_without_a_leader_waits_for_one_and_reads_every_re
         # Started from this thread: a node dies with the thread that started it (PDEATHSIG).
         healthy.start(node)
         assert [m.value() for m in read.result()] == values
+
+
+def test_the_sink_waits_for_a_subscribed_partition_without_a_leader_and_reads_every_record(
+    healthy: Cluster, sink: Sink
+) -> None:
+    """A pattern's topic whose one replica's node is down has no leader: librdkafka's offsets
+    request says "no leaders found", and kafka_rc stopped the stream (KAFKA_RC_REQUEST_FAILED)
+    where it waits out any other broker that is gone, for unavailableTimeoutMs (for ever here)."""
+    bootstrap, node = healthy.bootstrap, sorted(healthy.services)[0]
+    topic = unique(MODULE)  # in the module's sink's subscribePattern
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept: its futures die with it
+    admin.create_topics([NewTopic(topic, num_partitions=1, replica_assignment=[[node]])])[topic].result(30)
+    before, after = [str(uuid.uuid4()) for _ in range(10)], [str(uuid.uuid4()) for _ in range(10)]
+
+    def send(ids: list[str]) -> None:
+        producer = transactional_producer(bootstrap)
+        produce_transaction(
+            producer, topic, [(None, json.dumps({"event_id": e, "n": 0}).encode()) for e in ids]
+        )
+        producer.flush(30)
+
+    def applied() -> list[str]:
+        with psycopg.connect(sink.url.libpq, autocommit=True) as conn:
+            rows = conn.execute(f"SELECT event_id::text FROM {SINK_TABLE} WHERE topic = %s", [topic])
+            return sorted(r[0] for r in rows)
+
+    send(before)
+    wait_for(lambda: applied() == sorted(before), 120, "the sink applying the first events")
+    seen = len(sink.job.output())
+    healthy.kill(node)
+    # One line once Kafka has not answered for 30 s; each of the driver's asks lasts 10 s at most.
+    wait_for(
+        lambda: SINK_STALL in sink.job.output()[seen:], 90, "the sink's line on the leaderless partition"
+    )
+    assert sink.job.process.poll() is None, sink.job.output()[seen:][-3000:]
+    healthy.start(node)  # from this thread: a node dies with the thread that started it
+    send(after)
+    wait_for(lambda: applied() == sorted(before + after), 180, "the sink applying every event")
+    said = sink.job.output()[seen:]
+    assert sink.job.process.poll() is None, said[-3000:]
+    assert said.count(SINK_STALL) == 1 and f"no leader for {topic}-0" in said and SINK_BACK in said, said
 
 
 def test_the_positions_outlive_the_broker_that_led_them(

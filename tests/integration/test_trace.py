@@ -108,10 +108,17 @@ def test_outbox_trace_follows_events_from_input_record_to_output_topic(  # type:
         (1, "applied", "1"),
         (3, "stale", "0"),
     ]
+    stale_said = outbox("trace", b, env={"DATABASE_URL": db.raw}).out
+    assert f"\n  input {topic}[0]@1: sink public.orders applied at version 1, " in stale_said, stale_said
+    assert f"\n  input {topic}[0]@3: sink public.orders skipped: a stale version" in stale_said, stale_said
     dead = outbox("trace", d, env={"DATABASE_URL": db.raw})
     assert dead.code == 0, dead
     assert f"  input {topic}[0]@4: sink public.orders dead-lettered it, " in dead.out
     assert "null value in column" in dead.out
+    dead_json = json.loads(outbox("trace", d, "--json", env={"DATABASE_URL": db.raw}).out)
+    assert dead_json["records"] == [] and dead_json["found"], dead_json
+    [letter] = dead_json["dead_letters"]
+    assert (letter["partition"], letter["offset"]) == (0, 4) and "null value in column" in letter["error"]
     unknown = outbox("trace", never, env={"DATABASE_URL": db.raw})
     assert unknown.code == 1 and "no record of it" in unknown.out, unknown
 
@@ -133,7 +140,9 @@ def test_outbox_trace_follows_events_from_input_record_to_output_topic(  # type:
     box = found["records"][0]["outbox"]
     assert box["state"] == "published" and box["event_id"] == published_id
     assert (box["published"]["partition"], box["published"]["offset"]) == (partition, offset)
-    assert found["records"][1]["outbox"] is None  # a duplicate wrote no outbox event
+    duplicate = found["records"][1]
+    assert (duplicate["offset"], duplicate["outcome"]) == (2, "duplicate")
+    assert duplicate["outbox"] is None  # a duplicate wrote no outbox event
     human = outbox("trace", a, "--bootstrap-servers", bootstrap, env={"DATABASE_URL": db.raw})
     assert f"published as {out}[{partition}]@{offset} at " in human.out, human.out
 
