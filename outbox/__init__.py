@@ -27,7 +27,8 @@ from outbox._core.errors import (
 )
 
 if TYPE_CHECKING:
-    from outbox.relay.relay import Relay, RelaySettings
+    from outbox.relay.relay import Relay
+    from outbox.relay.settings import RelaySettings
     from outbox.writer import Event, add_event, add_events
 
 __all__ = [
@@ -52,7 +53,7 @@ _LAZY = {
     "add_event": "outbox.writer",
     "add_events": "outbox.writer",
     "Relay": "outbox.relay.relay",
-    "RelaySettings": "outbox.relay.relay",
+    "RelaySettings": "outbox.relay.settings",
 }
 
 

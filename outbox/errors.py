@@ -50,11 +50,6 @@ CONDITIONS = Conditions(
         ConfigError,
         "relay name {name!r} cannot be used: give printable characters, no '/', no space at either end",
     ),
-    RELAY_BATCH_SIZE_TOO_SMALL=Condition(OutboxError, "--batch-size must be at least 1"),
-    RELAY_TIMEOUT_NOT_POSITIVE=Condition(OutboxError, "{flag} must be positive, got {value:g}"),
-    RELAY_ON_POISON_INVALID=Condition(
-        OutboxError, "--on-poison must be {halt} or {dead_letter}, got {policy!r}"
-    ),
     RELAY_SHARD_MALFORMED=Condition(ConfigError, "--shard must look like I/N (e.g. 0/4), got {text!r}"),
     RELAY_SHARD_OUT_OF_RANGE=Condition(
         ConfigError, "--shard {text}: need 0 <= I < N (shards are numbered from 0)"

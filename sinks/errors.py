@@ -56,12 +56,6 @@ CONDITIONS = Conditions(
         'option {option} must be earliest, latest or JSON like {{"topic":{{"0":23,"1":-2}}}}'
         " (-2 earliest, -1 latest), got {value!r}",
     ),
-    KAFKA_RC_OPTION_NOT_POSITIVE=Condition(
-        ConfigError, "option {option} must be a positive integer, got {value!r}"
-    ),
-    KAFKA_RC_OPTION_NOT_BOOLEAN=Condition(
-        ConfigError, "option {option} must be true or false, got {value!r}"
-    ),
     # -- kafka_rc ranges (sinks/kafka_source/ranges.py): offsets given, offsets lost --------------------
     KAFKA_RC_OFFSETS_INCOMPLETE=Condition(
         ConfigError, "option {option} gives no offset for {partitions}: list every partition"

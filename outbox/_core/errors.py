@@ -152,6 +152,10 @@ CORE = Conditions(
         ConfigError, "{source} entry {server!r} is not host:port (e.g. localhost:9092)"
     ),
     CONFIG_SCHEMA_INVALID=Condition(ConfigError, "schema name {name!r} is not a valid PostgreSQL identifier"),
+    # A declared setting's value (outbox/_core/settings.py): a flag, a variable, a Spark option.
+    SETTING_MALFORMED=Condition(ConfigError, "{setting} must be {kind}, got {value!r}"),
+    SETTING_NOT_POSITIVE=Condition(ConfigError, "{setting} must be positive, got {value!r}"),
+    SETTING_NOT_A_CHOICE=Condition(ConfigError, "{setting} must be one of {choices}, got {value!r}"),
     # Reaching and using PostgreSQL (outbox/_core/postgres.py).
     POSTGRES_UNREACHABLE=Condition(
         ServiceUnavailable,

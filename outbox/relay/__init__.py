@@ -15,6 +15,7 @@ metrics.py       Prometheus /metrics and /healthz
 
 from outbox.relay.poison import DEAD_LETTER, HALT
 from outbox.relay.position import Position, Shard
-from outbox.relay.relay import Relay, RelaySettings
+from outbox.relay.relay import Relay
+from outbox.relay.settings import RelaySettings
 
 __all__ = ["DEAD_LETTER", "HALT", "Position", "Relay", "RelaySettings", "Shard"]

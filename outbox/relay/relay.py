@@ -17,10 +17,8 @@ import logging
 import random
 import threading
 import time
-import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -35,71 +33,13 @@ from outbox.relay.kafka import Publisher, kafka_failure
 from outbox.relay.metrics import RelayMetrics
 from outbox.relay.outbox_table import OutboxTable, opened
 from outbox.relay.pause import Pause
-from outbox.relay.poison import DEAD_LETTER, HALT, Poison
-from outbox.relay.position import Identity, Position, Shard, Target, advance, halt
+from outbox.relay.poison import DEAD_LETTER, Poison
+from outbox.relay.position import Identity, Position, Target, advance, halt
 from outbox.relay.resume import resume
 from outbox.relay.row import Row
+from outbox.relay.settings import RelaySettings
 
 log = logging.getLogger("outbox.relay")
-
-POSITIONS_TOPIC = "outbox-relay-positions"
-
-
-@dataclass(frozen=True)
-class RelaySettings:
-    url: DatabaseUrl
-    bootstrap: str
-    name: str
-    shard: Shard = field(default_factory=Shard)
-    schema: str = "public"
-    batch_size: int = 5000
-    poll_interval: float = 1.0
-    on_poison: str = HALT
-    positions_topic: str = POSITIONS_TOPIC
-    cleanup: bool = True
-    retention: float = 0.0
-    cleanup_batch: int = 10000
-    kafka: Mapping[str, object] = field(default_factory=dict)
-    exactly_once: bool = True
-    max_retries: int = 10
-    halt_retry: float = 30.0
-    synchronous_commit: str = "on"
-    kafka_timeout: float = 30.0
-    database_timeout: float = 30.0
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "name", relay_name(self.name))
-        if self.batch_size < 1:
-            raise error("RELAY_BATCH_SIZE_TOO_SMALL")
-        for flag, value in (
-            ("--kafka-timeout", self.kafka_timeout),
-            ("--database-timeout", self.database_timeout),
-        ):
-            if value <= 0:
-                raise error("RELAY_TIMEOUT_NOT_POSITIVE", flag=flag, value=value)
-        if self.on_poison not in (HALT, DEAD_LETTER):
-            raise error("RELAY_ON_POISON_INVALID", halt=HALT, dead_letter=DEAD_LETTER, policy=self.on_poison)
-
-    @property
-    def silence(self) -> float:
-        """How long the server lets the relay's session go unheard before it ends it, and frees the
-        lock for a standby: longer than a healthy active relay ever goes without a query. Its
-        longest silences are a batch's Kafka calls (a commit asked again for 2x the Kafka timeout)
-        and a producer's start, between the lock and the mark (a topic list, init_transactions
-        asked again for 2x, the position read: up to 5x); and a standby's poll interval."""
-        return self.database_timeout + 5 * self.kafka_timeout + self.poll_interval
-
-
-def relay_name(name: str) -> str:
-    """The name in NFC, so that names which look the same are one relay; or ConfigError.
-
-    The name keys the relay's position, transactional.id and lock: two spellings
-    of one name would be two relays, each publishing the outbox from its start.
-    """
-    control = any(unicodedata.category(c) in ("Cc", "Cs") for c in name)
-    if not name or name != name.strip() or "/" in name or control:
-        raise error("RELAY_NAME_INVALID", name=name)
-    return unicodedata.normalize("NFC", name)
 
 
 def backoff(attempt: int) -> float:

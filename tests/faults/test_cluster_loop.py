@@ -31,7 +31,7 @@ from outbox._core.committed import read_committed
 from outbox._core.config import DatabaseUrl
 from outbox.relay.pause import BEFORE_COMMIT, BEFORE_POSITION, MID_TRANSACTION
 from outbox.relay.position import Identity
-from outbox.relay.relay import POSITIONS_TOPIC
+from outbox.relay.settings import POSITIONS_TOPIC
 from outbox_dev.jvm import kafka_tools
 from outbox_dev.kafka import Cluster
 from outbox_dev.process import pid_alive

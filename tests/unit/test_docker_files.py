@@ -11,7 +11,7 @@ import yaml
 
 from outbox._core import config
 from outbox.cli import build_parser
-from outbox.cli.relay import SETTINGS
+from outbox.relay.settings import SETTINGS
 from tests.helpers import REPO
 
 COMPOSE = yaml.safe_load((REPO / "docker" / "compose.yaml").read_text())

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from outbox._core.config import DatabaseUrl
-from outbox._core.errors import OutboxError
+from outbox._core.errors import ConfigError, OutboxError
 from outbox._core.postgres import keepalive, server_limits, working_for
-from outbox.relay.relay import RelaySettings
+from outbox._core.settings import Setting
+from outbox.relay.settings import SETTINGS, RelaySettings
 from sinks.postgres.spec import SinkSpec
 
 seconds = st.floats(min_value=0.001, max_value=86_400, allow_nan=False)
@@ -76,15 +79,15 @@ def test_the_server_waits_out_a_relays_longest_healthy_silence(
     assert settings.silence > longest
 
 
-@pytest.mark.parametrize("flag", ["database_timeout", "kafka_timeout"])
-@pytest.mark.parametrize("value", [0, -1])
-def test_a_timeout_that_is_not_positive_is_one_line(flag: str, value: float) -> None:
-    with pytest.raises(OutboxError) as caught:
+@pytest.mark.parametrize("setting", [s for s in SETTINGS if s.positive], ids=lambda s: s.name)
+@pytest.mark.parametrize("value", [0, -1, float("nan")])
+def test_a_setting_that_must_be_positive_and_is_not_is_one_line(setting: Setting[Any], value: float) -> None:
+    with pytest.raises(ConfigError) as caught:
         RelaySettings(
-            url=DatabaseUrl.parse("postgresql://u@h/d"), bootstrap="h:9092", name="r", **{flag: value}
+            url=DatabaseUrl.parse("postgresql://u@h/d"), bootstrap="h:9092", name="r", **{setting.key: value}
         )
-    assert caught.value.code == "RELAY_TIMEOUT_NOT_POSITIVE"
-    assert f"--{flag.replace('_', '-')} " in caught.value.message  # names the flag
+    assert caught.value.code == "SETTING_NOT_POSITIVE"
+    assert caught.value.message.startswith(f"{setting.name} must be positive")  # names the flag
 
 
 def test_the_urls_own_libpq_settings_are_known_so_they_win() -> None:
@@ -94,8 +97,9 @@ def test_the_urls_own_libpq_settings_are_known_so_they_win() -> None:
 
 
 def test_an_unknown_poison_policy_is_one_line() -> None:
-    with pytest.raises(OutboxError) as caught:
+    with pytest.raises(ConfigError) as caught:
         RelaySettings(
             url=DatabaseUrl.parse("postgresql://u@h/d"), bootstrap="h:9092", name="r", on_poison="skip"
         )
-    assert caught.value.code == "RELAY_ON_POISON_INVALID"
+    assert caught.value.code == "SETTING_NOT_A_CHOICE"
+    assert caught.value.message == "--on-poison must be one of halt, dead-letter, got 'skip'"

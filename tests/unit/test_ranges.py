@@ -81,8 +81,18 @@ def test_options_mirror_sparks_kafka_source() -> None:
         ),
         (
             {"kafka.bootstrap.servers": "h:1", "subscribe": "a", "maxOffsetsPerTrigger": "0"},
-            "KAFKA_RC_OPTION_NOT_POSITIVE",
-            "",
+            "SETTING_NOT_POSITIVE",
+            "option maxOffsetsPerTrigger",
+        ),
+        (
+            {"kafka.bootstrap.servers": "h:1", "subscribe": "a", "minPartitions": "2.5"},
+            "SETTING_MALFORMED",
+            "option minPartitions must be an integer, got '2.5'",
+        ),
+        (
+            {"kafka.bootstrap.servers": "h:1", "subscribe": "a", "failOnDataLoss": "yes"},
+            "SETTING_MALFORMED",
+            "option failOnDataLoss must be true or false, got 'yes'",
         ),
         (
             {"kafka.bootstrap.servers": "h:1", "subscribe": "a", "kafka.group.id": "g"},
@@ -109,7 +119,7 @@ def test_the_wait_for_kafka_is_unbounded_in_a_stream_unless_an_option_bounds_it(
     assert parse({**base, "unavailableTimeoutMs": "90000"}).unavailable_timeout_s == 90.0
     with pytest.raises(ConfigError, match="unavailableTimeoutMs") as caught:
         parse({**base, "unavailableTimeoutMs": "-1"})
-    assert caught.value.code == "KAFKA_RC_OPTION_NOT_POSITIVE"
+    assert caught.value.code == "SETTING_NOT_POSITIVE"
 
 
 def test_read_uncommitted_needs_the_loud_opt_in() -> None:

@@ -1,4 +1,4 @@
-"""The relay's flags: one table drives argparse, and the relay table in docs/relay.md says the same."""
+"""The relay's flags: its declared settings drive argparse; docs/relay.md's relay table says the same."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 import pytest
 
 from outbox.cli import build_parser
-from outbox.cli.relay import SETTINGS
+from outbox.relay.settings import SETTINGS
 from tests.helpers import REPO
 
 
@@ -24,15 +24,15 @@ def docs_relay_table() -> list[list[str]]:
 def test_every_setting_has_its_docs_row_with_its_variable_and_default() -> None:
     rows = docs_relay_table()
     for setting in SETTINGS:
-        row = next((r for r in rows if f"`{setting.flag}" in r[0]), None)
-        assert row is not None, f"docs/relay.md's relay table has no row for {setting.flag}"
+        row = next((r for r in rows if f"`{setting.name}" in r[0]), None)
+        assert row is not None, f"docs/relay.md's relay table has no row for {setting.name}"
         assert row[1] == f"`{setting.env}`", (
-            f"{setting.flag}: docs/relay.md says {row[1]}, the code {setting.env}"
+            f"{setting.name}: docs/relay.md says {row[1]}, the code {setting.env}"
         )
-        if setting.default is None:
+        if setting.shown is None:
             continue
-        assert re.search(rf"(?<![\w.]){re.escape(setting.default)}(?![\w.])", row[2]), (
-            f"{setting.flag}: docs/relay.md's default {row[2]!r} is not the code's {setting.default!r}"
+        assert re.search(rf"(?<![\w.]){re.escape(setting.shown)}(?![\w.])", row[2]), (
+            f"{setting.name}: docs/relay.md's default {row[2]!r} is not the code's {setting.shown!r}"
         )
 
 
@@ -46,13 +46,47 @@ def test_every_docs_row_names_flags_the_relay_has() -> None:
             )
 
 
-@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s.flag)
+_GIVEN = {"--kafka-config": ("/etc/relay.properties", "/other"), "--shard": ("1/4", "3/8")}
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s.name)
 def test_the_variable_is_the_default_and_the_flag_wins(setting, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    value = {"--kafka-config": "/etc/relay.properties"}.get(setting.flag) or (setting.choices or ("7",))[-1]
-    monkeypatch.setenv(setting.env, value)
-    dest = setting.flag.lstrip("-").replace("-", "_")
+    variable, flag = _GIVEN.get(setting.name) or (
+        (setting.choices or ("7",))[-1],
+        (setting.choices or ("9",))[0],
+    )
+    monkeypatch.setenv(setting.env, variable)
     parsed = build_parser().parse_args(["relay"])
-    assert str(getattr(parsed, dest)) == str(setting.type(value)), "the variable is the default"
-    flag_value = (setting.choices or ("9",))[0] if setting.flag != "--kafka-config" else "/other"
-    parsed = build_parser().parse_args(["relay", setting.flag, flag_value])
-    assert str(getattr(parsed, dest)) == str(setting.type(flag_value)), "the flag wins over the variable"
+    assert getattr(parsed, setting.key) == setting.read(variable), "the variable is the default"
+    parsed = build_parser().parse_args(["relay", setting.name, flag])
+    assert getattr(parsed, setting.key) == setting.read(flag), "the flag wins over the variable"
+
+
+def test_without_flag_or_variable_the_declared_default_holds(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    for setting in SETTINGS:
+        monkeypatch.delenv(setting.env, raising=False)
+    parsed = build_parser().parse_args(["relay"])
+    assert {s.key: getattr(parsed, s.key) for s in SETTINGS} == {s.key: s.default for s in SETTINGS}
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "code"),
+    [
+        ("--batch-size", "0", "SETTING_NOT_POSITIVE"),
+        ("--batch-size", "many", "SETTING_MALFORMED"),
+        ("--kafka-timeout", "-1", "SETTING_NOT_POSITIVE"),
+        ("--on-poison", "skip", "SETTING_NOT_A_CHOICE"),
+        ("--shard", "4/4", "RELAY_SHARD_OUT_OF_RANGE"),
+    ],
+)
+def test_a_bad_flag_or_variable_is_one_usage_line_with_its_code(
+    flag, value, code, monkeypatch, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    for argv in (["relay", flag, value], ["relay"]):
+        [setting] = [s for s in SETTINGS if s.name == flag]
+        monkeypatch.setenv(setting.env, value)
+        with pytest.raises(SystemExit) as exited:
+            build_parser().parse_args(argv)
+        assert exited.value.code == 2
+        [line] = [s for s in capsys.readouterr().err.splitlines() if "error:" in s]
+        assert f"argument {flag}: [{code}] " in line, line

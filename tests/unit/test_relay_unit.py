@@ -22,7 +22,8 @@ from outbox.relay.position import (
     latest_position,
 )
 from outbox.relay.positions import problems, replication
-from outbox.relay.relay import RelaySettings, backoff, relay_name
+from outbox.relay.relay import backoff
+from outbox.relay.settings import RelaySettings, relay_name
 
 SNAP = "100:105:101,103"
 TARGET = Target(SNAP, 7)  # a fresh delta's snapshot and the mark written for it
