@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import math
 import os
@@ -505,7 +504,7 @@ def main() -> int:
                 cluster.close()
             for dbz in peers.values():
                 dbz.drop_slot()  # a slot left behind would hold WAL on the server for ever
-    report(result, args.json)
+    flags.finish("relay", report(result), args)
     return 0 if all(lat["missing"] == 0 for lat in result["latency"]) else 1
 
 
@@ -596,7 +595,8 @@ def measure(
     return {"args": vars(args), "rounds": rounds, "latency": latencies, "faults": faults}
 
 
-def report(result: dict, as_json: bool) -> None:
+def report(result: dict) -> dict:
+    """Prints the figures; returns them as the JSON object."""
     rounds, median = result["rounds"], statistics.median
     out = {
         "events": result["args"]["events"],
@@ -690,8 +690,7 @@ def report(result: dict, as_json: bool) -> None:
             f"kill -9 mid-stream, {who}: {f['committed']:,} committed,"
             f" {f['duplicates']} duplicates, {f['missing']} missing"
         )
-    if as_json:
-        print(json.dumps(out))
+    return out
 
 
 def _lat(v: dict) -> dict:

@@ -92,8 +92,7 @@ def main() -> int:
     if args.png:
         draw(result, Path(args.png))
         print(f"curves drawn in {args.png}")
-    if args.json:
-        print(json.dumps({**result, "verdicts": verdicts}))
+    flags.finish("scale", {**result, "verdicts": verdicts}, args)
     return 0
 
 

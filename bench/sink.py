@@ -631,8 +631,7 @@ def main() -> int:
     }
     if wrong:
         print(f"ERROR: rows written, expected {args.events}: {wrong}", file=sys.stderr)
-    if args.json:
-        print(json.dumps(result))
+    flags.finish("sink", result, args)
     return 1 if wrong else 0
 
 

@@ -19,7 +19,6 @@ Uses KAFKA_BOOTSTRAP_SERVERS if set, else starts the embedded Apache Kafka broke
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -256,8 +255,7 @@ def main() -> int:
     short = {name: rows for name, rows in short.items() if rows != args.events}
     for name, rows in short.items():
         print(f"ERROR: {name} read {rows} rows, expected {args.events}", file=sys.stderr)
-    if args.json:
-        print(json.dumps(result))
+    flags.finish("source", result, args)
     return 1 if short else 0
 
 
