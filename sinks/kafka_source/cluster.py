@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCollection, TopicPartition
-from confluent_kafka.admin import AdminClient, ClusterMetadata, ConfigResource, OffsetSpec
+from confluent_kafka.admin import AdminClient, ClusterMetadata, ConfigResource, OffsetSpec, TopicMetadata
 
 from outbox._core.kafka import client_settings
 from sinks.errors import error
@@ -186,18 +186,23 @@ class Cluster:
         return self._ask("list offsets", ask)
 
     def _leaderless(self, partitions: Iterable[TopicPartition]) -> list[TopicPartitionKey]:
-        """Those of `partitions` that the cluster's metadata shows without a leader; none when one
-        is gone, its topic deleted or made again smaller (no wait: the caller says so)."""
-        topics = self.admin.list_topics(timeout=ATTEMPT).topics
-        found = []
-        for tp in partitions:
-            topic = topics.get(tp.topic)
-            partition = topic.partitions.get(tp.partition) if topic is not None else None
-            if partition is None:
-                return []
-            if partition.leader < 0:
-                found.append((tp.topic, tp.partition))
-        return found
+        return leaderless(self.admin.list_topics(timeout=ATTEMPT).topics, partitions)
+
+
+def leaderless(
+    topics: Mapping[str, TopicMetadata], partitions: Iterable[TopicPartition]
+) -> list[TopicPartitionKey]:
+    """Those of `partitions` that the cluster's metadata `topics` shows without a leader; none when
+    one is gone, its topic deleted or made again smaller (no wait: the caller says so)."""
+    found = []
+    for tp in partitions:
+        topic = topics.get(tp.topic)
+        partition = topic.partitions.get(tp.partition) if topic is not None else None
+        if partition is None:
+            return []
+        if partition.leader < 0:
+            found.append((tp.topic, tp.partition))
+    return found
 
 
 def _no_leader(what: str, partitions: list[TopicPartitionKey]) -> KafkaException:

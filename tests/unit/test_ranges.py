@@ -213,3 +213,29 @@ def test_what_passes_by_itself_is_asked_again_other_errors_are_not() -> None:
         assert transient(KafkaError(code)), code
     for code in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.INVALID_REQUEST, KafkaError._SSL):
         assert not transient(KafkaError(code)), code
+
+
+def test_a_partition_without_a_leader_is_waited_for_a_gone_one_is_not() -> None:
+    """librdkafka fails a whole offsets request when one partition has no leader ('No leaders
+    found'): the metadata tells such a partition (wait for its broker) from a deleted topic or a
+    partition a topic made again no longer has (say so now)."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import PartitionMetadata, TopicMetadata
+
+    from sinks.kafka_source.cluster import leaderless
+
+    def topic(name: str, leaders: list[int]) -> TopicMetadata:
+        metadata = TopicMetadata()
+        metadata.topic = name
+        for pid, leader in enumerate(leaders):
+            partition = PartitionMetadata()
+            partition.id, partition.leader = pid, leader
+            metadata.partitions[pid] = partition
+        return metadata
+
+    topics = {"a": topic("a", [1, -1]), "b": topic("b", [-1])}
+    wanted = [TopicPartition("a", 0), TopicPartition("a", 1), TopicPartition("b", 0)]
+    assert leaderless(topics, wanted) == [("a", 1), ("b", 0)]
+    assert leaderless(topics, wanted[:1]) == []  # every one led: not this
+    assert leaderless(topics, [*wanted, TopicPartition("gone", 0)]) == []  # deleted
+    assert leaderless(topics, [*wanted, TopicPartition("b", 3)]) == []  # made again, smaller
