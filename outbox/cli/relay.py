@@ -57,7 +57,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         p.add_argument(
             setting.name,
             type=_flag_type(setting),
-            metavar=setting.key.upper(),
+            metavar=f"{{{','.join(setting.choices)}}}" if setting.choices else setting.key.upper(),
             default=os.environ.get(setting.env) or setting.default,
             help=f"{setting.doc} (env {setting.env}{default})",
         )
