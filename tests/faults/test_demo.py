@@ -72,8 +72,10 @@ def test_the_loop_under_chaos_delivers_every_committed_event_once_in_order(
         assert verdict[fault] == 0, (fault, out)
     # `outbox trace` of an event the Spark job was killed with, and of the poison one.
     assert [t["ok"] for t in verdict["traces"]] == [True, True], verdict["traces"]
-    # In flight at a kill, or (a job that had caught up when killed) the first its restart applied.
-    assert verdict["traces"][0]["why"].startswith(("an event in flight", "nothing was in flight")), verdict
+    # In flight at a kill; or, a job that had caught up when killed, the first its restart applied;
+    # or, every kill after it had applied all it was given, the last committed (traces.choose).
+    whys = ("an event in flight", "nothing was in flight", "an event, through the whole loop (every kill")
+    assert verdict["traces"][0]["why"].startswith(whys), verdict
     assert "dead-lettered" in verdict["traces"][1]["why"], verdict["traces"]
     assert out.count("$ outbox trace ") == 2, out
     assert "dead-lettered it" in out and " published as " in out, out
