@@ -54,6 +54,7 @@ CONDITIONS = Conditions(
         ServiceUnavailable, "the console consumer failed on {topic}: {output}"
     ),
     DEV_KAFKA_TRANSACTIONS_FAILED=Condition(ServiceUnavailable, "kafka-transactions {args}: {output}"),
+    DEV_KAFKA_REASSIGN_FAILED=Condition(ServiceUnavailable, "kafka-reassign-partitions on {topic}: {output}"),
     # Toxiproxy, built with Go (toxiproxy.py).
     DEV_GO_MISSING=Condition(
         ConfigError,

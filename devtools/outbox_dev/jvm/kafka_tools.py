@@ -7,8 +7,10 @@ is one line per record, `Partition:P<TAB>Offset:O<TAB>headers<TAB>key<TAB>value`
 
 from __future__ import annotations
 
+import json
 import subprocess
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,7 @@ from outbox_dev.jvm import log4j2, maven
 WHAT = "Apache Kafka's command-line tools"
 CONSOLE_CONSUMER = "org.apache.kafka.tools.consumer.ConsoleConsumer"
 TRANSACTIONS = "org.apache.kafka.tools.TransactionsCommand"
+REASSIGN = "org.apache.kafka.tools.reassign.ReassignPartitionsCommand"
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,25 @@ def transactions(bootstrap: str, *args: str) -> list[dict[str, str]]:
     if done.returncode != 0:
         raise error("DEV_KAFKA_TRANSACTIONS_FAILED", args=" ".join(args), output=done.stderr.strip()[:500])
     return table(done.stdout)
+
+
+def reassign(bootstrap: str, topic: str, replicas: dict[int, list[int]], timeout: float = 120) -> None:
+    """`kafka-reassign-partitions`: `topic`'s partitions moved onto `replicas` (partition -> node
+    ids), returned once Kafka says every move is completed."""
+    moves = [{"topic": topic, "partition": p, "replicas": nodes} for p, nodes in sorted(replicas.items())]
+    deadline = time.monotonic() + timeout
+    with tempfile.TemporaryDirectory(prefix="kafka-reassign-") as scratch:
+        plan = Path(scratch) / "plan.json"
+        plan.write_text(json.dumps({"version": 1, "partitions": moves}))
+        common = ["--bootstrap-server", bootstrap, "--reassignment-json-file", str(plan)]
+        done = run(REASSIGN, [*common, "--execute"], timeout=timeout)
+        while done.returncode == 0 and time.monotonic() < deadline:
+            done = run(REASSIGN, [*common, "--verify"], timeout=timeout)
+            if "in progress" not in done.stdout:
+                break
+            time.sleep(1)
+    if done.returncode != 0 or "is completed" not in done.stdout:
+        raise error("DEV_KAFKA_REASSIGN_FAILED", topic=topic, output=(done.stdout + done.stderr).strip()[:500])
 
 
 def table(text: str) -> list[dict[str, str]]:
