@@ -95,7 +95,8 @@ def reassign(bootstrap: str, topic: str, replicas: dict[int, list[int]], timeout
                 break
             time.sleep(1)
     if done.returncode != 0 or "is completed" not in done.stdout:
-        raise error("DEV_KAFKA_REASSIGN_FAILED", topic=topic, output=(done.stdout + done.stderr).strip()[:500])
+        said = (done.stdout + done.stderr).strip()
+        raise error("DEV_KAFKA_REASSIGN_FAILED", topic=topic, output=said[:500])
 
 
 def table(text: str) -> list[dict[str, str]]:
