@@ -33,6 +33,8 @@ COMPONENTS = (
     ("python workers", ("pyspark.daemon", "pyspark.worker")),
     ("spark JVM", ("org.apache.spark",)),
     ("kafka broker", ("kafka.Kafka",)),
+    ("relay", ("outbox\x00relay",)),  # `python -m outbox relay` (arguments are NUL-separated)
+    ("kafka connect", ("org.apache.kafka.connect",)),  # Debezium's worker
     ("postgres", ("postgres",)),
 )
 DRIVER = "this python"  # the benchmark's own process: Spark's driver side, psycopg alone

@@ -47,6 +47,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager as ContextManager
@@ -58,6 +60,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from cpu import measured  # bench/cpu.py
 from debezium import Debezium  # bench/debezium.py
+from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 from services import services  # bench/services.py
 
@@ -69,7 +72,7 @@ from outbox.relay import Relay, RelaySettings
 from outbox.relay.kafka import PRODUCER_DEFAULTS
 from outbox.writer import Event, add_events
 from outbox_dev.kafka import Cluster
-from outbox_dev.process import spawn
+from outbox_dev.process import free_port, spawn
 
 PARTITIONS = 3
 # Where the relay's batches spent their time in a latency run (from its own histograms).
@@ -201,7 +204,11 @@ class Arrivals(threading.Thread):
                     "group.id": f"bench-{uuid.uuid4()}",
                     "isolation.level": "read_committed",
                     "auto.offset.reset": "earliest",
-                    "fetch.wait.max.ms": 5,
+                    # The broker wakes a waiting fetch when a commit marker moves the last stable
+                    # offset; a shorter wait only makes it answer empty fetches. At 5 ms they
+                    # cost the broker half a core with nothing written (measured, 2 cores), a
+                    # quarter of this machine taken from the runs the reader was timing.
+                    "fetch.wait.max.ms": 100,
                 },
                 "consumer",
             )
@@ -274,29 +281,52 @@ def debezium_run(
 
 
 @contextlib.contextmanager
-def our_relay(url: DatabaseUrl, bootstrap: str, cleanup: bool = True) -> Iterator[dict[str, float]]:
-    """The relay in a thread; yields a dict that gets, at the end, where its batches spent their time."""
-    name = f"bench-lat-{uuid.uuid4().hex[:6]}"
-    settings = RelaySettings(url=url, bootstrap=bootstrap, name=name, cleanup=cleanup)
-    relay = Relay(settings)
-    relaying = threading.Thread(target=relay.run, daemon=True)
-    relaying.start()
+def our_relay(
+    url: DatabaseUrl, bootstrap: str, work: Path, cleanup: bool = True
+) -> Iterator[dict[str, float]]:
+    """`outbox relay` in its own process, as users run it and as Debezium runs in its JVM (a
+    thread of this process would share the GIL with the writers and the reader, and wait on
+    them); yields a dict that gets, at the end, where its batches spent their time."""
+    name, address = f"bench-lat-{uuid.uuid4().hex[:6]}", f"127.0.0.1:{free_port()}"
+    argv = [sys.executable, "-m", "outbox", "relay", "--name", name, "--metrics-address", address]
+    env = {**os.environ, "DATABASE_URL": url.raw, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
+    log = work / f"{name}.log"
+    proc = spawn(
+        [*argv, *([] if cleanup else ["--no-cleanup"])], log, die_with_parent=signal.SIGKILL, env=env
+    )
     stats: dict[str, float] = {}
     try:
+        deadline = time.monotonic() + 60
+        while (_get(address, "/healthz") or "").strip() != "active":
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the relay did not become active in 60 s:\n{log.read_text()[-2000:]}")
+            time.sleep(0.1)
         yield stats
-    finally:
-        relay.stop.set()
-        relaying.join(10)
-        labels = {"relay": settings.name, "shard": "0/1"}
-
-        def sample(name: str) -> float:
-            return relay.metrics.registry.get_sample_value(name, labels) or 0.0
-
+        samples = {
+            s.name: s.value
+            for family in text_string_to_metric_families(_get(address, "/metrics") or "")
+            for s in family.samples
+        }
         for step, plural in (("fetch", "fetches"), ("transaction", "transactions"), ("cleanup", "cleanups")):
-            count = sample(f"outbox_relay_{step}_seconds_count")
-            total = sample(f"outbox_relay_{step}_seconds_sum")
+            count = samples.get(f"outbox_relay_{step}_seconds_count", 0.0)
+            total = samples.get(f"outbox_relay_{step}_seconds_sum", 0.0)
             stats[f"{step}_ms_mean"] = round(total / count * 1000, 1) if count else 0.0
             stats[plural] = count
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+
+
+def _get(address: str, path: str) -> str | None:
+    """The body of http://address/path (any status), or None while nothing answers there."""
+    try:
+        with urllib.request.urlopen(f"http://{address}{path}", timeout=5) as answer:
+            return str(answer.read().decode())
+    except urllib.error.HTTPError as refused:  # /healthz says 503 until the relay is active
+        return str(refused.read().decode())
+    except OSError:
+        return None
 
 
 @contextlib.contextmanager
@@ -350,15 +380,18 @@ def latency(
                 next_at += interval
                 time.sleep(max(0.0, next_at - time.monotonic()))
 
-    with publisher as stats:
-        arrivals.start()
-        time.sleep(2)  # consumer assigned, publisher active
+    def run() -> None:
         writers = [threading.Thread(target=write, args=(2,)) for _ in range(2)]
         for w in writers:
             w.start()
         for w in writers:
             w.join()
         arrivals.wait_for(len(committed), 30)
+
+    with publisher as stats:
+        arrivals.start()
+        time.sleep(2)  # consumer assigned, publisher active
+        _, usage = measured(run)  # the machine's bound: how many cores the run kept busy, and who
         arrivals.close()
     seen = [e for e in committed if e in arrivals.first]
     waits = sorted(arrivals.first[e] - committed[e] for e in seen)
@@ -378,8 +411,17 @@ def latency(
         "produce_to_read_p50_ms": _ms(to_read, 0.50),
         "produce_to_read_p99_ms": _ms(to_read, 0.99),
         "missing": len(committed) - len(waits),
+        "cores_busy": round(usage.cores_busy() or 0.0, 2),
+        "cores_by_component": {k: round(v / usage.wall_s, 2) for k, v in usage.components.items()},
         **stats,
     }
+
+
+def _busy(run: dict) -> str:
+    """The machine's share in a latency run: a tail on cores all busy is the machine's."""
+    shares = sorted(run["cores_by_component"].items(), key=lambda kv: -kv[1])
+    who = ", ".join(f"{name} {cores:.2f}" for name, cores in shares if cores >= 0.05)
+    return f"{run['cores_busy']:.2f} of {os.cpu_count()} cores busy ({who})"
 
 
 def _ms3(run: dict[str, float]) -> str:
@@ -479,6 +521,9 @@ def main() -> int:
         help="also measure on a three-broker cluster, replication factor 3 (the cost of replication)",
     )
     args = parser.parse_args()
+    if args.events < 2 * args.batch_size:
+        # Steady state leaves out the first batch: with one batch there is nothing to time.
+        parser.error(f"--events must be at least twice --batch-size ({args.batch_size}), for a steady state")
     rates = [int(r) for r in args.rates.split(",")]
     logs.configure("text", logging.WARNING)  # the relay's warnings, with what they are about
 
@@ -562,8 +607,10 @@ def measure(
     for rate in rates:
         for n in range(1, args.rounds + 1):
             # Without cleanup, the same relay: what deleting published rows adds to the tail.
-            ours = latency(url, bootstrap, rate, args.seconds, our_relay(url, bootstrap), "public")
-            bare = latency(url, bootstrap, rate, args.seconds, our_relay(url, bootstrap, False), "public")
+            ours = latency(url, bootstrap, rate, args.seconds, our_relay(url, bootstrap, tmp), "public")
+            bare = latency(
+                url, bootstrap, rate, args.seconds, our_relay(url, bootstrap, tmp, False), "public"
+            )
             entry = {"rate": rate, "round": n, "relay": ours, "relay_no_cleanup": bare}
             entry["missing"] = ours["missing"]
             print(
@@ -574,7 +621,7 @@ def measure(
                 f" {ours['commit_to_produce_p50_ms']:.0f}/{ours['commit_to_produce_p99_ms']:.0f} ms,"
                 f" produced -> read {ours['produce_to_read_p50_ms']:.0f}"
                 f"/{ours['produce_to_read_p99_ms']:.0f} ms;"
-                f" without cleanup p50/p99/max {_ms3(bare)}",
+                f" without cleanup p50/p99/max {_ms3(bare)}; {_busy(ours)}",
                 flush=True,
             )
             for name, dbz in peers.items():
@@ -583,7 +630,9 @@ def measure(
                     del theirs[split]  # Connect stamps records with its own choice of time
                 entry[name] = theirs
                 print(
-                    f"latency at {rate}/s, round {n}: {LABELS[name]} p50/p99/max {_ms3(theirs)}", flush=True
+                    f"latency at {rate}/s, round {n}: {LABELS[name]} p50/p99/max {_ms3(theirs)};"
+                    f" {_busy(theirs)}",
+                    flush=True,
                 )
             latencies.append(entry)
 
@@ -598,6 +647,10 @@ def measure(
 def report(result: dict) -> dict:
     """Prints the figures; returns them as the JSON object."""
     rounds, median = result["rounds"], statistics.median
+    worst = {  # the relay's worst round at each rate: the target holds in every round or not at all
+        rate: max((e["relay"] for e in result["latency"] if e["rate"] == rate), key=lambda v: v["p99_ms"])
+        for rate in sorted({e["rate"] for e in result["latency"]})
+    }
     out = {
         "events": result["args"]["events"],
         "event_bytes": result["args"]["size"],
@@ -618,11 +671,9 @@ def report(result: dict) -> dict:
             }
             for e in result["latency"]
         ],
-        # The worst round at each rate: the target holds in every round or not at all.
-        "relay_p99_ms_worst": {
-            str(rate): max(round(e["relay"]["p99_ms"], 1) for e in result["latency"] if e["rate"] == rate)
-            for rate in sorted({e["rate"] for e in result["latency"]})
-        },
+        "relay_p99_ms_worst": {str(rate): round(e["p99_ms"], 1) for rate, e in worst.items()},
+        # How full the machine was in that round: a tail on all cores busy is the machine's bound.
+        "relay_p99_worst_cores_busy": {str(rate): e["cores_busy"] for rate, e in worst.items()},
         "target_p99_ms": {"1000": 100, "10000": 250},
         "faults": result["faults"],
     }
@@ -682,9 +733,12 @@ def report(result: dict) -> dict:
             if isinstance(v, dict)
         ]
         print(f"commit-to-visible at {e['rate_per_s']}/s, round {e['round']}: " + "; ".join(cells))
-    for rate, worst in out["relay_p99_ms_worst"].items():
-        target = out["target_p99_ms"].get(rate)
-        print(f"relay p99 at {rate}/s, worst of {len(rounds)} rounds: {worst} ms (target <= {target} ms)")
+    for rate, p99 in out["relay_p99_ms_worst"].items():
+        target, busy = out["target_p99_ms"].get(rate), out["relay_p99_worst_cores_busy"][rate]
+        print(
+            f"relay p99 at {rate}/s, worst of {len(rounds)} rounds: {p99} ms (target <= {target} ms);"
+            f" {busy} of {os.cpu_count()} cores busy in that round"
+        )
     for who, f in out["faults"].items():
         print(
             f"kill -9 mid-stream, {who}: {f['committed']:,} committed,"
@@ -701,6 +755,8 @@ def _lat(v: dict) -> dict:
         "max_ms": round(v["max_ms"], 1),
         "rate_per_s": round(v["rate_per_s"]),
         "missing": v["missing"],
+        "cores_busy": v["cores_busy"],
+        "cores_by_component": v["cores_by_component"],
     }
 
 
