@@ -24,7 +24,7 @@ from outbox._core.errors import ServiceUnavailable
 from outbox._core.java import find_java
 from outbox._core.probe import check_kafka
 from outbox_dev.errors import error
-from outbox_dev.jvm import log4j2, maven
+from outbox_dev.jvm import JVM_FLAGS, log4j2, maven
 from outbox_dev.process import free_port, spawn, stop, wait_until
 from outbox_dev.service import Service
 
@@ -186,7 +186,7 @@ def _jvm(data_dir: Path) -> list[str]:
         str(java.path),
         f"-Xmx{HEAP}",
         f"-Xms{HEAP}",
-        "-XX:-UsePerfData",
+        *JVM_FLAGS,
         "-Djava.awt.headless=true",
         # Compression codecs unpack native libraries into the temp dir: keep it ours.
         f"-Djava.io.tmpdir={scratch}",

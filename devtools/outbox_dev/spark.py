@@ -17,6 +17,7 @@ from functools import partial
 from pathlib import Path
 
 from outbox._core.java import find_java
+from outbox_dev.jvm import JVM_FLAGS
 from outbox_dev.process import (
     cmdline_contains,
     descendants,
@@ -62,9 +63,10 @@ class StandaloneCluster:
             "SPARK_LOG_DIR": str(self.root / "logs"),
             "SPARK_LOCAL_DIRS": str(self.root / "local"),
             "PYSPARK_PYTHON": sys.executable,
-            "SPARK_DAEMON_JAVA_OPTS": f"-XX:-UsePerfData -Djava.io.tmpdir={self.root / 'local'}",
+            # The master and the worker; not the executors, which do the work C2 pays for.
+            "SPARK_DAEMON_JAVA_OPTS": f"{' '.join(JVM_FLAGS)} -Djava.io.tmpdir={self.root / 'local'}",
             # spark-class first runs a launcher JVM of its own: it must not leave /tmp/hsperfdata_* either.
-            "SPARK_LAUNCHER_OPTS": "-XX:-UsePerfData",
+            "SPARK_LAUNCHER_OPTS": " ".join(JVM_FLAGS),
         }
         (self.root / "local").mkdir(exist_ok=True)
         self.port = free_port()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from outbox._core.java import find_java
 from outbox_dev.errors import error
-from outbox_dev.jvm import log4j2, maven
+from outbox_dev.jvm import JVM_FLAGS, log4j2, maven
 
 WHAT = "Apache Kafka's command-line tools"
 CONSOLE_CONSUMER = "org.apache.kafka.tools.consumer.ConsoleConsumer"
@@ -41,7 +41,8 @@ def run(main_class: str, args: Sequence[str], timeout: float = 300) -> subproces
     with tempfile.TemporaryDirectory(prefix="kafka-tools-") as scratch:
         config = Path(scratch) / "log4j2.properties"
         config.write_text(log4j2.file_config(Path(scratch) / "tool.log", {"org.apache.kafka": "warn"}))
-        argv = [str(java.path), f"-Dlog4j2.configurationFile={config}", "-cp", classpath, main_class, *args]
+        log = f"-Dlog4j2.configurationFile={config}"
+        argv = [str(java.path), *JVM_FLAGS, log, "-cp", classpath, main_class, *args]
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
 
 
