@@ -14,7 +14,10 @@ Three curves, each point printed as events/s and us/event, then one JSON object
             Its histograms say where a batch's time went (read, produce and commit).
   kafka_rc: EVENTS events read by kafka_rc (to a noop sink) from topics of
             each of PARTITIONS partitions (default 1, 12, 48), and by Spark's
-            own Kafka source from the same topics, the peer.
+            own Kafka source from the same topics, the peer. kafka_rc makes a
+            consumer in each task: one (made, first record read, closed) is
+            timed in the driver, and each point's cost is split into those
+            consumers' and the rest.
 --curves picks some of them (default relay,sink,kafka_rc).
 The aim: at the largest point, the cost per event within 1.5x of the smallest;
 where it is not, the line names the stage that grew most.
@@ -266,20 +269,55 @@ def spark_curves(
         def noop(batch, _: int) -> None:  # type: ignore[no-untyped-def]
             batch.write.format("noop").mode("append").save()
 
+        slots = spark.sparkContext.defaultParallelism
         for parts in partitions:
             topic = topic_of(parts)
-            ours = run(read("kafka_rc", topic), noop, work / f"chk-rc-{parts}")["steady_per_s"]
+            made = consumer_seconds(bootstrap, topic)
+            ours = run(read("kafka_rc", topic), noop, work / f"chk-rc-{parts}")
             theirs = run(read("kafka", topic), noop, work / f"chk-kafka-{parts}")["steady_per_s"]
-            point = {"partitions": parts, "per_s": ours, "us_per_event": 1e6 / ours, "spark_per_s": theirs}
+            point = {
+                "partitions": parts,
+                "per_s": ours["steady_per_s"],
+                "us_per_event": 1e6 / ours["steady_per_s"],
+                "spark_per_s": theirs,
+                "consumer_ms": round(made * 1000, 1),
+            }
+            # kafka_rc makes a consumer in each task (a partition of a micro-batch) and closes it
+            # after; Spark's source keeps its consumers in a pool. What those consumers cost
+            # per event, on `slots` task slots, next to the rest: which one grows with partitions.
+            tasks = parts * ours["batches"]
+            consumers = tasks * made / slots / max(1, ours["rows_all"]) * 1e6
+            point["stages_us"] = {"consumers": consumers, "the rest": point["us_per_event"] - consumers}
             source_points.append(point)
             print(
                 f"kafka_rc, {parts:>2} partitions: {_rate(point)}; Spark's own source {theirs:,.0f} events/s"
-                f" ({1e6 / theirs:.1f} us/event)",
+                f" ({1e6 / theirs:.1f} us/event); a consumer made, first record, closed:"
+                f" {point['consumer_ms']} ms, {tasks} tasks on {slots} slots",
                 flush=True,
             )
     finally:
         stop_session(spark)
     return sink_points, source_points
+
+
+def consumer_seconds(bootstrap: str, topic: str, times: int = 10) -> float:
+    """What a kafka_rc task pays around its records, timed in the driver (median of `times`): a
+    consumer made with the reader's settings, assigned one partition, its first record read, closed."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from sinks.kafka_source.options import parse
+
+    config = parse({"kafka.bootstrap.servers": bootstrap, "subscribe": topic}).consumer_config()
+    spent = []
+    for _ in range(times):
+        began = time.perf_counter()
+        consumer = Consumer(config)
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        while consumer.poll(1.0) is None:
+            pass
+        consumer.close()
+        spent.append(time.perf_counter() - began)
+    return sorted(spent)[len(spent) // 2]
 
 
 # -- the report -----------------------------------------------------------------------------------

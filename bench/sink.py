@@ -431,6 +431,7 @@ def run(frame, each_batch: Callable, checkpoint: Path) -> dict:  # type: ignore[
     batches = [p for p in query.recentProgress if p["numInputRows"] > 0]
     rows = [b["numInputRows"] for b in batches]
     result = figures(rows, [b["durationMs"]["triggerExecution"] / 1000 for b in batches])
+    result["batches"] = len(batches)
     result["whole_run_per_s"] = sum(rows) / usage.wall_s
     result["rows_all"] = sum(rows)
     result["cpu_us_per_row"] = usage.cpu_us_per(sum(rows)) or float("nan")
