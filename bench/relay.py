@@ -284,16 +284,11 @@ def debezium_run(
 def our_relay(
     url: DatabaseUrl, bootstrap: str, work: Path, cleanup: bool = True
 ) -> Iterator[dict[str, float]]:
-    """`outbox relay` in its own process, as users run it and as Debezium runs in its JVM (a
-    thread of this process would share the GIL with the writers and the reader, and wait on
-    them); yields a dict that gets, at the end, where its batches spent their time."""
+    """`outbox relay` in its own process, as users run it and as Debezium runs in its JVM;
+    yields a dict that gets, at the end, where its batches spent their time (its /metrics)."""
     name, address = f"bench-lat-{uuid.uuid4().hex[:6]}", f"127.0.0.1:{free_port()}"
-    argv = [sys.executable, "-m", "outbox", "relay", "--name", name, "--metrics-address", address]
-    env = {**os.environ, "DATABASE_URL": url.raw, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
     log = work / f"{name}.log"
-    proc = spawn(
-        [*argv, *([] if cleanup else ["--no-cleanup"])], log, die_with_parent=signal.SIGKILL, env=env
-    )
+    proc = relay_spawn(url, bootstrap, name, log, address, *([] if cleanup else ["--no-cleanup"]))
     stats: dict[str, float] = {}
     try:
         deadline = time.monotonic() + 60
@@ -484,17 +479,24 @@ def fault(
     }
 
 
+def relay_spawn(
+    url: DatabaseUrl, bootstrap: str, name: str, log: Path, metrics: str, *flags: str
+) -> subprocess.Popen[bytes]:
+    """`python -m outbox relay --name NAME` as a child of this process, its output in `log`."""
+    env = {**os.environ, "DATABASE_URL": url.raw, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
+    argv = [sys.executable, "-m", "outbox", "relay", "--name", name, "--metrics-address", metrics, *flags]
+    return spawn(argv, log, die_with_parent=signal.SIGKILL, env=env)
+
+
 def relay_process(
     url: DatabaseUrl, bootstrap: str, work: Path
 ) -> tuple[Callable[[], None], Callable[[], None]]:
     """`outbox relay` as a child process: (start, kill -9), for the fault comparison."""
     name = f"bench-fault-{uuid.uuid4().hex[:6]}"
-    env = {**os.environ, "DATABASE_URL": url.raw, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
-    argv = [sys.executable, "-m", "outbox", "relay", "--name", name, "--metrics-address", "off"]
     proc: list[subprocess.Popen[bytes]] = []
 
     def start() -> None:
-        proc.append(spawn(argv, work / "relay.log", die_with_parent=signal.SIGKILL, env=env))
+        proc.append(relay_spawn(url, bootstrap, name, work / "relay.log", "off"))
 
     def kill() -> None:
         if proc:
