@@ -12,7 +12,9 @@ expressions sharing one snapshot: rows already in the ledger are skipped,
 deletes and upserts apply, outbox events and dead letters are inserted, the
 ledger moves. Otherwise the events are numbered into rounds (a key's first
 event in round 1, its second in round 2, ...) and applied round after round,
-so every event meets the row its predecessor left.
+so every event meets the row its predecessor left. Which it is, a batch
+without deletes learns from its one statement (`apply`), which is undone when
+a key had several events; a batch with deletes asks first (`rounds`).
 """
 
 from __future__ import annotations
@@ -207,13 +209,36 @@ class Statements:
             ],
         )
 
-    def apply(self) -> Query:
-        """A batch with one event per key, in one statement: (present, fresh, upserted, deleted, dead,
-        stale)."""
+    def deletes(self) -> Query:
+        """Whether the batch has a delete: a key's delete and its other events never share a
+        statement, so such a batch is asked `rounds` first."""
+        return bindable(
+            sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE _delete AND _attempt = ANY(%(attempts)s))").format(
+                self.names.stage
+            )
+        )
+
+    def apply(self, *, counted: bool) -> Query:
+        """The batch in one statement: (present, fresh, upserted, deleted, dead, stale, most).
+
+        most: the most events one key has in the batch, when `counted`, 1 otherwise. It is
+        counted only when a record changed nothing: in a batch without deletes, a key met
+        twice either makes the statement fail (ON CONFLICT DO UPDATE touches a row once) or
+        leaves a record that changed nothing. Above 1, the caller undoes the statement.
+        """
         latest = sql.SQL("latest AS (SELECT * FROM fresh WHERE _error IS NULL)")
         ctes = [self._staged(), self._fresh(), latest, *self._changes(), *self._finish()]
         counts = [*_STAGED_COUNTS, *map(_count, ["upserted", "deleted", "dead"]), self._stale()]
-        return self._with(ctes, counts)
+        most = sql.SQL(
+            "CASE WHEN {upserted} + {deleted} < {latest} THEN coalesce((SELECT max(c) FROM"
+            " (SELECT count(*) AS c FROM latest GROUP BY {keys}) AS k), 0) ELSE 1 END"
+        ).format(
+            upserted=_count("upserted"),
+            deleted=_count("deleted"),
+            latest=_count("latest"),
+            keys=_list(self.keys),
+        )
+        return self._with(ctes, [*counts, most if counted else sql.SQL("1")])
 
     def materialize_rounds(self) -> Query:
         """The rows to apply, in a temp table: _round is the event's place among its key's events,

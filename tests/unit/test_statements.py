@@ -66,7 +66,7 @@ def test_the_ledger_dead_letters_and_outbox_live_in_the_ledger_schema() -> None:
 
 
 def test_only_rows_past_the_ledger_are_fresh() -> None:
-    apply = text(statements().apply())
+    apply = text(statements().apply(counted=True))
     assert "count(*) FILTER (WHERE s._offset >= coalesce(p.next_offset, 0)) AS fresh" in apply
     assert "WHERE s._attempt = ANY(%(attempts)s) AND s._offset >= g.applied" in apply
 
@@ -79,8 +79,16 @@ def test_a_task_locks_its_ledger_rows_in_one_order_after_claiming_the_missing_on
     assert lock.endswith("ORDER BY topic, kafka_partition FOR UPDATE")
 
 
+def test_one_statement_counts_a_keys_events_only_when_a_record_changed_nothing() -> None:
+    counted, asked = text(statements().apply(counted=True)), text(statements().apply(counted=False))
+    count = 'THEN coalesce((SELECT max(c) FROM (SELECT count(*) AS c FROM latest GROUP BY "c0") AS k), 0)'
+    assert 'CASE WHEN (SELECT count(*) FROM "upserted") + (SELECT count(*) FROM "deleted")' in counted
+    assert count in counted and "max(c)" not in asked
+    assert asked.endswith(", 1")
+
+
 def test_an_upsert_replaces_a_row_only_when_it_changes() -> None:
-    apply = text(statements().apply())
+    apply = text(statements().apply(counted=True))
     assert (
         'ON CONFLICT ("event_id") DO UPDATE SET "n" = EXCLUDED."n", "v" = EXCLUDED."v"'
         ' WHERE (t."n", t."v") IS DISTINCT FROM (EXCLUDED."n", EXCLUDED."v")'
@@ -88,19 +96,22 @@ def test_an_upsert_replaces_a_row_only_when_it_changes() -> None:
 
 
 def test_insert_mode_never_replaces() -> None:
-    apply = text(statements(mode="insert").apply())
+    apply = text(statements(mode="insert").apply(counted=True))
     assert 'ON CONFLICT ("event_id") DO NOTHING' in apply
     assert 'ON CONFLICT ("event_id") DO UPDATE' not in apply
 
 
 def test_a_version_column_keeps_the_newest_on_upsert_and_on_delete() -> None:
-    apply = text(statements(version="v").apply())
+    apply = text(statements(version="v").apply(counted=True))
     assert 'AND (t."v" IS NULL OR t."v" <= EXCLUDED."v")' in apply
     assert 'AND (l."c2" IS NULL OR t."v" IS NULL OR t."v" <= l."c2")' in apply
 
 
 def test_the_outbox_gets_every_written_row_with_the_outbox_columns() -> None:
-    plain, boxed = text(statements().apply()), text(statements(outbox=Outbox(topic="out")).apply())
+    plain, boxed = (
+        text(statements().apply(counted=True)),
+        text(statements(outbox=Outbox(topic="out")).apply(counted=True)),
+    )
     assert "outboxed" not in plain and "RETURNING 1" in plain
     columns = ", ".join(f'"{c}"' for c in tables.OUTBOX_COLUMNS)
     assert f'INSERT INTO "public"."{tables.OUTBOX_EVENTS}" ({columns})' in boxed
@@ -109,7 +120,7 @@ def test_the_outbox_gets_every_written_row_with_the_outbox_columns() -> None:
 
 @pytest.mark.parametrize("table", ["50% off", 'or"ders; DROP TABLE x; --', "note %s"])
 def test_user_names_are_quoted_and_their_percent_signs_doubled(table: str) -> None:
-    apply = text(statements(table).apply())
+    apply = text(statements(table).apply(counted=True))
     quoted = '"' + table.replace('"', '""').replace("%", "%%") + '"'
     assert f'INSERT INTO "public".{quoted} AS t' in apply
     assert apply.count("%(") == apply.count("%(sink)s") + apply.count("%(attempts)s")
