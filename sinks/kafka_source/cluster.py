@@ -171,11 +171,10 @@ class Cluster:
                 futures = self.admin.list_offsets(wanted, isolation_level=isolation, request_timeout=ATTEMPT)
                 offsets = {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
             except KafkaException as exc:
-                # librdkafka fails the whole request ("No leaders found") when a partition has no
-                # leader at all: its only replicas' brokers are down. That passes when one returns.
-                leaderless = [] if transient(exc.args[0]) else self._leaderless(wanted)
-                if leaderless:
-                    raise _no_leader("no leader for", leaderless) from None
+                failed = exc.args[0]
+                waiting = [] if transient(failed) else leader_wait(failed, self._topics(), wanted)
+                if waiting:
+                    raise _no_leader("no leader for", waiting) from None
                 raise
             # A partition without a leader can come back as offset -1001: no answer, not a log's end.
             unanswered = [tp for tp, offset in offsets.items() if offset < 0]
@@ -185,23 +184,32 @@ class Cluster:
 
         return self._ask("list offsets", ask)
 
-    def _leaderless(self, partitions: Iterable[TopicPartition]) -> list[TopicPartitionKey]:
-        return leaderless(self.admin.list_topics(timeout=ATTEMPT).topics, partitions)
+    def _topics(self) -> dict[str, TopicMetadata]:
+        return self.admin.list_topics(timeout=ATTEMPT).topics
 
 
-def leaderless(
-    topics: Mapping[str, TopicMetadata], partitions: Iterable[TopicPartition]
+def leader_wait(
+    failed: KafkaError, topics: Mapping[str, TopicMetadata], partitions: Iterable[TopicPartition]
 ) -> list[TopicPartitionKey]:
-    """Those of `partitions` that the cluster's metadata `topics` shows without a leader; none when
-    one is gone, its topic deleted or made again smaller (no wait: the caller says so)."""
+    """The partitions an offsets request that failed with `failed` waits for, as the cluster's
+    metadata `topics` shows them after; none: the failure is the caller's to say, now.
+
+    librdkafka fails a whole request ("No leaders found", _NOENT) when a partition has no leader:
+    its only replicas' brokers are down. The metadata names those; or shows every one led again
+    by now (a broker came back meanwhile), and the request is asked again. A partition gone (its
+    topic deleted, or made again smaller) is not waited for.
+    """
+    wanted = list(partitions)
     found = []
-    for tp in partitions:
+    for tp in wanted:
         topic = topics.get(tp.topic)
         partition = topic.partitions.get(tp.partition) if topic is not None else None
         if partition is None:
             return []
         if partition.leader < 0:
             found.append((tp.topic, tp.partition))
+    if not found and failed.code() == KafkaError._NOENT:
+        return [(tp.topic, tp.partition) for tp in wanted]
     return found
 
 
