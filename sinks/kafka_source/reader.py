@@ -38,6 +38,7 @@ log = logging.getLogger("sinks.kafka_source")
 
 ROWS_PER_BATCH = 50_000
 CONSUME_BATCH = 10_000
+WAIT_S = 0.2  # the longest one call waits for the next record
 
 
 def read_range(
@@ -72,8 +73,15 @@ def _drain(
     moved_at = time.monotonic()
     said = False  # that the read waits
     while position < rng.end:
-        messages = consumer.consume(CONSUME_BATCH, 0.2)
         before = position
+        # What is fetched already, up to the range's end, without waiting; when nothing is, one
+        # call that returns at the next record. consume(n, t) waits for all n records or for t:
+        # a range's last call, short of n, waited t in every task of every micro-batch.
+        messages = consumer.consume(min(CONSUME_BATCH, rng.end - position), 0)
+        if not messages:
+            position = _past_holes(consumer, tp, position, rng.end)
+            if position < rng.end:
+                messages = consumer.consume(1, WAIT_S)
         if messages:
             failed = [m for m in messages if m.error() is not None]
             if failed:
@@ -90,10 +98,7 @@ def _drain(
                 position = last + 1
             rows += messages
         if position < rng.end:
-            # Skip holes: markers and filtered records move the position, not the records.
-            moved = consumer.position([tp])[0].offset
-            if moved is not None and moved > position:
-                position = min(moved, rng.end)
+            position = _past_holes(consumer, tp, position, rng.end)
         if len(rows) >= ROWS_PER_BATCH:
             yield to_arrow(rows, rng)
             rows = []
@@ -124,6 +129,12 @@ def _drain(
                 said = True
     if rows:
         yield to_arrow(rows, rng)
+
+
+def _past_holes(consumer: Consumer, tp: TopicPartition, position: int, end: int) -> int:
+    """Markers and filtered records move the consumer's position, not the records it returns."""
+    moved = consumer.position([tp])[0].offset
+    return min(moved, end) if moved is not None and moved > position else position
 
 
 def _offset(message: Message) -> int:
