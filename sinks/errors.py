@@ -118,16 +118,6 @@ CONDITIONS = Conditions(
     SINK_TABLE_UNNAMED=Condition(ConfigError, "the sink needs a table name"),
     SINK_KEY_MISSING=Condition(ConfigError, "the sink needs at least one key column (default: event_id)"),
     SINK_KEY_REPEATS=Condition(ConfigError, "key columns repeat: {key}"),
-    SINK_MODE_INVALID=Condition(ConfigError, "mode must be 'upsert' or 'insert', not {mode!r}"),
-    SINK_ON_ERROR_INVALID=Condition(
-        ConfigError, "on_error must be 'dead_letter' or 'fail', not {on_error!r}"
-    ),
-    SINK_APPLY_IN_INVALID=Condition(
-        ConfigError, "apply_in must be 'auto', 'tasks' or 'driver', not {apply_in!r}"
-    ),
-    SINK_DATABASE_TIMEOUT_INVALID=Condition(
-        ConfigError, "database_timeout must be a positive number of seconds, got {seconds}"
-    ),
     SINK_VERSION_IS_KEY=Condition(ConfigError, "the version column {version!r} cannot also be a key column"),
     SINK_VERSION_NEEDS_UPSERT=Condition(
         ConfigError, "a version column needs mode='upsert': mode='insert' never replaces a row"

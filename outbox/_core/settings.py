@@ -4,7 +4,8 @@ Each setting is one :class:`Setting`: the name users write (a flag, `--batch-siz
 or a Spark option, `pollTimeoutMs`), its default, its doc, its environment
 variable, how its text is parsed and what it must be. Everything else is derived
 from the declarations: the relay's flags and the defaults of `RelaySettings`,
-kafka_rc's option parser, and the docs' tables, which tests check against them.
+kafka_rc's option parser, PostgresSink's defaults and checks, and the docs'
+tables, which tests check against them.
 A bad value is one line with a code (`SETTING_*`), the same in every component.
 """
 
@@ -46,6 +47,7 @@ class Setting(Generic[T]):
     env: str | None = None
     choices: tuple[Any, ...] | None = None
     positive: bool = False
+    called: str | None = None  # how a message names it, when not as a flag or an option
 
     @property
     def key(self) -> str:
@@ -55,7 +57,9 @@ class Setting(Generic[T]):
 
     @property
     def label(self) -> str:
-        """How a message names it: the flag itself, or `option NAME`."""
+        """How a message names it: the flag itself, `option NAME`, or as it says it is `called`."""
+        if self.called:
+            return self.called
         return self.name if self.name.startswith("-") else f"option {self.name}"
 
     @property

@@ -21,6 +21,7 @@ from outbox._core.config import database_url, schema_name
 from outbox._core.postgres import connect
 from sinks.errors import SinkError, error
 from sinks.ledger import positions
+from sinks.postgres import settings as S
 from sinks.postgres.apply import BatchResult, apply_batch
 from sinks.postgres.catalog import describe
 from sinks.postgres.clock import STAGES
@@ -50,6 +51,9 @@ class PostgresSink:
     Each batch's rows, their outbox events, dead letters and the Kafka offsets
     commit in one transaction, so a replayed batch, a retried task, a
     redelivered event or a lost checkpoint changes nothing.
+
+    Each keyword's default and checks are declared once, in
+    sinks/postgres/settings.py.
 
     Parameters
     ----------
@@ -113,20 +117,20 @@ class PostgresSink:
         self,
         table: str,
         *,
-        url: str | None = None,
-        schema: str = "public",
-        key: str | Sequence[str] = "event_id",
-        mode: Mode = "upsert",
-        version: str | None = None,
-        delete: Delete = "tombstone",
-        on_error: OnError = "dead_letter",
-        outbox: Outbox | None = None,
-        name: str | None = None,
-        ledger_schema: str | None = None,
-        apply_in: ApplyIn = "auto",
-        kafka: Mapping[str, str] | None = None,
-        database_timeout: float = 30.0,
-        trace: bool = False,
+        url: str | None = S.URL.default,
+        schema: str = S.SCHEMA.default,
+        key: str | Sequence[str] = S.KEY.default,
+        mode: Mode = S.MODE.default,
+        version: str | None = S.VERSION.default,
+        delete: Delete = S.DELETE.default,
+        on_error: OnError = S.ON_ERROR.default,
+        outbox: Outbox | None = S.OUTBOX.default,
+        name: str | None = S.NAME.default,
+        ledger_schema: str | None = S.LEDGER_SCHEMA.default,
+        apply_in: ApplyIn = S.APPLY_IN.default,
+        kafka: Mapping[str, str] | None = S.KAFKA.default,
+        database_timeout: float = S.DATABASE_TIMEOUT.default,
+        trace: bool = S.TRACE.default,
     ) -> None:
         self.spec = SinkSpec(
             url=database_url(url),

@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from outbox._core.config import DatabaseUrl
+from outbox._core.settings import check_all
 from sinks.errors import error
+from sinks.postgres import settings as S
 from sinks.postgres.placement import ApplyIn
 
 Mode = Literal["upsert", "insert"]
@@ -32,19 +34,21 @@ class Outbox:
 
 @dataclass(frozen=True)
 class SinkSpec:
+    """The sink's settings (settings.py), resolved: the URL parsed, the key a tuple, the name given."""
+
     url: DatabaseUrl
     table: str
-    schema: str = "public"
-    key: tuple[str, ...] = ("event_id",)
-    mode: Mode = "upsert"
-    version: str | None = None
-    on_error: OnError = "dead_letter"
-    outbox: Outbox | None = None
+    schema: str = S.SCHEMA.default
+    key: tuple[str, ...] = (S.KEY.default,)
+    mode: Mode = S.MODE.default
+    version: str | None = S.VERSION.default
+    on_error: OnError = S.ON_ERROR.default
+    outbox: Outbox | None = S.OUTBOX.default
     ledger_schema: str = "public"
     name: str = ""
-    apply_in: ApplyIn = "auto"
-    database_timeout: float = 30.0  # seconds; see `silence` and `retry_for`
-    trace: bool = False  # record each input record's outcome for `outbox trace` (outbox/_core/trace.py)
+    apply_in: ApplyIn = S.APPLY_IN.default
+    database_timeout: float = S.DATABASE_TIMEOUT.default  # seconds; see `silence` and `retry_for`
+    trace: bool = S.TRACE.default  # each input record's outcome, for `outbox trace` (outbox/_core/trace.py)
 
     @property
     def silence(self) -> float:
@@ -65,14 +69,7 @@ class SinkSpec:
             raise error("SINK_KEY_MISSING")
         if len(set(self.key)) != len(self.key):
             raise error("SINK_KEY_REPEATS", key=list(self.key))
-        if self.mode not in ("upsert", "insert"):
-            raise error("SINK_MODE_INVALID", mode=self.mode)
-        if self.on_error not in ("dead_letter", "fail"):
-            raise error("SINK_ON_ERROR_INVALID", on_error=self.on_error)
-        if self.apply_in not in ("auto", "tasks", "driver"):
-            raise error("SINK_APPLY_IN_INVALID", apply_in=self.apply_in)
-        if not self.database_timeout > 0:
-            raise error("SINK_DATABASE_TIMEOUT_INVALID", seconds=self.database_timeout)
+        check_all(S.SETTINGS, self)
         if self.version is not None and self.version in self.key:
             raise error("SINK_VERSION_IS_KEY", version=self.version)
         if self.version is not None and self.mode == "insert":

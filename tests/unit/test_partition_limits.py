@@ -57,7 +57,7 @@ def test_a_sink_derives_its_silence_and_retries_from_its_timeout(timeout: float)
 def test_a_sinks_timeout_that_is_not_positive_is_one_line(value: float) -> None:
     with pytest.raises(OutboxError) as caught:
         SinkSpec(url=DatabaseUrl.parse("postgresql://u@h/d"), table="t", database_timeout=value)
-    assert caught.value.code == "SINK_DATABASE_TIMEOUT_INVALID"
+    assert caught.value.code == "SETTING_NOT_POSITIVE"
 
 
 @given(seconds, seconds, st.floats(min_value=0.01, max_value=3600))

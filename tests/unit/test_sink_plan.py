@@ -151,8 +151,9 @@ def test_position_columns_are_required() -> None:
     [
         ({"key": ()}, "SINK_KEY_MISSING"),
         ({"key": ("a", "a")}, "SINK_KEY_REPEATS"),
-        ({"mode": "merge"}, "SINK_MODE_INVALID"),
-        ({"on_error": "ignore"}, "SINK_ON_ERROR_INVALID"),
+        ({"mode": "merge"}, "SETTING_NOT_A_CHOICE"),
+        ({"on_error": "ignore"}, "SETTING_NOT_A_CHOICE"),
+        ({"apply_in": "executor"}, "SETTING_NOT_A_CHOICE"),
         ({"version": "event_id"}, "SINK_VERSION_IS_KEY"),
         ({"version": "v", "mode": "insert"}, "SINK_VERSION_NEEDS_UPSERT"),
         ({"outbox": Outbox(topic="")}, "SINK_OUTBOX_TOPIC_MISSING"),

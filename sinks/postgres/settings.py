@@ -1,0 +1,116 @@
+"""PostgresSink's keywords, each declared once (outbox._core.settings.Setting).
+
+PostgresSink's defaults and SinkSpec's checks come from `SETTINGS`, and
+docs/sink.md's options table and PostgresSink's docstring are checked against
+them. They are Python values, never parsed from text: a bad one is one line
+with a shared code (SETTING_NOT_A_CHOICE, SETTING_NOT_POSITIVE).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+from outbox._core.settings import Setting
+
+if TYPE_CHECKING:
+    from sinks.postgres.placement import ApplyIn
+    from sinks.postgres.spec import Mode, OnError, Outbox
+
+T = TypeVar("T")
+
+
+def _never_text(text: str) -> Any:
+    raise ValueError(text)
+
+
+def _keyword(name: str, default: T, doc: str, **checks: Any) -> Setting[T]:
+    return Setting(name, default, doc, _never_text, called=f"PostgresSink's {name}", **checks)
+
+
+URL: Setting[str | None] = _keyword("url", None, "PostgreSQL URL (default: `DATABASE_URL`)")
+SCHEMA = _keyword("schema", "public", "the table's schema")
+KEY = _keyword("key", "event_id", "column or columns backed by a unique index: an event's identity")
+MODE: Setting[Mode] = _keyword(
+    "mode",
+    "upsert",
+    '`"upsert"` (`ON CONFLICT DO UPDATE`, latest position wins) or `"insert"` (`DO NOTHING`, first wins)',
+    choices=("upsert", "insert"),
+)
+VERSION: Setting[str | None] = _keyword(
+    "version",
+    None,
+    "a numeric or timestamp column: a row is never replaced by an older version, and a stale record"
+    " is counted apart from a duplicate (see the ordering rule)",
+)
+DELETE: Setting[Literal["tombstone"] | str | None] = _keyword(
+    "delete",
+    "tombstone",
+    'records that delete their key: `"tombstone"` (null Kafka value), a SQL boolean expression,'
+    " a Column, or `None`",
+)
+ON_ERROR: Setting[OnError] = _keyword(
+    "on_error",
+    "dead_letter",
+    '`"dead_letter"`: rows that cannot be written go to `sink_dead_letters` and the batch goes on;'
+    ' `"fail"`: the batch fails with the row\'s position and error, and nothing of it is applied'
+    " (in the tasks: nothing of the refused task's topic-partitions; the others' commits are"
+    " skipped by the replay)",
+    choices=("dead_letter", "fail"),
+)
+OUTBOX: Setting[Outbox | None] = _keyword(
+    "outbox",
+    None,
+    "`Outbox(topic, key=SQL, value=SQL, headers={name: SQL})`: one outbox event per changed row,"
+    " in the same transaction",
+)
+NAME: Setting[str | None] = _keyword(
+    "name", None, "what the ledger keys this sink's offsets by (default: `schema.table`)"
+)
+LEDGER_SCHEMA: Setting[str | None] = _keyword(
+    "ledger_schema", None, "the schema of the framework's tables (default: `OUTBOX_SCHEMA`, else public)"
+)
+APPLY_IN: Setting[ApplyIn] = _keyword(
+    "apply_in",
+    "auto",
+    '`"auto"`: in the tasks when the frame allows it, else staged; `"tasks"`: in the tasks, or'
+    ' refused at start; `"driver"`: always staged',
+    choices=("auto", "tasks", "driver"),
+)
+KAFKA: Setting[Mapping[str, str] | None] = _keyword(
+    "kafka",
+    None,
+    "librdkafka settings added to those the sink asks Kafka for topic ids with (credentials, where"
+    " Spark's source has Java ones; default: the frame's source's settings)",
+)
+DATABASE_TIMEOUT = _keyword(
+    "database_timeout",
+    30.0,
+    "seconds: how often a task checks that PostgreSQL still works for its transaction, and the base"
+    " of the limits that follow from it (see the partition bullet above)",
+    positive=True,
+)
+TRACE = _keyword(
+    "trace",
+    False,
+    "record what each applying statement did with its records in `sink_traces`, for"
+    " `outbox trace EVENT_ID` (one row per statement, no index: about 0.5-0.7 us per record, 1-2% of"
+    " the sink's time; see [Benchmarks](benchmarks.md)); the outbox events then take ids a trace"
+    " can compute",
+)
+SETTINGS: tuple[Setting[Any], ...] = (
+    KEY,
+    MODE,
+    VERSION,
+    DELETE,
+    ON_ERROR,
+    APPLY_IN,
+    OUTBOX,
+    SCHEMA,
+    NAME,
+    URL,
+    LEDGER_SCHEMA,
+    KAFKA,
+    DATABASE_TIMEOUT,
+    TRACE,
+)
