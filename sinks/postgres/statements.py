@@ -75,6 +75,14 @@ def _count(cte: str) -> sql.Composable:
     return sql.SQL("(SELECT count(*) FROM {})").format(sql.Identifier(cte))
 
 
+def _unless_all_changed(asked: sql.Composable, otherwise: int) -> sql.Composable:
+    """`asked`, run only when a record of `latest` changed nothing (PostgreSQL runs the subquery of
+    a CASE branch only when the branch is taken); `otherwise` when every one did."""
+    return sql.SQL("CASE WHEN {} + {} < {} THEN {} ELSE {} END").format(
+        _count("upserted"), _count("deleted"), _count("latest"), asked, sql.Literal(otherwise)
+    )
+
+
 _STAGED_COUNTS = [
     sql.SQL("(SELECT coalesce(sum({}), 0)::bigint FROM staged)").format(sql.Identifier(c))
     for c in ("present", "fresh")
@@ -229,14 +237,11 @@ class Statements:
         latest = sql.SQL("latest AS (SELECT * FROM fresh WHERE _error IS NULL)")
         ctes = [self._staged(), self._fresh(), latest, *self._changes(), *self._finish()]
         counts = [*_STAGED_COUNTS, *map(_count, ["upserted", "deleted", "dead"]), self._stale()]
-        most = sql.SQL(
-            "CASE WHEN {upserted} + {deleted} < {latest} THEN coalesce((SELECT max(c) FROM"
-            " (SELECT count(*) AS c FROM latest GROUP BY {keys}) AS k), 0) ELSE 1 END"
-        ).format(
-            upserted=_count("upserted"),
-            deleted=_count("deleted"),
-            latest=_count("latest"),
-            keys=_list(self.keys),
+        most = _unless_all_changed(
+            sql.SQL(
+                "coalesce((SELECT max(c) FROM (SELECT count(*) AS c FROM latest GROUP BY {}) AS k), 0)"
+            ).format(_list(self.keys)),
+            1,
         )
         return self._with(ctes, [*counts, most if counted else sql.SQL("1")])
 
@@ -332,17 +337,11 @@ class Statements:
         if not self.version:
             return sql.SQL("0::bigint")
         target_v, staged_v = self.version
-        return sql.SQL(
-            "CASE WHEN {upserted} + {deleted} < {latest} THEN (SELECT count(*) FROM latest AS l"
-            " JOIN {target} AS t ON {match} WHERE t.{tv} > l.{sv}) ELSE 0 END"
-        ).format(
-            upserted=_count("upserted"),
-            deleted=_count("deleted"),
-            latest=_count("latest"),
-            target=self.names.target,
-            match=self._match(),
-            tv=target_v,
-            sv=staged_v,
+        return _unless_all_changed(
+            sql.SQL(
+                "(SELECT count(*) FROM latest AS l JOIN {target} AS t ON {match} WHERE t.{tv} > l.{sv})"
+            ).format(target=self.names.target, match=self._match(), tv=target_v, sv=staged_v),
+            0,
         )
 
     def _changes(self, round_: sql.Composable = _WHOLE_BATCH) -> list[sql.Composable]:
