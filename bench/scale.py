@@ -14,10 +14,11 @@ Three curves, each point printed as events/s and us/event, then one JSON object
             Its histograms say where a batch's time went (read, produce and commit).
   kafka_rc: EVENTS events read by kafka_rc (to a noop sink) from topics of
             each of PARTITIONS partitions (default 1, 12, 48), and by Spark's
-            own Kafka source from the same topics, the peer. kafka_rc makes a
-            consumer in each task: one (made, first record read, closed) is
-            timed in the driver, and each point's cost is split into those
-            consumers' and the rest.
+            own Kafka source from the same topics, the peer. Each point's cost
+            is split three ways: the consumers kafka_rc makes, one a task (one
+            made, first record read, closed, is timed in the driver); Spark's
+            own cost for as many Python tasks that read nothing (a job of that
+            many empty mapInArrow tasks, timed); and the rest, the reading.
 --curves picks some of them (default relay,sink,kafka_rc).
 The aim: at the largest point, the cost per event within 1.5x of the smallest;
 where it is not, the line names the stage that grew most.
@@ -273,6 +274,7 @@ def spark_curves(
         for parts in partitions:
             topic = topic_of(parts)
             made = consumer_seconds(bootstrap, topic)
+            empty = task_seconds(spark, parts)
             ours = run(read("kafka_rc", topic), noop, work / f"chk-rc-{parts}")
             theirs = run(read("kafka", topic), noop, work / f"chk-kafka-{parts}")["steady_per_s"]
             point = {
@@ -281,23 +283,49 @@ def spark_curves(
                 "us_per_event": 1e6 / ours["steady_per_s"],
                 "spark_per_s": theirs,
                 "consumer_ms": round(made * 1000, 1),
+                "empty_job_ms": round(empty * 1000, 1),
             }
             # kafka_rc makes a consumer in each task (a partition of a micro-batch) and closes it
-            # after; Spark's source keeps its consumers in a pool. What those consumers cost
-            # per event, on `slots` task slots, next to the rest: which one grows with partitions.
-            tasks = parts * ours["batches"]
-            consumers = tasks * made / slots / max(1, ours["rows_all"]) * 1e6
-            point["stages_us"] = {"consumers": consumers, "the rest": point["us_per_event"] - consumers}
+            # after; Spark's source keeps its consumers in a pool. What those consumers cost per
+            # event, on `slots` task slots; what Spark charges for the micro-batches' tasks
+            # themselves, read nothing; and the rest: which one grows with partitions.
+            tasks, rows = parts * ours["batches"], max(1, ours["rows_all"])
+            consumers = tasks * made / slots / rows * 1e6
+            spark_tasks = ours["batches"] * empty / rows * 1e6
+            point["stages_us"] = {
+                "consumers": consumers,
+                "Spark's tasks": spark_tasks,
+                "the rest": point["us_per_event"] - consumers - spark_tasks,
+            }
             source_points.append(point)
             print(
                 f"kafka_rc, {parts:>2} partitions: {_rate(point)}; Spark's own source {theirs:,.0f} events/s"
                 f" ({1e6 / theirs:.1f} us/event); a consumer made, first record, closed:"
-                f" {point['consumer_ms']} ms, {tasks} tasks on {slots} slots",
+                f" {point['consumer_ms']} ms; {parts} empty Python tasks: {point['empty_job_ms']} ms a job;"
+                f" {tasks} tasks on {slots} slots",
                 flush=True,
             )
     finally:
         stop_session(spark)
     return sink_points, source_points
+
+
+def task_seconds(spark: Any, tasks: int, times: int = 5) -> float:
+    """Spark's own cost of a micro-batch's `tasks` Python tasks, none reading anything: seconds per job
+    of that many empty mapInArrow tasks (kafka_rc's reads run in Python workers too), after one
+    unmeasured job (median of `times`)."""
+
+    def nothing(batches):  # type: ignore[no-untyped-def]
+        return (b.slice(0, 0) for b in batches)
+
+    job = spark.range(0, tasks, 1, tasks).mapInArrow(nothing, "id long").write.format("noop").mode("append")
+    job.save()
+    spent = []
+    for _ in range(times):
+        began = time.perf_counter()
+        job.save()
+        spent.append(time.perf_counter() - began)
+    return sorted(spent)[len(spent) // 2]
 
 
 def consumer_seconds(bootstrap: str, topic: str, times: int = 10) -> float:
