@@ -41,3 +41,33 @@ def with_retries(attempt: Callable[[], T], budget: float, who: str) -> tuple[T, 
             return done, retries
         time.sleep(pause)
         pause, retries = min(pause * 2, 5.0), retries + 1
+
+
+# Spark Connect's server starts a Python process for a foreachBatch function and gives it 10 s,
+# a constant in Spark (PythonWorkerFactory), to connect back; a busy server misses that. The
+# query did not start then, and nothing ran: starting it again is safe.
+WORKER_LATE = "Timed out while waiting for the Python worker to connect back"
+START_ATTEMPTS = 3
+
+
+def worker_was_late(exc: BaseException) -> bool:
+    """Spark's error for a batch function's Python process that did not connect back in time."""
+    return WORKER_LATE in str(exc)
+
+
+def start_query(start: Callable[[], T], who: str, attempts: int = START_ATTEMPTS) -> T:
+    """`start()`, again when only the server's Python process was late (`worker_was_late`)."""
+    for attempt in range(2, attempts + 1):
+        try:
+            return start()
+        except Exception as exc:
+            if not worker_was_late(exc):
+                raise
+            log.warning(
+                "%s: the Spark Connect server's Python process for the batch function did not connect"
+                " back within Spark's 10 s (a busy server); starting the query again (%d of %d)",
+                who,
+                attempt,
+                attempts,
+            )
+    return start()

@@ -29,7 +29,7 @@ from sinks.postgres.continuity import LastBatch, lost, lost_batches, query_id
 from sinks.postgres.metrics import SinkMetrics
 from sinks.postgres.placement import ApplyIn, Route, choose
 from sinks.postgres.plan import Conversion, Plan, plan
-from sinks.postgres.retry import with_retries
+from sinks.postgres.retry import start_query, with_retries
 from sinks.postgres.spark_plan import is_connect, read_plan
 from sinks.postgres.spec import Mode, OnError, Outbox, SinkSpec
 from sinks.postgres.stage import RESULT_SCHEMA, StageJob, stager
@@ -211,7 +211,7 @@ class PostgresSink:
             stream = stream.trigger(**trigger)
         if query_name:
             stream = stream.queryName(query_name)
-        self._query = stream.start()
+        self._query = start_query(stream.start, f"sink {self.name}")
         return self._query
 
 

@@ -1,4 +1,5 @@
-"""kill -9 of a Spark Connect server, and of its client, in the middle of the sink's batches.
+"""kill -9 of a Spark Connect server, and of its client, in the middle of the sink's batches;
+and a server too busy to start the batch function's Python process in time.
 
 The server runs the query and its batch function; its tasks run on a Spark
 standalone cluster's executors, JVMs of their own that outlive a killed server
@@ -10,7 +11,9 @@ every committed event is applied once, and the ledger stands at the log's end.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
+import textwrap
 import time
 from pathlib import Path
 
@@ -68,3 +71,39 @@ def test_server_and_client_killed_mid_batch_then_restarted(  # type: ignore[no-u
         last = client(server, bootstrap, topic, db, tmp_path, "last")
         assert last.wait(300) == 0, last.output()[-4000:]
         check_exactly_once(pg, bootstrap, topic, expected)
+
+
+# Run at the start of every Python process of the server: the first batch-function process
+# (Spark's foreach_batch_worker) sleeps past Spark's 10 s to connect back, as on a busy server.
+LATE_WORKER = """
+import os, sys, time
+if "pyspark.sql.connect.streaming.worker.foreach_batch_worker" in sys.orig_argv:
+    try:
+        os.close(os.open(os.environ["LATE_WORKER_MARK"], os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        pass
+    else:
+        time.sleep(14)
+"""
+
+
+def test_a_batch_function_that_starts_late_on_the_server_is_started_again(  # type: ignore[no-untyped-def]
+    bootstrap, topic, db, pg: psycopg.Connection, tmp_path: Path
+) -> None:
+    """The server's Python process for the sink's batch function connects back after Spark's
+    10 s: the query did not start, so `sink.start` starts it again, says so, and the job applies
+    every committed event once."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(textwrap.dedent(LATE_WORKER))
+    mark = tmp_path / "late-once"
+    env = {"PYTHONPATH": os.pathsep.join([str(site), str(REPO)]), "LATE_WORKER_MARK": str(mark)}
+    with ConnectServer(tmp_path / "connect", env=env) as server:
+        expected = produce_orders(bootstrap, topic, 600)
+        job = client(server, bootstrap, topic, db, tmp_path, "last")
+        assert job.wait(300) == 0, job.output()[-4000:]
+    assert mark.exists(), "the late process never ran: the test injected nothing"
+    assert "did not connect back within Spark's 10 s (a busy server); starting the query again (2 of 3)" in (
+        job.output()
+    ), job.output()[-4000:]
+    check_exactly_once(pg, bootstrap, topic, expected)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sinks.postgres.retry import with_retries
+from sinks.postgres.retry import WORKER_LATE, start_query, with_retries
 from sinks.postgres.task import NOTHING, Outcome, positions
 
 row = st.tuples(st.sampled_from(["a", "b", None]), st.integers(0, 3), st.sampled_from(["t1", "t2"]))
@@ -62,3 +62,29 @@ def test_starting_over_stops_at_the_budget() -> None:
     with pytest.raises(psycopg.OperationalError):
         with_retries(down, 0.5, "a task")
     assert 2 <= len(calls) <= 5
+
+
+def test_a_query_starts_again_only_when_the_servers_python_process_was_late() -> None:
+    """Spark Connect's error as its client raises it, with Spark's cause on its last line."""
+    late = RuntimeError(f"[STREAMING_PYTHON_RUNNER_INITIALIZATION_FAILURE] ...\nCaused by: {WORKER_LATE}")
+    outcomes: list[Exception | str] = [late, late, "query"]
+    calls: list[Exception | str] = []
+
+    def start() -> str:
+        calls.append(step := outcomes[len(calls)] if len(calls) < len(outcomes) else late)
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+    assert start_query(start, "sink s") == "query" and len(calls) == 3
+    calls.clear()
+    outcomes[2] = late
+    with pytest.raises(RuntimeError, match="Caused by"):  # late three times: Spark's error, as it was
+        start_query(start, "sink s")
+    assert len(calls) == 3
+
+    calls.clear()
+    outcomes[0] = ValueError("[STREAM_FAILED] no such column")
+    with pytest.raises(ValueError):  # any other error is the user's to read, at once
+        start_query(start, "sink s")
+    assert len(calls) == 1
