@@ -15,10 +15,12 @@ Three curves, each point printed as events/s and us/event, then one JSON object
   kafka_rc: EVENTS events read by kafka_rc (to a noop sink) from topics of
             each of PARTITIONS partitions (default 1, 12, 48), and by Spark's
             own Kafka source from the same topics, the peer. Each point's cost
-            is split three ways: the consumers kafka_rc makes, one a task (one
-            made, first record read, closed, is timed in the driver); Spark's
-            own cost for as many Python tasks that read nothing (a job of that
-            many empty mapInArrow tasks, timed); and the rest, the reading.
+            is split three ways: the consumers kafka_rc makes, one a range
+            (one made, first record read, closed, is timed in the driver);
+            Spark's own cost for as many Python tasks as a micro-batch has
+            (small ranges share a task, minRecordsPerTask), reading nothing (a
+            job of that many empty mapInArrow tasks, timed); and the rest, the
+            reading.
 --curves picks some of them (default relay,sink,kafka_rc).
 The aim: at the largest point, the cost per event within 1.5x of the smallest;
 where it is not, the line names the stage that grew most.
@@ -53,6 +55,8 @@ from sink import SCHEMA, TABLE, events, run, settle, stream  # bench/sink.py
 
 from outbox._core.config import DatabaseUrl
 from outbox.relay import Relay, RelaySettings
+from sinks.kafka_source.options import MIN_RECORDS_PER_TASK
+from sinks.kafka_source.ranges import Range, pack
 from sinks.postgres.clock import STAGES
 
 AIM = 1.5  # the largest point's cost per event over the smallest's
@@ -274,7 +278,8 @@ def spark_curves(
         for parts in partitions:
             topic = topic_of(parts)
             made = consumer_seconds(bootstrap, topic)
-            empty = task_seconds(spark, parts)
+            tasks = packed_tasks(topic, parts, per_batch)
+            empty = task_seconds(spark, tasks)
             ours = run(read("kafka_rc", topic), noop, work / f"chk-rc-{parts}")
             theirs = run(read("kafka", topic), noop, work / f"chk-kafka-{parts}")["steady_per_s"]
             point = {
@@ -284,13 +289,14 @@ def spark_curves(
                 "spark_per_s": theirs,
                 "consumer_ms": round(made * 1000, 1),
                 "empty_job_ms": round(empty * 1000, 1),
+                "tasks_per_batch": tasks,
             }
-            # kafka_rc makes a consumer in each task (a partition of a micro-batch) and closes it
+            # kafka_rc makes a consumer for each range (a partition of a micro-batch) and closes it
             # after; Spark's source keeps its consumers in a pool. What those consumers cost per
             # event, on `slots` task slots; what Spark charges for the micro-batches' tasks
             # themselves, read nothing; and the rest: which one grows with partitions.
-            tasks, rows = parts * ours["batches"], max(1, ours["rows_all"])
-            consumers = tasks * made / slots / rows * 1e6
+            rows = max(1, ours["rows_all"])
+            consumers = parts * ours["batches"] * made / slots / rows * 1e6
             spark_tasks = ours["batches"] * empty / rows * 1e6
             point["stages_us"] = {
                 "consumers": consumers,
@@ -301,13 +307,21 @@ def spark_curves(
             print(
                 f"kafka_rc, {parts:>2} partitions: {_rate(point)}; Spark's own source {theirs:,.0f} events/s"
                 f" ({1e6 / theirs:.1f} us/event); a consumer made, first record, closed:"
-                f" {point['consumer_ms']} ms; {parts} empty Python tasks: {point['empty_job_ms']} ms a job;"
-                f" {tasks} tasks on {slots} slots",
+                f" {point['consumer_ms']} ms; {tasks} empty Python tasks: {point['empty_job_ms']} ms a job;"
+                f" {tasks} tasks a micro-batch on {slots} slots",
                 flush=True,
             )
     finally:
         stop_session(spark)
     return sink_points, source_points
+
+
+def packed_tasks(topic: str, partitions: int, per_batch: int) -> int:
+    """The tasks of a micro-batch that reads `per_batch` records evenly from `partitions`, as
+    kafka_rc packs them by default."""
+    share = per_batch // partitions
+    rngs = [Range(topic, p, 0, share) for p in range(partitions)]
+    return len(pack(rngs, MIN_RECORDS_PER_TASK.default))
 
 
 def task_seconds(spark: Any, tasks: int, times: int = 5) -> float:

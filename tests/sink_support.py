@@ -55,8 +55,9 @@ def run(  # type: ignore[no-untyped-def]
 
 
 def orders_stream(spark, bootstrap: str, topic: str, max_offsets: str, versioned: bool = False):  # type: ignore[no-untyped-def]
-    """The kill -9 jobs' input: the topic's orders through kafka_rc, `max_offsets` per batch."""
-    raw = stream(spark, bootstrap, topic, maxOffsetsPerTrigger=max_offsets)
+    """The kill -9 jobs' input: the topic's orders through kafka_rc, `max_offsets` per batch, a
+    task per partition (the fault tests hold, fail or kill one partition's task)."""
+    raw = stream(spark, bootstrap, topic, maxOffsetsPerTrigger=max_offsets, minRecordsPerTask="1")
     columns = SCHEMA if versioned else "event_id string, n long, amount decimal(12,2)"
     return parse_json(raw, columns, key_column="event_id")
 

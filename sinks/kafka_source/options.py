@@ -62,6 +62,14 @@ POLL_TIMEOUT_MS = Setting(
 MIN_PARTITIONS: Setting[int | None] = Setting(
     "minPartitions", None, "cut large ranges so that a batch has at least this many tasks", int, positive=True
 )
+MIN_RECORDS_PER_TASK = Setting(
+    "minRecordsPerTask",
+    10_000,
+    "ranges smaller than this are read together, each whole, in tasks of about this many records:"
+    " a micro-batch of many small partitions is a few tasks, not one per partition (1: one each)",
+    int,
+    positive=True,
+)
 STALL_WARN_MS: Setting[int | None] = Setting(
     "stallWarnMs",
     None,
@@ -102,6 +110,7 @@ OPTIONS: tuple[Setting[Any], ...] = (
     FAIL_ON_DATA_LOSS,
     POLL_TIMEOUT_MS,
     MIN_PARTITIONS,
+    MIN_RECORDS_PER_TASK,
     STALL_WARN_MS,
     UNAVAILABLE_TIMEOUT_MS,
     LEDGER_SINK,
@@ -134,6 +143,7 @@ class SourceOptions:
     poll_timeout_s: float = POLL_TIMEOUT_MS.default / 1000
     read_uncommitted: bool = READ_UNCOMMITTED.default
     min_partitions: int | None = MIN_PARTITIONS.default
+    min_records_per_task: int = MIN_RECORDS_PER_TASK.default
     # Warn when a partition's LSO stands behind its high watermark this long (None: the broker's limit).
     stall_warn_s: float | None = _seconds(STALL_WARN_MS.default)
     # How long the driver waits for Kafka to answer (None: in a stream for ever, in a batch query 30 s).
@@ -214,6 +224,7 @@ def parse(options: Mapping[str, str]) -> SourceOptions:
         poll_timeout_s=read(POLL_TIMEOUT_MS) / 1000,
         read_uncommitted=read(READ_UNCOMMITTED),
         min_partitions=read(MIN_PARTITIONS),
+        min_records_per_task=read(MIN_RECORDS_PER_TASK),
         stall_warn_s=_seconds(read(STALL_WARN_MS)),
         unavailable_timeout_s=_seconds(read(UNAVAILABLE_TIMEOUT_MS)),
         ledger=ledger,

@@ -105,19 +105,24 @@ def _input_partitions(
     start: dict[ranges.TopicPartitionKey, int],
     end: dict[ranges.TopicPartitionKey, int],
 ) -> list[InputPartition]:
-    return [InputPartition(r) for r in ranges.split(ranges.ranges(start, end), options.min_partitions)]
+    """A task's ranges: cut by minPartitions, one each; else small ones packed (minRecordsPerTask)."""
+    rngs = ranges.ranges(start, end)
+    if options.min_partitions:
+        return [InputPartition((r,)) for r in ranges.split(rngs, options.min_partitions)]
+    return [InputPartition(task) for task in ranges.pack(rngs, options.min_records_per_task)]
 
 
 def _read(options: SourceOptions, partition: InputPartition, *, waits: bool) -> Iterator[pa.RecordBatch]:
     """waits: a stream's read waits out a Kafka without a leader to read from, as its driver does
     (for `unavailableTimeoutMs`, or for ever); a batch query's fails after `pollTimeoutMs`."""
-    yield from read_range(
-        options.consumer_config(),
-        partition.value,
-        poll_timeout_s=options.poll_timeout_s,
-        fail_on_data_loss=options.fail_on_data_loss,
-        patience_s=options.unavailable_timeout_s if waits else options.poll_timeout_s,
-    )
+    for rng in partition.value:
+        yield from read_range(
+            options.consumer_config(),
+            rng,
+            poll_timeout_s=options.poll_timeout_s,
+            fail_on_data_loss=options.fail_on_data_loss,
+            patience_s=options.unavailable_timeout_s if waits else options.poll_timeout_s,
+        )
 
 
 class KafkaBatchReader(DataSourceReader):

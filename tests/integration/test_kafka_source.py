@@ -174,6 +174,32 @@ def test_min_partitions_splits_ranges_without_losing_or_repeating(
     assert len(offsets) == 200 and len(set(offsets)) == 200
 
 
+def test_small_partitions_are_read_together_in_few_tasks_each_record_once(
+    spark: SparkSession, bootstrap: str
+) -> None:
+    topic = create_topic(bootstrap, unique("many"), partitions=8)
+    producer = transactional_producer(bootstrap)
+    for partition in range(8):
+        produce_transaction(producer, topic, records(30, f"p{partition}"), partition=partition)
+
+    def read(**options: str) -> tuple[int, list[tuple[int, int]]]:
+        df = (
+            spark.read.format("kafka_rc")
+            .option("kafka.bootstrap.servers", bootstrap)
+            .option("subscribe", topic)
+        )
+        for name, value in options.items():
+            df = df.option(name, value)
+        frame = df.load()
+        return frame.rdd.getNumPartitions(), sorted((r.partition, r.offset) for r in frame.collect())
+
+    every = sorted((p, o) for p in range(8) for o in range(30))
+    assert read() == (1, every)  # 248 offsets, below 10,000: one task
+    # Each range is 31 offsets (30 records and the commit marker): four make 124 >= 100, twice.
+    assert read(minRecordsPerTask="100") == (2, every)
+    assert read(minRecordsPerTask="1") == (8, every)  # one task each
+
+
 def test_a_deleted_topic_stops_the_query_with_a_clear_error(
     spark: SparkSession, bootstrap: str, checkpoint: Path
 ) -> None:

@@ -132,7 +132,7 @@ def test_one_key_through_several_partitions_at_once_never_deadlocks_the_user_nor
     for partition, order in ((0, keys), (1, keys[::-1])):
         records = [event(k, versions[k][partition], version=versions[k][partition]) for k in order]
         produce_transaction(producer, topic, records, partition=partition)
-    frame = kafka_rc(spark, bootstrap, topic)
+    frame = kafka_rc(spark, bootstrap, topic, minRecordsPerTask="1")  # a task per partition
     upsert = sink(db, version="version")
     # Both tasks wait at the table, then upsert at the same moment.
     with psycopg.connect(db.libpq) as holder:

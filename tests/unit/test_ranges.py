@@ -1,6 +1,8 @@
 import itertools
 
+import hypothesis.strategies as st
 import pytest
+from hypothesis import given
 
 from outbox._core.errors import ConfigError
 from sinks.errors import KAFKA_RC_LOSS_ADVICE
@@ -243,3 +245,23 @@ def test_a_partition_without_a_leader_is_waited_for_a_gone_one_is_not() -> None:
         assert leader_wait(failed, topics, [*wanted, TopicPartition("b", 3)]) == []  # made again, smaller
     assert leader_wait(no_leaders, topics, wanted[:1]) == [("a", 0)]  # led again since: ask again
     assert leader_wait(refused, topics, wanted[:1]) == []  # every one led: not a leader's absence
+
+
+@given(
+    st.lists(st.integers(1, 50), max_size=30),
+    st.integers(1, 120),
+)
+def test_packing_keeps_each_range_whole_and_once_in_tasks_of_about_the_size(
+    sizes: list[int], records: int
+) -> None:
+    from sinks.kafka_source.ranges import Range, pack
+
+    rngs = [Range("t", p, 100, 100 + size) for p, size in enumerate(sizes)]
+    tasks = pack(rngs, records)
+    assert sorted((r for task in tasks for r in task), key=lambda r: r.partition) == rngs  # each once, whole
+    for i, task in enumerate(tasks):
+        held = sum(r.end - r.start for r in task)
+        if len(task) > 1:  # packed: no more than it takes to reach the size
+            assert held - (task[-1].end - task[-1].start) < records
+        if i < len(tasks) - 1 and len(task) > 1:
+            assert held >= records
