@@ -254,10 +254,8 @@ def test_a_partition_without_a_leader_is_waited_for_a_gone_one_is_not() -> None:
 def test_packing_keeps_each_range_whole_and_once_in_tasks_of_about_the_size(
     sizes: list[int], records: int
 ) -> None:
-    from sinks.kafka_source.ranges import Range, pack
-
-    rngs = [Range("t", p, 100, 100 + size) for p, size in enumerate(sizes)]
-    tasks = pack(rngs, records)
+    rngs = [ranges.Range("t", p, 100, 100 + size) for p, size in enumerate(sizes)]
+    tasks = ranges.pack(rngs, records)
     assert sorted((r for task in tasks for r in task), key=lambda r: r.partition) == rngs  # each once, whole
     for i, task in enumerate(tasks):
         held = sum(r.end - r.start for r in task)
