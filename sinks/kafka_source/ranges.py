@@ -164,14 +164,16 @@ def pack(rngs: list[Range], records: int) -> list[tuple[Range, ...]]:
     topic-partitions still holds all of each (the sink applies them in that task)."""
     tasks: list[tuple[Range, ...]] = []
     held: list[Range] = []
+    holding = 0  # offsets in `held`
     for r in rngs:
         if r.end - r.start >= records:
             tasks.append((r,))
             continue
         held.append(r)
-        if sum(h.end - h.start for h in held) >= records:
+        holding += r.end - r.start
+        if holding >= records:
             tasks.append(tuple(held))
-            held = []
+            held, holding = [], 0
     return [*tasks, tuple(held)] if held else tasks
 
 
