@@ -36,18 +36,7 @@ def read_committed(
     config: client settings, `bootstrap.servers` included (security settings go
     along); stuck: the message when the end is not reached within `timeout`.
     """
-    consumer = Consumer(
-        client_settings(
-            {
-                "group.id": f"outbox-read-{uuid.uuid4().hex}",
-                **config,
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-            },
-            "consumer",
-        )
-    )
+    consumer, ends_of = _consumer(config, "read_committed"), _consumer(config, "read_uncommitted")
     servers = config.get("bootstrap.servers")
     deadline = time.monotonic() + timeout
     try:
@@ -64,7 +53,7 @@ def read_committed(
             if time.monotonic() > known_by:
                 raise error("KAFKA_TOPIC_MISSING", topic=topic, servers=servers)
             time.sleep(0.2)
-        ends = {p: _end(consumer, topic, p, str(servers), deadline) for p in found.partitions}
+        ends = {p: _end(ends_of, topic, p, str(servers), deadline) for p in found.partitions}
         first = {p: (start or {}).get(p, OFFSET_BEGINNING) for p in ends}
         pending = {p for p, end in ends.items() if end > max(first[p], 0)}
         consumer.assign([TopicPartition(topic, p, first[p]) for p in pending])
@@ -98,6 +87,24 @@ def read_committed(
         return out
     finally:
         consumer.close()
+        ends_of.close()
+
+
+def _consumer(config: Mapping[str, object], isolation: str) -> Consumer:
+    """A consumer of no group's. Isolation sets which end librdkafka asks for too: read_committed
+    gets the Last Stable Offset, so the ends are asked for read_uncommitted (the high watermark)."""
+    return Consumer(
+        client_settings(
+            {
+                "group.id": f"outbox-read-{uuid.uuid4().hex}",
+                **config,
+                "isolation.level": isolation,
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+            },
+            "consumer",
+        )
+    )
 
 
 def _end(consumer: Consumer, topic: str, partition: int, servers: str, deadline: float) -> int:

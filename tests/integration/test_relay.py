@@ -14,7 +14,7 @@ from outbox._core.config import DatabaseUrl
 from outbox.writer import Event, add_event, add_events
 from outbox_dev.kafka import Broker
 from tests.cli import outbox
-from tests.helpers import create_topic, read_committed, unique, wait_for
+from tests.helpers import create_topic, read_committed, transactional_producer, unique, wait_for
 from tests.relay_support import (
     ACTIVE,
     Committed,
@@ -293,3 +293,44 @@ def test_the_same_name_on_two_schemas_publishes_each_outbox_exactly_once(
         assert_exactly_once([r for r in records if r[2].startswith(f"{schema}-")], done)
     assert "fenced" not in first.output() + second.output()
     assert terminate(first) == 0 and terminate(second) == 0
+
+
+def test_a_restart_while_another_relay_holds_a_transaction_open_resumes_from_its_own_position(
+    tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, events_topic: str
+) -> None:
+    """Every relay writes its position into the positions topic's one partition, inside its batch's
+    transaction, so another relay's open transaction stands before positions committed later. A
+    relay restarted then must wait for its own (before, it read only up to that open transaction,
+    resumed from an older position and published its events again)."""
+    positions = unique("positions")
+    flags = ("--positions-topic", positions, "--no-cleanup")  # rows stay: a resume too early shows
+    name = unique("relay")
+    writers = Writers(outbox_db, events_topic).start(transactions=10)
+    writers.join()
+    job, _ = relay_job(tmp_path, env, name, *flags, label="first")
+    wait_published(bootstrap, events_topic, 3, writers.committed.count)
+
+    other = transactional_producer(bootstrap)  # another relay's batch, mid-way
+    other.begin_transaction()
+    other.produce(positions, key=b"another relay", value=b"{}")
+    other.flush(30)
+
+    more = Writers(outbox_db, events_topic).start(transactions=10)
+    more.join()
+    committed = Committed.merged(writers.committed, more.committed)
+    wait_published(bootstrap, events_topic, 3, committed.count)  # its position lies beyond the open one
+    job.kill9()
+
+    again, _ = relay_job(tmp_path, env, name, *flags, label="again")
+    time.sleep(3)  # reading its positions, held by the open transaction
+    other.abort_transaction(30)
+    again.wait_for_output(ACTIVE, 60)
+    last = Writers(outbox_db, events_topic).start(transactions=5)
+    last.join()
+    committed = Committed.merged(committed, last.committed)
+    wait_published(bootstrap, events_topic, 3, committed.count)
+    time.sleep(2)  # a batch published twice lands by now
+    assert_exactly_once(published(bootstrap, events_topic, 3), committed)
+    said = again.output()
+    assert "outbox again" not in said and "Publishing again" not in said, said
+    assert terminate(again) == 0, again.output()
