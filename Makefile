@@ -26,9 +26,13 @@ demo: $(STAMP)
 demo-smoke: $(STAMP)
 	$(PY) -m demos.smoke
 
+# Two files at a time (each worker has its own PostgreSQL, broker and Spark): the suite waits on
+# services for about a third of its run, which the other worker fills.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest --basetemp=.tmp/pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --basetemp=.tmp/pytest
 
 # The unit level alone: pure logic, no services, seconds.
 test-fast: $(STAMP)

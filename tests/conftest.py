@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from hypothesis import settings
 
 from outbox import migrate
 from outbox._core.config import DatabaseUrl
@@ -28,7 +29,14 @@ def pytest_configure(config: pytest.Config) -> None:
     # `--basetemp=.tmp/pytest` keeps scratch files in the checkout; pytest wants its parent to exist.
     if config.option.basetemp:
         Path(config.option.basetemp).parent.mkdir(parents=True, exist_ok=True)
+    # Every Spark JVM a test starts, in this process or a job's, runs C1 only (see the file).
+    os.environ["SPARK_CONF_DIR"] = str(REPO / "tests" / "spark-conf")
 
+
+# Hypothesis's 200 ms deadline per example measures the machine, not the rule: two workers share
+# two cores with brokers and Spark. Each property still runs all its examples.
+settings.register_profile("shared-cores", deadline=None)
+settings.load_profile("shared-cores")
 
 LEVELS = ("unit", "integration", "faults")
 
@@ -41,11 +49,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(level)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    """What the test measured rides on its report, which pytest-xdist carries from its worker."""
+    report: pytest.TestReport = yield
+    report.user_properties.extend(("measured", line) for line in MEASURED)
+    MEASURED.clear()
+    return report
+
+
+SEEN: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    SEEN.extend(str(line) for key, line in report.user_properties if key == "measured")
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """The figures the fault tests measured (heal to resume, a soak's), one line each."""
-    if MEASURED:
+    if SEEN:
         terminalreporter.section("measured")
-        for line in MEASURED:
+        for line in SEEN:
             terminalreporter.write_line(line)
 
 

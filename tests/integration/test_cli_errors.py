@@ -175,12 +175,20 @@ def test_relay_names_an_unreachable_kafka_and_why_once_per_attempt(database) -> 
 def test_a_relay_told_to_stop_while_starting_exits_cleanly(tmp_path: Path) -> None:
     """SIGTERM during start-up (imports, connecting) is a request to stop, answered with exit 0."""
     import signal
-    import time
 
-    from tests.helpers import Job
+    from tests.helpers import Job, wait_for
 
     env = {"DATABASE_URL": "postgresql://u@127.0.0.1:9/db", "KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9"}
     job = Job(["-m", "outbox", "relay", "--name", "r", "--metrics-address", "off"], tmp_path / "r.log", env)
-    time.sleep(0.3)  # Python is up, the heavy imports are not done
+    # Signal as soon as the handler is in (before the heavy imports): not after a fixed sleep,
+    # which a busy machine can outrun.
+    wait_for(lambda: catches(job.process.pid, signal.SIGTERM), 30, "the relay to catch SIGTERM")
     job.process.send_signal(signal.SIGTERM)
     assert job.wait(30) == 0, job.output()
+
+
+def catches(pid: int, sig: int) -> bool:
+    """Whether process pid has a handler for sig (its SigCgt mask in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(caught, 16) >> (sig - 1) & 1)
