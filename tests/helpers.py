@@ -136,7 +136,8 @@ def committed_messages(bootstrap: str, topic: str, partitions: int, timeout: flo
 
 
 def read_committed(bootstrap: str, topic: str, partitions: int, timeout: float = 10.0) -> list[tuple]:
-    """(partition, offset, key, value) of every committed record, from offset 0 up to the LSO."""
+    """(partition, offset, key, value) of every committed record, from offset 0 up to the high watermark
+    now (a transaction still open there is waited for)."""
     return [
         (m.partition(), m.offset(), m.key(), m.value())
         for m in committed_messages(bootstrap, topic, partitions, timeout)
