@@ -167,7 +167,10 @@ def test_relay_names_an_unreachable_kafka_and_why_once_per_attempt(database) -> 
     # One "session ended, retrying" line, then the final error: each names the servers and the cause.
     assert len(about_kafka) == 2, result.err
     for line in about_kafka:
-        assert f"cannot reach Kafka at {servers}" in line and "Connection refused" in line, line
+        # librdkafka's cause: the refused connection, or, when its broker-down event comes first on a
+        # busy machine, "1/1 brokers are down"; either way the servers are named.
+        assert f"cannot reach Kafka at {servers}" in line, line
+        assert "Connection refused" in line or "brokers are down" in line, line
     assert lines[-1].startswith("outbox: error: [RELAY_GAVE_UP] giving up after 1 retries: "), lines[-1]
     assert f"cannot reach Kafka at {servers}" in lines[-1], lines[-1]
 
