@@ -247,7 +247,7 @@ def spark_curves(
         # The JVMs' first reads and the first sink run are slower (JIT): one unmeasured pass first,
         # so that the smallest point, which the others are held against, does not pay for it.
         warm = parse_json(read("kafka", topic_of(2)), SCHEMA, key_column="event_id")
-        run(warm, PostgresSink("bench_scale_warm", url=url.raw).writer(warm), work / "chk-warm")
+        run(warm, PostgresSink("bench_scale_warm", url=url.raw).writer(warm), work / "chk-warm", count)
         have = 0
         for rows in table_rows:
             fill_table(url, "bench_scale", have, rows)
@@ -261,7 +261,7 @@ def spark_curves(
                 batches.append(writer.last)
 
             settle(url)
-            measured = run(frame, each, work / f"chk-sink-{rows}")
+            measured = run(frame, each, work / f"chk-sink-{rows}", count)
             steady = batches[1:] or batches
             staged = sum(b.staged for b in steady) or 1
             stages = {s: sum(b.stages.get(s, 0.0) for b in steady) / staged * 1e6 for s in STAGES}
@@ -280,8 +280,8 @@ def spark_curves(
             made = consumer_seconds(bootstrap, topic)
             tasks = packed_tasks(topic, parts, per_batch)
             empty = task_seconds(spark, tasks)
-            ours = run(read("kafka_rc", topic), noop, work / f"chk-rc-{parts}")
-            theirs = run(read("kafka", topic), noop, work / f"chk-kafka-{parts}")["steady_per_s"]
+            ours = run(read("kafka_rc", topic), noop, work / f"chk-rc-{parts}", count)
+            theirs = run(read("kafka", topic), noop, work / f"chk-kafka-{parts}", count)["steady_per_s"]
             point = {
                 "partitions": parts,
                 "per_s": ours["steady_per_s"],

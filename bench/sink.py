@@ -19,6 +19,7 @@ its cost is measured alone too. Beside them:
            no writer fed by it can be faster;
   source_arrow: the same, handed to Python as Arrow (mapInArrow) as the sink's tasks get it;
   source_memory, source_memory_ranged: the Parquet feeds -> noop;
+  source_memory_arrow: the sink's Parquet feed (by range) handed to Python as Arrow, dropped;
   sink_rc: the sink fed by kafka_rc instead, the framework's own source;
   sink_driver: the sink from Kafka with apply_in="driver", the staged path.
   sink_traced: the sink from Kafka with trace=True (each record's outcome recorded for
@@ -30,7 +31,12 @@ Where the time goes: the sink's tasks time each stage (sinks/postgres/clock.py: 
 the source, its decoding and Spark's Arrow; encode; COPY; the ledger's lock; the apply
 statement; the commit) and the hand-written peer its own (input, COPY, upsert, commit); both
 are printed per event, and the source runs say what the input costs without a writer.
-All runs use the same micro-batch size. Steady state excludes the first batch.
+What the machine leaves the sink, from the same run: the ceiling (its feed handed to Python as
+Arrow and dropped: no sink is faster) and the bound (the cores over that feed's CPU per row plus
+the bare COPY + upsert's), each as a ratio to the peers.
+All runs use the same micro-batch size. Steady state excludes the first batch. A range
+repartition reads each micro-batch twice (once to sample the bounds), and Spark counts both
+reads as input rows: a run's rows are counted once, from the events it holds.
 Each writer first runs once from Kafka unmeasured: the JVMs' first reads are slower.
 CPU per row is machine-wide (bench/cpu.py): broker, PostgreSQL and Spark together.
 
@@ -220,14 +226,16 @@ def spark_runs(
     url: DatabaseUrl,
     bootstrap: str,
     topic: str,
+    total: int,
     work: Path,
     per_batch: int,
     parquet: Path,
     partitions: int,
     replicated: str | None,
 ) -> dict[str, dict[str, float]]:
-    """replicated: the servers of the RF 3 cluster holding the same topic, or None."""
-    """Every Spark run, in one SparkSession: from Kafka, then from Parquet."""
+    """Every Spark run, in one SparkSession: from Kafka, then from Parquet, each of `total` rows.
+
+    replicated: the servers of the RF 3 cluster holding the same topic, or None."""
     from outbox_dev.jvm import maven
     from outbox_dev.local_spark import kafka_connector_jars, local_session, stop_session
     from sinks.kafka_source import register
@@ -301,7 +309,7 @@ def spark_runs(
 
         def measure(name: str, frame, each: Callable) -> dict:  # type: ignore[no-untyped-def]
             settle(url)
-            return run(frame, each, work / f"chk-{name}")
+            return run(frame, each, work / f"chk-{name}", total)
 
         # The broker's and Spark's JVMs are slower on their first reads of a topic (JIT): one unreported
         # pass of each writer from Kafka first, so that no measured run pays for coming first.
@@ -313,6 +321,7 @@ def spark_runs(
             "source_arrow": measure("source_arrow", kafka(), to_arrow),
             "source_memory": measure("source_memory", memory(), noop),
             "source_memory_ranged": measure("source_memory_ranged", ranged(), noop),
+            "source_memory_arrow": measure("source_memory_arrow", ranged(), to_arrow),
         }
         for feed, frame in (("", kafka), ("_memory", memory)):
             for writer, make in writers.items():
@@ -416,7 +425,14 @@ def hand_written_upsert(libpq: str, table: str, clock: dict[str, Any]) -> Callab
     return each
 
 
-def run(frame, each_batch: Callable, checkpoint: Path) -> dict:  # type: ignore[no-untyped-def]
+def run(frame, each_batch: Callable, checkpoint: Path, events: int) -> dict:  # type: ignore[no-untyped-def]
+    """Stream `frame` (which holds `events` records) through `each_batch`, timed and measured.
+
+    Spark counts a source's rows once per read: a range repartition reads each
+    micro-batch twice, once to sample the ranges' bounds, so its numInputRows is
+    twice the rows. A batch's rows are its share of `events`, each counted once.
+    """
+
     def go():  # type: ignore[no-untyped-def]
         query = (
             frame.writeStream.foreachBatch(each_batch)
@@ -429,9 +445,11 @@ def run(frame, each_batch: Callable, checkpoint: Path) -> dict:  # type: ignore[
 
     query, usage = measured(go)
     batches = [p for p in query.recentProgress if p["numInputRows"] > 0]
-    rows = [b["numInputRows"] for b in batches]
+    reads = sum(b["numInputRows"] for b in batches) / events
+    rows = [round(b["numInputRows"] / reads) for b in batches]
     result = figures(rows, [b["durationMs"]["triggerExecution"] / 1000 for b in batches])
     result["batches"] = len(batches)
+    result["source_reads"] = round(reads, 2)
     result["whole_run_per_s"] = sum(rows) / usage.wall_s
     result["rows_all"] = sum(rows)
     result["cpu_us_per_row"] = usage.cpu_us_per(sum(rows)) or float("nan")
@@ -476,6 +494,7 @@ def main() -> int:
                     url,
                     bootstrap,
                     topic,
+                    args.events,
                     work / "spark",
                     per_batch,
                     work / "parquet",
@@ -562,6 +581,13 @@ def main() -> int:
         ]
     for label, key, note in ratios:
         print(f"{'ratio ' + label:<42}: {result[key]:>10} {f'({note})' if note else ''}")
+    twice = {name: run["source_reads"] for name, run in runs.items() if run["source_reads"] != 1}
+    result["source_reads"] = twice
+    if twice:
+        print(
+            f"read their source more than once (a range repartition samples it first): {twice};"
+            " each row counted once"
+        )
     cores = os.cpu_count() or 1
     print(f"the machine's bound for each run: {cores} cores / its CPU per row; busy: the cores' share used")
     result["machine_cores"] = cores
@@ -608,23 +634,29 @@ def main() -> int:
         f" {tracing['apply_traced_us']:.1f}: +{tracing['trace_us']:.1f} us, {share:.1%} of the sink's task"
         " time per event (target <= 5%)"
     )
-    # The bound on this machine, all cores busy: any upsert fed by the same source costs at least
-    # the source alone plus the bare COPY + upsert (psycopg) in CPU per row; a writer's best ratio
-    # to a peer is the peer's CPU per row over that floor.
-    for feed, source, peers in (
-        ("Kafka", "source", ("jdbc", "hand")),
-        ("Parquet", "source_memory_ranged", ("jdbc_memory", "hand_memory")),
+    # What the machine leaves the sink, from this run. Its tasks take their rows from Spark as Arrow,
+    # so: the ceiling, in wall time: no sink outruns its feed handed to Python as Arrow and dropped,
+    # whatever it writes; the bound, in CPU: it costs at least that feed plus the bare COPY + upsert
+    # of the same rows (psycopg alone), so all cores busy on nothing else it reaches at most their
+    # count over that floor. Each is a ratio to a peer's measured rate; the lower one holds.
+    for feed, arrow, peers in (
+        ("Kafka", "source_arrow", ("jdbc", "hand")),
+        ("Parquet", "source_memory_arrow", ("jdbc_memory", "hand_memory")),
     ):
-        floor = runs[source]["cpu_us_per_row"] + base["cpu_us_per_row"]
         suffix = "" if feed == "Kafka" else "_memory"
+        floor = runs[arrow]["cpu_us_per_row"] + base["cpu_us_per_row"]
+        bound = cores * 1e6 / floor
         result[f"floor{suffix}_cpu_us_per_row"] = round(floor, 1)
-        print(f"the floor from {feed}: source alone + bare upsert = {floor:.1f} CPU us per row; so at best")
+        print(
+            f"from {feed}, at best: the ceiling {steady(arrow):,.0f} events/s (fed to Python as Arrow,"
+            f" dropped); the bound {bound:,.0f} ({cores} cores over {floor:.1f} CPU us per row: that feed"
+            f" {runs[arrow]['cpu_us_per_row']:.1f} + bare upsert {base['cpu_us_per_row']:.1f}); so"
+        )
         for peer in peers:
-            best = runs[peer]["cpu_us_per_row"] / floor
+            ceiling, best = steady(arrow) / steady(peer), bound / steady(peer)
+            result[f"ceiling_ratio_sink{suffix}_vs_{peer}"] = round(ceiling, 3)
             result[f"bound_ratio_sink{suffix}_vs_{peer}"] = round(best, 3)
-            print(
-                f"  sink / {peer:<11}: {best:.2f} (its {runs[peer]['cpu_us_per_row']:.1f} us over the floor)"
-            )
+            print(f"  sink / {peer:<11}: ceiling {ceiling:.2f}, bound {best:.2f}")
     wrong = {
         name: run["written"]
         for name, run in runs.items()
