@@ -14,7 +14,8 @@ rows with their Kafka positions, one file per partition and micro-batch (the wri
 own path alone). From Kafka the sink applies in the tasks; a Parquet frame proves
 nothing about where a topic-partition's rows are, so the sink's Parquet feed is
 range-partitioned by topic and partition, as a user of such a frame would do, and
-its cost is measured alone too. Beside them:
+its cost is measured alone too; the peers are also fed that same frame
+(jdbc_memory_ranged, hand_memory_ranged), where only the writers differ. Beside them:
   source:  Spark's Kafka source -> parse_json -> noop: the input with no writing at all;
            no writer fed by it can be faster;
   source_arrow: the same, handed to Python as Arrow (mapInArrow) as the sink's tasks get it;
@@ -87,6 +88,8 @@ WRITERS = (
     "sink_memory",
     "jdbc_memory",
     "hand_memory",
+    "jdbc_memory_ranged",
+    "hand_memory_ranged",
     "sink_rc",
     "sink_driver",
     "sink_traced",
@@ -328,6 +331,9 @@ def spark_runs(
                 name = writer + feed
                 events = ranged() if name == "sink_memory" else frame()
                 runs[name] = measure(name, events, make(f"bench_{name}", events))
+        for writer in ("jdbc", "hand"):  # the peers on the sink's own Parquet feed: the writers alone
+            name, events = f"{writer}_memory_ranged", ranged()
+            runs[name] = measure(name, events, writers[writer](f"bench_{name}", events))
         events = kafka()
         runs["sink_traced"] = measure("sink_traced", events, sink("bench_sink_traced", events, trace=True))
         events = kafka("kafka_rc")
@@ -529,6 +535,8 @@ def main() -> int:
         "ratio_sink_memory_vs_psycopg": ratio(steady("sink_memory"), limit),
         "ratio_sink_memory_vs_jdbc_memory": ratio(steady("sink_memory"), steady("jdbc_memory")),
         "ratio_sink_memory_vs_hand_memory": ratio(steady("sink_memory"), steady("hand_memory")),
+        "ratio_sink_memory_vs_jdbc_memory_ranged": ratio(steady("sink_memory"), steady("jdbc_memory_ranged")),
+        "ratio_sink_memory_vs_hand_memory_ranged": ratio(steady("sink_memory"), steady("hand_memory_ranged")),
         "ratio_sink_rc_vs_sink": ratio(steady("sink_rc"), steady("sink")),
         "ratio_sink_vs_sink_driver": ratio(steady("sink"), steady("sink_driver")),
         "ratio_sink_traced_vs_sink": ratio(steady("sink_traced"), steady("sink")),
@@ -551,6 +559,8 @@ def main() -> int:
         ("from Parquet, by range: PostgresSink", "sink_memory", steady("sink_memory")),
         ("from Parquet: JDBC append", "jdbc_memory", steady("jdbc_memory")),
         ("from Parquet: hand-written upsert", "hand_memory", steady("hand_memory")),
+        ("from Parquet, by range: JDBC append", "jdbc_memory_ranged", steady("jdbc_memory_ranged")),
+        ("from Parquet, by range: hand-written", "hand_memory_ranged", steady("hand_memory_ranged")),
         ("from kafka_rc: PostgresSink", "sink_rc", steady("sink_rc")),
     ]
     if "sink_rf3" in runs:
@@ -572,6 +582,8 @@ def main() -> int:
         ("from Parquet, sink / psycopg", "ratio_sink_memory_vs_psycopg", "target >= 0.8"),
         ("from Parquet, sink / jdbc", "ratio_sink_memory_vs_jdbc_memory", "target >= 1.5"),
         ("from Parquet, sink / hand-written", "ratio_sink_memory_vs_hand_memory", "target >= 1.0"),
+        ("by range, sink / jdbc", "ratio_sink_memory_vs_jdbc_memory_ranged", "the same feed"),
+        ("by range, sink / hand-written", "ratio_sink_memory_vs_hand_memory_ranged", "the same feed"),
         ("sink from kafka_rc / from Spark's", "ratio_sink_rc_vs_sink", ""),
     ]
     if "sink_rf3" in runs:
