@@ -26,9 +26,9 @@ demo: $(STAMP)
 demo-smoke: $(STAMP)
 	$(PY) -m demos.smoke
 
-# Two files at a time (each worker has its own PostgreSQL, broker and Spark): the suite waits on
-# services for about a third of its run, which the other worker fills.
-TEST_WORKERS ?= 2
+# Three files at a time (each worker has its own PostgreSQL, broker and Spark): the suite waits on
+# services for a quarter of a two-worker run, which a third worker fills.
+TEST_WORKERS ?= 3
 
 test: $(STAMP)
 	$(PY) -m ruff check .

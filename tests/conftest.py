@@ -33,7 +33,7 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["SPARK_CONF_DIR"] = str(REPO / "tests" / "spark-conf")
 
 
-# Hypothesis's 200 ms deadline per example measures the machine, not the rule: two workers share
+# Hypothesis's 200 ms deadline per example measures the machine, not the rule: the workers share
 # two cores with brokers and Spark. Each property still runs all its examples.
 settings.register_profile("shared-cores", deadline=None)
 settings.load_profile("shared-cores")

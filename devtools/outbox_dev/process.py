@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -125,7 +126,37 @@ def stop(pid: int, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
             time.sleep(0.05)
 
 
+# A service binds its port seconds after the port is chosen: a JVM starting, initdb first, a
+# fault proxy that binds a broker's advertised port only when a test links it. Meanwhile the
+# kernel gives ports of its ephemeral range to any process's outgoing connections, and the bind
+# then fails ("address already in use", seen with three test workers). Below that range only
+# another listener can take a port, and a free one is checked for that.
+_LINUX_EPHEMERAL = (32768, 60999)
+_QUIET_FROM = 20000  # above the registered ports most services use
+_choice = random.Random()  # its own: Hypothesis seeds the global one alike in every worker
+
+
+def ephemeral_ports(setting: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> tuple[int, int]:
+    """The range the kernel takes local ports of outgoing connections from."""
+    try:
+        low, high = (int(v) for v in setting.read_text().split())
+    except (OSError, ValueError):
+        return _LINUX_EPHEMERAL
+    return low, high
+
+
+def quiet_ports(ephemeral: tuple[int, int]) -> range | None:
+    """Where to choose a port that waits to be bound: below the ephemeral range; None if no room."""
+    low = ephemeral[0]
+    return range(_QUIET_FROM, low) if low - _QUIET_FROM >= 1000 else None
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free now that no outgoing connection is given before its service binds it."""
+    ports = quiet_ports(ephemeral_ports()) or range(0)
+    for port in _choice.sample(ports, min(100, len(ports))):
+        if not port_in_use(port, host):
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
