@@ -431,12 +431,12 @@ def hand_written_upsert(libpq: str, table: str, clock: dict[str, Any]) -> Callab
     return each
 
 
-def run(frame, each_batch: Callable, checkpoint: Path, events: int) -> dict:  # type: ignore[no-untyped-def]
-    """Stream `frame` (which holds `events` records) through `each_batch`, timed and measured.
+def run(frame, each_batch: Callable, checkpoint: Path, total: int) -> dict:  # type: ignore[no-untyped-def]
+    """Stream `frame` (which holds `total` records) through `each_batch`, timed and measured.
 
     Spark counts a source's rows once per read: a range repartition reads each
     micro-batch twice, once to sample the ranges' bounds, so its numInputRows is
-    twice the rows. A batch's rows are its share of `events`, each counted once.
+    twice the rows. A batch's rows are its share of `total`, each counted once.
     """
 
     def go():  # type: ignore[no-untyped-def]
@@ -451,7 +451,7 @@ def run(frame, each_batch: Callable, checkpoint: Path, events: int) -> dict:  # 
 
     query, usage = measured(go)
     batches = [p for p in query.recentProgress if p["numInputRows"] > 0]
-    reads = sum(b["numInputRows"] for b in batches) / events
+    reads = sum(b["numInputRows"] for b in batches) / total
     rows = [round(b["numInputRows"] / reads) for b in batches]
     result = figures(rows, [b["durationMs"]["triggerExecution"] / 1000 for b in batches])
     result["batches"] = len(batches)

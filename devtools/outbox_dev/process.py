@@ -145,15 +145,14 @@ def ephemeral_ports(setting: Path = Path("/proc/sys/net/ipv4/ip_local_port_range
     return low, high
 
 
-def quiet_ports(ephemeral: tuple[int, int]) -> range | None:
+def quiet_ports(ephemeral_low: int) -> range | None:
     """Where to choose a port that waits to be bound: below the ephemeral range; None if no room."""
-    low = ephemeral[0]
-    return range(_QUIET_FROM, low) if low - _QUIET_FROM >= 1000 else None
+    return range(_QUIET_FROM, ephemeral_low) if ephemeral_low - _QUIET_FROM >= 1000 else None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A port free now that no outgoing connection is given before its service binds it."""
-    ports = quiet_ports(ephemeral_ports()) or range(0)
+    ports = quiet_ports(ephemeral_ports()[0]) or range(0)
     for port in _choice.sample(ports, min(100, len(ports))):
         if not port_in_use(port, host):
             return port

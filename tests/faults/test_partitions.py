@@ -666,8 +666,8 @@ def tail(latencies: list[float]) -> str:
 def soak(kafka: Proxied, db: Proxied, server_url: DatabaseUrl, tmp: Path, bad: bool) -> Soak:
     """The loop under load, the relay and the sink job through the links, made `bad` (worsen) once
     both run: 8 writers commit 200 transactions each at a steady pace. Checked record by record.
-    The load starts once the sink has applied a first event: its first batch (Spark's Python worker,
-    the sink's first connection) takes seconds, measured on its own, and is not the loop's tail."""
+    The load starts once the sink has applied a first event: its first batch (mostly the Spark
+    session's first job) takes seconds, measured on its own, and is not the loop's tail."""
     with loop(
         kafka, db, server_url, tmp, relay_through=True, sink_kafka=kafka.proxied, sink_through=True
     ) as running:
