@@ -259,7 +259,8 @@ class BatchWriter:
             self._stage_job = self._job(conn, self.statements)
             self._task_job = TaskJob(self._job(conn, in_task), in_task)
             self._drop_stale_stage(conn)
-        self.delete = _delete_rule(delete, self.plan)
+        # Built once: each is a call into the JVM (or a proto), and a batch would pay them all again.
+        self._columns = staged_columns(self.plan, _delete_rule(delete, self.plan))
         self.last: BatchResult | None = None
         log.info("sink %s %s", spec.name, self.route)
 
@@ -309,7 +310,7 @@ class BatchWriter:
 
     def tasks(self, batch: DataFrame) -> DataFrame:
         """The batch's tasks, one result row each once its transaction committed; lazy until collected."""
-        return staged_frame(batch, self.plan, self.delete).mapInArrow(applier(self._task_job), TASK_RESULT)
+        return batch.select(*self._columns).mapInArrow(applier(self._task_job), TASK_RESULT)
 
     def summarize(self, batch_id: int, done: list[Row]) -> BatchResult:
         """The batch's result from its tasks' rows; a task's refusal fails the batch with its line."""
@@ -355,8 +356,7 @@ class BatchWriter:
         try:
             conn.execute(self.statements.create_stage())
             job = replace(self._stage_job, token=secrets.randbits(31))
-            frame = staged_frame(batch, self.plan, self.delete)
-            tasks = frame.mapInArrow(stager(job), RESULT_SCHEMA).collect()
+            tasks = batch.select(*self._columns).mapInArrow(stager(job), RESULT_SCHEMA).collect()
         except BaseException:
             _drop_stage(conn, self.statements)
             raise
@@ -444,14 +444,14 @@ def _drop_stage(conn: psycopg.Connection, statements: Statements) -> None:
         conn.close()
 
 
-def staged_frame(batch: DataFrame, plan: Plan, delete: Column) -> DataFrame:
+def staged_columns(plan: Plan, delete: Column) -> list[Column]:
     """The columns the stager copies: data as c0..cN, then position, delete flag, raw record, parse error."""
     data = [_convert(_col(n), plan.conversions[n]).alias(f"c{i}") for i, n in enumerate(plan.columns)]
     raw = [
         (_col(name) if name else F.lit(None).cast("binary")).alias(alias)
         for name, alias in ((plan.raw_key, "_raw_key"), (plan.raw_value, "_raw_value"))
     ]
-    return batch.select(
+    return [
         *data,
         F.col("topic").alias("_topic"),
         F.col("partition").alias("_partition"),
@@ -459,7 +459,7 @@ def staged_frame(batch: DataFrame, plan: Plan, delete: Column) -> DataFrame:
         F.coalesce(delete, F.lit(False)).alias("_delete"),
         *raw,
         (_col(plan.error) if plan.error else F.lit(None).cast("string")).alias("_parse_error"),
-    )
+    ]
 
 
 def _col(name: str) -> Column:

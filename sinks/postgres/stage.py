@@ -17,12 +17,14 @@ import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from sinks.postgres.clock import Clock
 from sinks.postgres.refusal import ROW_ERRORS, reason
 from sinks.postgres.statements import ATTEMPT_SETTING
 
-RESULT_SCHEMA = "attempt long, staged long, dead long"
+_RESULT = pa.schema([("attempt", pa.int64()), ("staged", pa.int64()), ("dead", pa.int64())])
+RESULT_SCHEMA = from_arrow_schema(_RESULT)  # a StructType: a DDL string is parsed again every batch
 _CSV = pacsv.WriteOptions(include_header=False)
 
 
@@ -49,10 +51,7 @@ def stager(job: StageJob) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.Re
                 staged += batch.num_rows
                 dead += copy_batch(conn, job, batch)
             conn.commit()
-        yield pa.RecordBatch.from_pydict(
-            {"attempt": [attempt], "staged": [staged], "dead": [dead]},
-            schema=pa.schema([("attempt", pa.int64()), ("staged", pa.int64()), ("dead", pa.int64())]),
-        )
+        yield pa.RecordBatch.from_pydict({"attempt": [attempt], "staged": [staged], "dead": [dead]}, _RESULT)
 
     return stage
 

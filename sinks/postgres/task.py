@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from outbox._core.postgres import connect, keepalive, limit_session, server_limits, watched
 from sinks.errors import SinkError
@@ -35,9 +36,6 @@ from sinks.postgres.statements import ATTEMPT_SETTING, Statements
 COUNTS = (*Counts._fields, "retries")  # BatchResult's names
 TIMES = tuple(f"{stage}_seconds" for stage in STAGES)
 _REFUSAL = ("refused", "refused_code")  # a refusal's message and code (sinks/errors.py)
-TASK_RESULT = ", ".join(
-    [*(f"{c} long" for c in COUNTS), *(f"{t} double" for t in TIMES), *(f"{r} string" for r in _REFUSAL)]
-)
 _SCHEMA = pa.schema(
     [
         *((c, pa.int64()) for c in COUNTS),
@@ -45,6 +43,8 @@ _SCHEMA = pa.schema(
         *((r, pa.string()) for r in _REFUSAL),
     ]
 )
+# As a StructType: a DDL string would be parsed by the JVM again at every batch.
+TASK_RESULT = from_arrow_schema(_SCHEMA)
 
 
 @dataclass(frozen=True)
