@@ -99,9 +99,24 @@ class Usage:
         return {name: round(seconds / records * 1e6, 1) for name, seconds in self.components.items()}
 
 
+@dataclass(frozen=True)
+class Mark:
+    """The machine's CPU counters at one moment: a step's usage is what two marks differ by."""
+
+    processes: Snapshot
+    busy: float | None
+    wall: float
+
+    @classmethod
+    def now(cls) -> Mark:
+        return cls(process_seconds(), busy_seconds(), time.perf_counter())
+
+    def since(self, start: Mark) -> Usage:
+        cpu = None if self.busy is None or start.busy is None else self.busy - start.busy
+        return Usage(self.wall - start.wall, cpu, by_component(start.processes, self.processes))
+
+
 def measured(step: Callable[[], T]) -> tuple[T, Usage]:
-    processes, cpu0, wall0 = process_seconds(), busy_seconds(), time.perf_counter()
+    start = Mark.now()
     result = step()
-    cpu1, wall = busy_seconds(), time.perf_counter() - wall0
-    components = by_component(processes, process_seconds())
-    return result, Usage(wall, None if cpu0 is None or cpu1 is None else cpu1 - cpu0, components)
+    return result, Mark.now().since(start)

@@ -35,13 +35,16 @@ are printed per event, and the source runs say what the input costs without a wr
 What the machine leaves the sink, from the same run: the ceiling (its feed handed to Python as
 Arrow and dropped: no sink is faster) and the bound (the cores over that feed's CPU per row plus
 the bare COPY + upsert's), each as a ratio to the peers.
-All runs use the same micro-batch size. Steady state excludes the first batch. A range
-repartition reads each micro-batch twice (once to sample the bounds), and Spark counts both
-reads as input rows: a run's rows are counted once, from the events it holds.
-Each writer first runs once from Kafka unmeasured: the JVMs' first reads are slower.
-CPU per row is machine-wide (bench/cpu.py): broker, PostgreSQL and Spark together.
+All runs use the same micro-batch size. Steady state excludes the first batch, for the rates
+and the CPU alike. A range repartition reads each micro-batch twice (once to sample the
+bounds), and Spark counts both reads as input rows: a run's rows are counted once, from the
+events it holds. Each writer first runs once from Kafka unmeasured: the JVMs' first reads are
+slower. CPU per row is machine-wide (bench/cpu.py): broker, PostgreSQL and Spark together.
+Two runs of the same writer here differ by up to a quarter, so the compared runs (ROUNDED)
+are measured in --rounds rounds into fresh tables; a ratio is the median of the rounds'
+ratios, each of runs seconds apart, and a rate the median of its rounds.
 
-    python bench/sink.py [--events 1000000] [--size 200] [--batches 5] [--no-cluster] [--json]
+    python bench/sink.py [--events 1000000] [--size 200] [--batches 5] [--rounds 3] [--no-cluster] [--json]
 
 Uses DATABASE_URL / KAFKA_BOOTSTRAP_SERVERS if set, else starts embedded services.
 """
@@ -56,8 +59,9 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import flags  # bench/flags.py
@@ -67,7 +71,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
-from cpu import COMPONENTS, DRIVER, measured  # bench/cpu.py
+from cpu import COMPONENTS, DRIVER, Mark, measured  # bench/cpu.py
 from kafka_load import produce  # bench/kafka_load.py
 from services import services  # bench/services.py
 
@@ -94,6 +98,19 @@ WRITERS = (
     "sink_driver",
     "sink_traced",
     "sink_rf3",
+)
+# The runs the targets compare, measured in --rounds rounds: the sink, its peers and its feed as Arrow.
+ROUNDED = (
+    "source_arrow",
+    "sink",
+    "jdbc",
+    "hand",
+    "source_memory_arrow",
+    "sink_memory",
+    "jdbc_memory",
+    "hand_memory",
+    "jdbc_memory_ranged",
+    "hand_memory_ranged",
 )
 
 
@@ -235,7 +252,8 @@ def spark_runs(
     parquet: Path,
     partitions: int,
     replicated: str | None,
-) -> dict[str, dict[str, float]]:
+    rounds: int,
+) -> dict[str, dict[str, Any]]:
     """Every Spark run, in one SparkSession: from Kafka, then from Parquet, each of `total` rows.
 
     replicated: the servers of the RF 3 cluster holding the same topic, or None."""
@@ -305,47 +323,66 @@ def spark_runs(
                 "noop"
             ).mode("append").save()
 
-        with psycopg.connect(url.libpq, autocommit=True) as conn:
-            for name in (*WRITERS, "warm_sink", "warm_jdbc", "warm_hand"):
-                conn.execute(TABLE.format(f"bench_{name}"))
-        writers = {"sink": sink, "jdbc": jdbc, "hand": hand}
+        def fixed(each: Callable) -> Callable:  # the runs that write nothing: each table the same
+            return lambda _table, _frame: each
 
-        def measure(name: str, frame, each: Callable) -> dict:  # type: ignore[no-untyped-def]
+        # Every measured run, in the order they run: its feed, and what makes its writer for a table.
+        plan: dict[str, tuple[Callable, Callable]] = {
+            "source": (kafka, fixed(noop)),
+            "source_arrow": (kafka, fixed(to_arrow)),
+            "source_memory": (memory, fixed(noop)),
+            "source_memory_ranged": (ranged, fixed(noop)),
+            "source_memory_arrow": (ranged, fixed(to_arrow)),
+            "sink": (kafka, sink),
+            "jdbc": (kafka, jdbc),
+            "hand": (kafka, hand),
+            "sink_memory": (ranged, sink),
+            "jdbc_memory": (memory, jdbc),
+            "hand_memory": (memory, hand),
+            "jdbc_memory_ranged": (ranged, jdbc),  # the peers on the sink's own Parquet feed
+            "hand_memory_ranged": (ranged, hand),
+            "sink_traced": (kafka, lambda table, frame: sink(table, frame, trace=True)),
+            "sink_rc": (lambda: kafka("kafka_rc"), sink),
+            "sink_driver": (kafka, lambda table, frame: sink(table, frame, "driver")),
+        }
+        if replicated is not None:
+            plan["source_rf3"] = (lambda: kafka(servers=replicated), fixed(noop))
+            plan["sink_rf3"] = (lambda: kafka(servers=replicated), sink)
+        tables = {f"bench_{n}{r}" for n in WRITERS for r in ["", *(f"_{k}" for k in range(2, rounds + 1))]}
+        with psycopg.connect(url.libpq, autocommit=True) as conn:
+            for table in (*tables, "bench_warm_sink", "bench_warm_jdbc", "bench_warm_hand"):
+                conn.execute(TABLE.format(table))
+
+        def measure(name: str, table: str) -> dict:
+            feed, make = plan[name]
+            events = feed()
+            each = make(table, events)
             settle(url)
-            return run(frame, each, work / f"chk-{name}", total)
+            result = run(events, each, work / f"chk-{table}", total)
+            if name in WRITERS:
+                result["written"] = count(url, table)
+            return result
 
         # The broker's and Spark's JVMs are slower on their first reads of a topic (JIT): one unreported
         # pass of each writer from Kafka first, so that no measured run pays for coming first.
-        for writer, make in writers.items():
-            events = kafka()
-            measure(f"warm_{writer}", events, make(f"bench_warm_{writer}", events))
-        runs: dict[str, dict] = {
-            "source": measure("source", kafka(), noop),
-            "source_arrow": measure("source_arrow", kafka(), to_arrow),
-            "source_memory": measure("source_memory", memory(), noop),
-            "source_memory_ranged": measure("source_memory_ranged", ranged(), noop),
-            "source_memory_arrow": measure("source_memory_arrow", ranged(), to_arrow),
-        }
-        for feed, frame in (("", kafka), ("_memory", memory)):
-            for writer, make in writers.items():
-                name = writer + feed
-                events = ranged() if name == "sink_memory" else frame()
-                runs[name] = measure(name, events, make(f"bench_{name}", events))
-        for writer in ("jdbc", "hand"):  # the peers on the sink's own Parquet feed: the writers alone
-            name, events = f"{writer}_memory_ranged", ranged()
-            runs[name] = measure(name, events, writers[writer](f"bench_{name}", events))
-        events = kafka()
-        runs["sink_traced"] = measure("sink_traced", events, sink("bench_sink_traced", events, trace=True))
-        events = kafka("kafka_rc")
-        runs["sink_rc"] = measure("sink_rc", events, sink("bench_sink_rc", events))
-        events = kafka()
-        runs["sink_driver"] = measure("sink_driver", events, sink("bench_sink_driver", events, "driver"))
-        if replicated is not None:
-            runs["source_rf3"] = measure("source_rf3", kafka(servers=replicated), noop)
-            events = kafka(servers=replicated)
-            runs["sink_rf3"] = measure("sink_rf3", events, sink("bench_sink_rf3", events))
-        for name in (n for n in WRITERS if n in runs):
-            runs[name]["written"] = count(url, f"bench_{name}")
+        for writer in ("sink", "jdbc", "hand"):
+            measure(writer, f"bench_warm_{writer}")
+        runs = {name: measure(name, f"bench_{name}") for name in plan}
+        # The compared runs again, round after round, each into fresh tables: two runs here differ by
+        # up to a quarter, and a ratio is taken within a round, of runs a few seconds apart.
+        for name in ROUNDED:
+            runs[name]["rounds"] = [dict(runs[name])]
+        for k in range(2, rounds + 1):
+            for name in ROUNDED:
+                runs[name]["rounds"].append(measure(name, f"bench_{name}_{k}"))
+        for name in ROUNDED:  # a compared run's figures: the median of its rounds'
+            each = runs[name]["rounds"]
+            runs[name]["steady_per_s"] = median([r["steady_per_s"] for r in each])
+            runs[name]["cpu_us_per_row"] = median([r["cpu_us_per_row"] for r in each])
+            by = {c for r in each for c in r["cpu_us_per_row_by"]}
+            runs[name]["cpu_us_per_row_by"] = {
+                c: round(median([r["cpu_us_per_row_by"].get(c, 0.0) for r in each]), 1) for c in sorted(by)
+            }
         for table, (writer, batches) in sinks.items():
             name = table.removeprefix("bench_")
             if name not in runs:
@@ -437,11 +474,19 @@ def run(frame, each_batch: Callable, checkpoint: Path, total: int) -> dict:  # t
     Spark counts a source's rows once per read: a range repartition reads each
     micro-batch twice, once to sample the ranges' bounds, so its numInputRows is
     twice the rows. A batch's rows are its share of `total`, each counted once.
+    CPU is counted as the steady rate is, without the first batch: from the end
+    of its work to the end of the last batch's (the query's start, planning and
+    first job cost some CPU-seconds, and would weigh on a short run's figure).
     """
+    marks: list[Mark] = []
+
+    def each(batch, batch_id: int) -> None:  # type: ignore[no-untyped-def]
+        each_batch(batch, batch_id)
+        marks.append(Mark.now())
 
     def go():  # type: ignore[no-untyped-def]
         query = (
-            frame.writeStream.foreachBatch(each_batch)
+            frame.writeStream.foreachBatch(each)
             .option("checkpointLocation", str(checkpoint))
             .trigger(availableNow=True)
             .start()
@@ -458,8 +503,9 @@ def run(frame, each_batch: Callable, checkpoint: Path, total: int) -> dict:  # t
     result["source_reads"] = round(reads, 2)
     result["whole_run_per_s"] = sum(rows) / usage.wall_s
     result["rows_all"] = sum(rows)
-    result["cpu_us_per_row"] = usage.cpu_us_per(sum(rows)) or float("nan")
-    result["cpu_us_per_row_by"] = usage.components_us_per(sum(rows))
+    counted, steady = (sum(rows[1:]), marks[-1].since(marks[0])) if len(marks) > 1 else (sum(rows), usage)
+    result["cpu_us_per_row"] = steady.cpu_us_per(counted) or float("nan")
+    result["cpu_us_per_row_by"] = steady.components_us_per(counted)
     return result
 
 
@@ -475,6 +521,12 @@ def main() -> int:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="also read the events from a three-broker cluster, replication factor 3",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds of the compared runs (the sink, its peers, its feed): ratios are the rounds' median",
     )
     args = parser.parse_args()
     per_batch = -(-args.events // args.batches)
@@ -506,6 +558,7 @@ def main() -> int:
                     work / "parquet",
                     args.partitions,
                     cluster.bootstrap if cluster else None,
+                    args.rounds,
                 )
             finally:
                 if cluster is not None:
@@ -516,6 +569,23 @@ def main() -> int:
 
     def ratio(a: float, b: float) -> float:
         return round(a / b, 3)
+
+    spread: dict[str, list[float]] = {}  # a ratio's value in each round, where there were rounds
+
+    def across(names: Sequence[str], figure: Callable[..., float], key: str) -> float:
+        """`figure` of the named runs' results, in each round (a run measured once stands in every
+        round): the median, its rounds kept under `key`."""
+        each = [runs[n].get("rounds", [runs[n]]) for n in names]
+        count = max(len(e) for e in each)
+        padded = [e if len(e) == count else e * count for e in each]
+        values = [figure(*results) for results in zip(*padded, strict=True)]
+        if count > 1 and all(len(e) == count for e in each):
+            spread[key] = [round(v, 3) for v in values]
+        return round(median(values), 3)
+
+    def paired(a: str, b: str) -> float:
+        """a's steady rate over b's, within each round."""
+        return across((a, b), lambda x, y: x["steady_per_s"] / y["steady_per_s"], f"ratio_{a}_vs_{b}")
 
     limit = base["steady_per_s"]
     result: dict[str, object] = {
@@ -530,22 +600,22 @@ def main() -> int:
         "sink_whole_run_per_s": round(runs["sink"]["whole_run_per_s"]),
         "ratio_sink_vs_psycopg": ratio(steady("sink"), limit),
         "ratio_source_alone_vs_psycopg": ratio(steady("source"), limit),
-        "ratio_sink_vs_jdbc": ratio(steady("sink"), steady("jdbc")),
-        "ratio_sink_vs_hand": ratio(steady("sink"), steady("hand")),
+        "ratio_sink_vs_jdbc": paired("sink", "jdbc"),
+        "ratio_sink_vs_hand": paired("sink", "hand"),
         "ratio_sink_memory_vs_psycopg": ratio(steady("sink_memory"), limit),
-        "ratio_sink_memory_vs_jdbc_memory": ratio(steady("sink_memory"), steady("jdbc_memory")),
-        "ratio_sink_memory_vs_hand_memory": ratio(steady("sink_memory"), steady("hand_memory")),
-        "ratio_sink_memory_vs_jdbc_memory_ranged": ratio(steady("sink_memory"), steady("jdbc_memory_ranged")),
-        "ratio_sink_memory_vs_hand_memory_ranged": ratio(steady("sink_memory"), steady("hand_memory_ranged")),
-        "ratio_sink_rc_vs_sink": ratio(steady("sink_rc"), steady("sink")),
-        "ratio_sink_vs_sink_driver": ratio(steady("sink"), steady("sink_driver")),
-        "ratio_sink_traced_vs_sink": ratio(steady("sink_traced"), steady("sink")),
+        "ratio_sink_memory_vs_jdbc_memory": paired("sink_memory", "jdbc_memory"),
+        "ratio_sink_memory_vs_hand_memory": paired("sink_memory", "hand_memory"),
+        "ratio_sink_memory_vs_jdbc_memory_ranged": paired("sink_memory", "jdbc_memory_ranged"),
+        "ratio_sink_memory_vs_hand_memory_ranged": paired("sink_memory", "hand_memory_ranged"),
+        "ratio_sink_rc_vs_sink": paired("sink_rc", "sink"),
+        "ratio_sink_vs_sink_driver": paired("sink", "sink_driver"),
+        "ratio_sink_traced_vs_sink": paired("sink_traced", "sink"),
         "sink_batches": {n: runs[n]["batches_detail"] for n in SINKS if n in runs},
         "sink_routes": {n: runs[n]["route"] for n in SINKS if n in runs},
     }
     if "sink_rf3" in runs:
-        result["ratio_source_rf3_vs_1"] = ratio(steady("source_rf3"), steady("source"))
-        result["ratio_sink_rf3_vs_1"] = ratio(steady("sink_rf3"), steady("sink"))
+        result["ratio_source_rf3_vs_1"] = paired("source_rf3", "source")
+        result["ratio_sink_rf3_vs_1"] = paired("sink_rf3", "sink")
     lines = [
         ("psycopg COPY + upsert (the limit)", "psycopg", limit),
         ("from Kafka: source alone, no writes", "source", steady("source")),
@@ -592,7 +662,8 @@ def main() -> int:
             ("sink, RF 3 / one broker", "ratio_sink_rf3_vs_1", "the cost of replication"),
         ]
     for label, key, note in ratios:
-        print(f"{'ratio ' + label:<42}: {result[key]:>10} {f'({note})' if note else ''}")
+        rounds = f" rounds {', '.join(map(str, spread[key]))}" if key in spread else ""
+        print(f"{'ratio ' + label:<42}: {result[key]:>10} {f'({note})' if note else ''}{rounds}")
     twice = {name: run["source_reads"] for name, run in runs.items() if run["source_reads"] != 1}
     result["source_reads"] = twice
     if twice:
@@ -606,10 +677,10 @@ def main() -> int:
     for label, name, _ in lines:
         whole = base if name == "psycopg" else runs[name]
         cpu = whole["cpu_us_per_row"]
-        bound, busy = cores * 1e6 / cpu, whole["whole_run_per_s"] * cpu / (cores * 1e6)
+        bound, busy = cores * 1e6 / cpu, whole["steady_per_s"] * cpu / (cores * 1e6)
         print(f"  {label:<40}: bound {bound:>10,.0f} rows/s, busy {busy:>4.0%}")
     who = [c for c, _ in COMPONENTS] + [DRIVER, "other"]
-    print("CPU us/row by process, whole run:", " | ".join(who))
+    print("CPU us/row by process, steady batches:", " | ".join(who))
     result["cpu_us_per_row_by"] = {"psycopg": base["cpu_us_per_row_by"]}
     for label, name, _ in lines:
         by = base["cpu_us_per_row_by"] if name == "psycopg" else runs[name]["cpu_us_per_row_by"]
@@ -665,15 +736,28 @@ def main() -> int:
             f" {runs[arrow]['cpu_us_per_row']:.1f} + bare upsert {base['cpu_us_per_row']:.1f}); so"
         )
         for peer in peers:
-            ceiling, best = steady(arrow) / steady(peer), bound / steady(peer)
-            result[f"ceiling_ratio_sink{suffix}_vs_{peer}"] = round(ceiling, 3)
-            result[f"bound_ratio_sink{suffix}_vs_{peer}"] = round(best, 3)
+            # Within each round, as the ratios are: the feed's rate and CPU beside that round's peer.
+            ceiling = across(
+                (arrow, peer),
+                lambda a, p: a["steady_per_s"] / p["steady_per_s"],
+                f"ceiling_ratio_sink{suffix}_vs_{peer}",
+            )
+            best = across(
+                (arrow, peer),
+                lambda a, p: cores * 1e6 / (a["cpu_us_per_row"] + base["cpu_us_per_row"]) / p["steady_per_s"],
+                f"bound_ratio_sink{suffix}_vs_{peer}",
+            )
+            result[f"ceiling_ratio_sink{suffix}_vs_{peer}"] = ceiling
+            result[f"bound_ratio_sink{suffix}_vs_{peer}"] = best
             print(f"  sink / {peer:<11}: ceiling {ceiling:.2f}, bound {best:.2f}")
-    wrong = {
-        name: run["written"]
+    result["rounds"] = args.rounds
+    result["ratio_rounds"] = spread
+    every = [
+        (f"{name} round {k}", r)
         for name, run in runs.items()
-        if "written" in run and run["written"] != args.events
-    }
+        for k, r in enumerate(run.get("rounds", [run]), 1)
+    ]
+    wrong = {name: r["written"] for name, r in every if "written" in r and r["written"] != args.events}
     if wrong:
         print(f"ERROR: rows written, expected {args.events}: {wrong}", file=sys.stderr)
     flags.finish("sink", result, args)
