@@ -50,11 +50,12 @@ def finish(bench: str, result: dict[str, Any], args: argparse.Namespace) -> None
 
 def _where() -> dict[str, Any]:
     """The command, the commit and the machine a run's figures belong to."""
+    root = str(RESULTS.parent.parent)  # pathspecs are relative to -C's folder: the repository's root
     commit = subprocess.run(
-        ["git", "-C", str(RESULTS.parent), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
     dirty = subprocess.run(
-        ["git", "-C", str(RESULTS.parent), "status", "--porcelain", "--", "outbox", "sinks", "bench"],
+        ["git", "-C", root, "status", "--porcelain", "--", "outbox", "sinks", "bench"],
         capture_output=True,
         text=True,
     ).stdout.strip()

@@ -161,7 +161,7 @@ def _psycopg_alone(url: DatabaseUrl, rows: pa.Table, per_batch: int) -> dict[str
     return {**figures(sizes, seconds), "written": count}
 
 
-def trace_cost(url: DatabaseUrl, rows: pa.Table, per_batch: int, rounds: int = 3) -> dict[str, float]:
+def trace_cost(url: DatabaseUrl, rows: pa.Table, per_batch: int, rounds: int = 5) -> dict[str, float]:
     """The sink's applying statement alone, without and with tracing, turn about on the same batches
     into fresh tables: microseconds per row, the medians. Two Spark runs differ by more than tracing
     costs on this machine; this isolates the statement tracing adds to."""
@@ -714,7 +714,7 @@ def main() -> int:
     result["trace_share_of_sink_task_us"] = round(share, 3)
     print(
         f"tracing: the applying statement alone {tracing['apply_us']:.1f} us per event, traced"
-        f" {tracing['apply_traced_us']:.1f}: +{tracing['trace_us']:.1f} us, {share:.1%} of the sink's task"
+        f" {tracing['apply_traced_us']:.1f}: {tracing['trace_us']:+.1f} us, {share:.1%} of the sink's task"
         " time per event (target <= 5%)"
     )
     # What the machine leaves the sink, from this run. Its tasks take their rows from Spark as Arrow,
