@@ -348,7 +348,8 @@ def spark_runs(
         if replicated is not None:
             plan["source_rf3"] = (lambda: kafka(servers=replicated), fixed(noop))
             plan["sink_rf3"] = (lambda: kafka(servers=replicated), sink)
-        tables = {f"bench_{n}{r}" for n in WRITERS for r in ["", *(f"_{k}" for k in range(2, rounds + 1))]}
+        again = [f"bench_{n}_{k}" for n in ROUNDED if n in WRITERS for k in range(2, rounds + 1)]
+        tables = [*(f"bench_{n}" for n in WRITERS), *again]
         with psycopg.connect(url.libpq, autocommit=True) as conn:
             for table in (*tables, "bench_warm_sink", "bench_warm_jdbc", "bench_warm_hand"):
                 conn.execute(TABLE.format(table))
