@@ -34,7 +34,8 @@ statement; the commit) and the hand-written peer its own (input, COPY, upsert, c
 are printed per event, and the source runs say what the input costs without a writer.
 What the machine leaves the sink, from the same run: the ceiling (its feed handed to Python as
 Arrow and dropped: no sink is faster) and the bound (the cores over that feed's CPU per row plus
-the bare COPY + upsert's), each as a ratio to the peers.
+the bare COPY + upsert's), each as a ratio to the peers; and that floor at each peer's own share
+of the cores (alike_ratio_*: the peer's CPU per row over the floor's).
 All runs use the same micro-batch size. Steady state excludes the first batch, for the rates
 and the CPU alike. A range repartition reads each micro-batch twice (once to sample the
 bounds), and Spark counts both reads as input rows: a run's rows are counted once, from the
@@ -722,7 +723,9 @@ def main() -> int:
     # so: the ceiling, in wall time: no sink outruns its feed handed to Python as Arrow and dropped,
     # whatever it writes; the bound, in CPU: it costs at least that feed plus the bare COPY + upsert
     # of the same rows (psycopg alone), so all cores busy on nothing else it reaches at most their
-    # count over that floor. Each is a ratio to a peer's measured rate; the lower one holds.
+    # count over that floor. Each is a ratio to a peer's measured rate; the lower one holds. And the
+    # floor at the peer's own share of the cores (its CPU per row over the floor's): a Spark writer
+    # here keeps about three quarters of them busy, and only a busier one could pass it.
     for feed, arrow, peers in (
         ("Kafka", "source_arrow", ("jdbc", "hand")),
         ("Parquet", "source_memory_arrow", ("jdbc_memory", "hand_memory")),
@@ -748,9 +751,18 @@ def main() -> int:
                 lambda a, p: cores * 1e6 / (a["cpu_us_per_row"] + base["cpu_us_per_row"]) / p["steady_per_s"],
                 f"bound_ratio_sink{suffix}_vs_{peer}",
             )
+            alike = across(
+                (arrow, peer),
+                lambda a, p: p["cpu_us_per_row"] / (a["cpu_us_per_row"] + base["cpu_us_per_row"]),
+                f"alike_ratio_sink{suffix}_vs_{peer}",
+            )
             result[f"ceiling_ratio_sink{suffix}_vs_{peer}"] = ceiling
             result[f"bound_ratio_sink{suffix}_vs_{peer}"] = best
-            print(f"  sink / {peer:<11}: ceiling {ceiling:.2f}, bound {best:.2f}")
+            result[f"alike_ratio_sink{suffix}_vs_{peer}"] = alike
+            print(
+                f"  sink / {peer:<11}: ceiling {ceiling:.2f}, bound {best:.2f};"
+                f" at {peer}'s share of the cores {alike:.2f}"
+            )
     result["rounds"] = args.rounds
     result["ratio_rounds"] = spread
     every = [
