@@ -47,7 +47,20 @@ def process_seconds() -> Snapshot:
     A PostgreSQL backend or a Python worker that exits is reaped by the
     postmaster or the worker daemon, whose children's times then include it;
     one caught exiting (no command line left) counts for its parent's component.
+    A child that exits during a scan, after its parent was read, would be in
+    neither: so the scan is repeated until two in a row see the same processes,
+    and the second is kept (one that exited before it is in its parent's times).
     """
+    scan = _scan()
+    for _ in range(5):
+        again = _scan()
+        if again.keys() == scan.keys():
+            return again
+        scan = again
+    return scan
+
+
+def _scan() -> Snapshot:
     tick = os.sysconf("SC_CLK_TCK")
     seen: dict[int, tuple[int, str, float]] = {}
     for entry in os.scandir("/proc"):
