@@ -11,9 +11,12 @@ import time
 import unicodedata
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from outbox._core.config import DatabaseUrl
+from outbox.relay.pause import BEFORE_CLEANUP, BEFORE_COMMIT, MID_TRANSACTION
+from outbox.writer import Event, add_events
 from outbox_dev.kafka import Broker
 from tests.helpers import Job, OwnPostgres, create_topic, unique, wait_for
 from tests.relay_support import (
@@ -21,6 +24,7 @@ from tests.relay_support import (
     Committed,
     Writers,
     assert_exactly_once,
+    check_two_readers,
     outbox_rows,
     relay_job,
     terminate,
@@ -44,6 +48,32 @@ def test_kill9_at_each_point_of_a_batch(
     records = wait_published(bootstrap, events_topic, 3, writers.committed.count)
     assert_exactly_once(records, writers.committed)
     wait_for(lambda: outbox_rows(outbox_db) == 0, 30, "cleanup of published rows")
+    assert terminate(job) == 0
+
+
+@pytest.mark.parametrize("point", [MID_TRANSACTION, BEFORE_COMMIT])
+def test_kill9_inside_a_transaction_larger_than_a_batch(
+    tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, events_topic: str, point: str
+) -> None:
+    """One transaction of 200 events written with one COPY, published in batches of 30, the relay
+    killed -9 after each of its first three batches and then at `point` of the fourth.
+
+    A COPY's rows share WAL positions, a page's worth each: a CDC reader that resumes from a
+    position inside such a group skips the rest of it (Debezium 3.6, debezium/dbz#1554). The
+    relay resumes from its own position inside the transaction's rows."""
+    events = [Event(events_topic, {"n": i}, key=f"k{i % 7}") for i in range(200)]
+    with psycopg.connect(outbox_db.libpq) as conn:
+        add_events(conn, events)
+    committed = Committed()
+    for e in events:
+        committed.add(str(e.key), [str(e.event_id)])
+    name = unique("relay")
+    for at in (BEFORE_CLEANUP, BEFORE_CLEANUP, BEFORE_CLEANUP, point):
+        job, _ = relay_job(tmp_path, env, name, "--batch-size", "30", pause_at=at)
+        job.wait_for_output(f"paused at {at}", 60)
+        job.kill9()
+    job, _ = relay_job(tmp_path, env, name, "--batch-size", "30")
+    check_two_readers(bootstrap, events_topic, 3, committed, outbox_db)
     assert terminate(job) == 0
 
 
