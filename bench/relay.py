@@ -20,7 +20,11 @@ Then commit-to-visible latency at each of RATES, ROUNDS times, every run printed
 on the worst), the relay with cleanup and without it: writers commit at a steady rate while one
 publisher runs; a read_committed consumer stamps each arrival; p50/p99 of arrival minus
 commit return. Last, the fault comparison: writers at 2,000/s for 12 s, the publisher killed
--9 halfway and started again at once; duplicates and missing on the topic, counted.
+-9 halfway and started again at once; duplicates and missing on the topic, counted. Then
+one transaction of 30,000 events written with one COPY, the publisher killed -9 as soon as
+some of them are on the topic: a COPY's rows share WAL positions, a page's worth each, and
+where events are missing, the bench says which LSN they share with events that came out
+(a probe slot, test_decoding). The exit status is 1 if the relay lost or repeated an event.
 With --cluster (the default), each round also runs the raw producer and the exactly-once relay
 against a three-broker cluster (topics with replication factor 3, min.insync.replicas 2),
 on the same rows: the cost of replication, as their ratios to the one broker's runs.
@@ -479,6 +483,105 @@ def fault(
     }
 
 
+def fault_inside_transaction(
+    url: DatabaseUrl,
+    bootstrap: str,
+    schema: str,
+    start: Callable[[], None],
+    kill: Callable[[], None],
+    size: int = 30_000,
+) -> dict[str, object]:
+    """One transaction of `size` events written with one COPY; the publisher killed -9 as soon as
+    some of them, not all, are on the topic, and started again at once.
+
+    A COPY writes a heap page's rows as one WAL record, so they share a WAL position (an LSN): a
+    reader that resumes from a position inside such a group may skip the rest of it. A probe slot
+    (test_decoding) made before the write gives each row's LSN, and the missing rows are said with
+    the LSNs they share with rows that did come out.
+    """
+    topic = create_topic(bootstrap)
+    probe = f"bench_probe_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(url.libpq, autocommit=True) as conn:
+        try:
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'test_decoding')", [probe])
+        except psycopg.Error:
+            probe = ""  # no test_decoding on this server: the missing rows are counted, not placed
+    try:
+        start()
+        arrivals = Arrivals(bootstrap, topic)
+        arrivals.start()
+        time.sleep(3)  # the reader's group joined: its first arrivals are not late
+        events = [Event(topic, {"n": i}, key=f"k{i % 97}") for i in range(size)]
+        with psycopg.connect(url.libpq) as conn:
+            add_events(conn, events, schema=schema)
+        row = {str(e.event_id).encode(): i for i, e in enumerate(events)}
+        deadline = time.monotonic() + 120
+        while not arrivals.first and time.monotonic() < deadline:
+            time.sleep(0.001)
+        kill()
+        seen = dict(arrivals.first)
+        start()
+        arrivals.wait_for(size, 120)
+        time.sleep(2)  # late duplicates
+        arrivals.close()
+        kill()
+        missing = sorted(row[e] for e in row.keys() - arrivals.first.keys())
+        out: dict[str, object] = {
+            "committed": size,
+            "on_topic_at_kill": len(seen),
+            "duplicates": arrivals.records - len(arrivals.first),
+            "missing": len(missing),
+        }
+        if missing:
+            out["missing_rows"] = _spans(missing)
+            if probe:
+                out["missing_by_lsn"] = _by_lsn(url, probe, schema, row, set(missing), {row[e] for e in seen})
+        return out
+    finally:
+        if probe:
+            with psycopg.connect(url.libpq, autocommit=True) as conn:
+                conn.execute("SELECT pg_drop_replication_slot(%s)", [probe])
+
+
+def _spans(rows: list[int]) -> str:
+    """Sorted row numbers as runs: "25-60, 71"."""
+    runs: list[list[int]] = []
+    for r in rows:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
+
+
+def _by_lsn(
+    url: DatabaseUrl, probe: str, schema: str, row: dict[bytes, int], missing: set[int], seen: set[int]
+) -> list[dict[str, object]]:
+    """For each LSN a missing row has: how many of the transaction's rows have it, how many of them
+    were on the topic before the kill, how many are missing."""
+    with psycopg.connect(url.libpq, autocommit=True) as conn:
+        changes = conn.execute(
+            "SELECT lsn::text, data FROM pg_logical_slot_peek_changes(%s, NULL, NULL)", [probe]
+        ).fetchall()
+    marker, table = "event_id[uuid]:'", f"table {schema}.{tables.OUTBOX_EVENTS}: INSERT:"
+    lsn_rows: dict[str, list[int]] = {}
+    for lsn, data in changes:
+        if data.startswith(table) and marker in data:
+            event = data.split(marker, 1)[1].split("'", 1)[0].encode()
+            if event in row:
+                lsn_rows.setdefault(lsn, []).append(row[event])
+    return [
+        {
+            "lsn": lsn,
+            "rows": _spans(sorted(rows)),
+            "before_the_kill": sum(r in seen for r in rows),
+            "missing": sum(r in missing for r in rows),
+        }
+        for lsn, rows in sorted(lsn_rows.items())
+        if missing.intersection(rows)
+    ]
+
+
 def relay_spawn(
     url: DatabaseUrl, bootstrap: str, name: str, log: Path, metrics: str, *flags: str
 ) -> subprocess.Popen[bytes]:
@@ -552,7 +655,9 @@ def main() -> int:
             for dbz in peers.values():
                 dbz.drop_slot()  # a slot left behind would hold WAL on the server for ever
     flags.finish("relay", report(result), args)
-    return 0 if all(lat["missing"] == 0 for lat in result["latency"]) else 1
+    relay_faults = (result["faults"]["relay"], result["faults_inside_transaction"]["relay"])
+    lost = any(lat["missing"] for lat in result["latency"])
+    return 1 if lost or any(f["missing"] or f["duplicates"] for f in relay_faults) else 0
 
 
 def measure(
@@ -643,7 +748,22 @@ def measure(
     for name, dbz in peers.items():
         faults[name] = fault(url, bootstrap, dbz.schema, dbz.start, lambda dbz=dbz: dbz.kill(signal.SIGKILL))
         print(f"kill -9 mid-stream, {LABELS[name]}: {faults[name]}", flush=True)
-    return {"args": vars(args), "rounds": rounds, "latency": latencies, "faults": faults}
+    inside = {
+        "relay": fault_inside_transaction(url, bootstrap, "public", *relay_process(url, bootstrap, tmp))
+    }
+    print(f"kill -9 inside one transaction, relay: {inside['relay']}", flush=True)
+    for name, dbz in peers.items():
+        inside[name] = fault_inside_transaction(
+            url, bootstrap, dbz.schema, dbz.start, lambda dbz=dbz: dbz.kill(signal.SIGKILL)
+        )
+        print(f"kill -9 inside one transaction, {LABELS[name]}: {inside[name]}", flush=True)
+    return {
+        "args": vars(args),
+        "rounds": rounds,
+        "latency": latencies,
+        "faults": faults,
+        "faults_inside_transaction": inside,
+    }
 
 
 def report(result: dict) -> dict:
@@ -678,6 +798,7 @@ def report(result: dict) -> dict:
         "relay_p99_worst_cores_busy": {str(rate): e["cores_busy"] for rate, e in worst.items()},
         "target_p99_ms": {"1000": 100, "10000": 250},
         "faults": result["faults"],
+        "faults_inside_transaction": result["faults_inside_transaction"],
     }
     if "eos_rf3" in rounds[0]:
         out |= {
@@ -746,6 +867,20 @@ def report(result: dict) -> dict:
             f"kill -9 mid-stream, {who}: {f['committed']:,} committed,"
             f" {f['duplicates']} duplicates, {f['missing']} missing"
         )
+    for who, f in out["faults_inside_transaction"].items():
+        line = (
+            f"kill -9 inside one transaction of {f['committed']:,} (one COPY), {who}:"
+            f" {f['on_topic_at_kill']:,} on the topic at the kill; {f['duplicates']} duplicates,"
+            f" {f['missing']} missing"
+        )
+        if f["missing"]:
+            line += f" (rows {f['missing_rows']})"
+        for group in f.get("missing_by_lsn", []):
+            line += (
+                f"; LSN {group['lsn']} holds rows {group['rows']}: {group['before_the_kill']} on the topic"
+                f" before the kill, {group['missing']} missing"
+            )
+        print(line)
     return out
 
 
