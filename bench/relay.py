@@ -22,7 +22,7 @@ publisher runs; a read_committed consumer stamps each arrival; p50/p99 of arriva
 commit return. Last, the fault comparison: writers at 2,000/s for 12 s, the publisher killed
 -9 halfway and started again at once; duplicates and missing on the topic, counted. Then
 one transaction of 30,000 events written with one COPY, the publisher killed -9 as soon as
-some of them are on the topic: a COPY's rows share WAL positions, a page's worth each, and
+the bench reads the first of them: a COPY's rows share WAL positions, a page's worth each, and
 where events are missing, the bench says which LSN they share with events that came out
 (a probe slot, test_decoding). The exit status is 1 if the relay lost or repeated an event.
 With --cluster (the default), each round also runs the raw producer and the exactly-once relay
@@ -79,6 +79,7 @@ from outbox_dev.kafka import Cluster
 from outbox_dev.process import free_port, spawn
 
 PARTITIONS = 3
+PROBE = "bench_relay_probe"  # the temporary slot that tells each row's LSN in a fault
 # Where the relay's batches spent their time in a latency run (from its own histograms).
 STEPS = (
     "fetches",
@@ -492,21 +493,21 @@ def fault_inside_transaction(
     size: int = 30_000,
 ) -> dict[str, object]:
     """One transaction of `size` events written with one COPY; the publisher killed -9 as soon as
-    some of them, not all, are on the topic, and started again at once.
+    the bench reads the first of them from the topic, and started again at once.
 
     A COPY writes a heap page's rows as one WAL record, so they share a WAL position (an LSN): a
     reader that resumes from a position inside such a group may skip the rest of it. A probe slot
-    (test_decoding) made before the write gives each row's LSN, and the missing rows are said with
-    the LSNs they share with rows that did come out.
+    (test_decoding, temporary: gone with its session, however the bench ends) made before the
+    write gives each row's LSN, and the missing rows are said with the LSNs they share with rows
+    that did come out.
     """
     topic = create_topic(bootstrap)
-    probe = f"bench_probe_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(url.libpq, autocommit=True) as conn:
+    with psycopg.connect(url.libpq, autocommit=True) as probe:
         try:
-            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'test_decoding')", [probe])
+            probe.execute("SELECT pg_create_logical_replication_slot(%s, 'test_decoding', true)", [PROBE])
+            placed = True
         except psycopg.Error:
-            probe = ""  # no test_decoding on this server: the missing rows are counted, not placed
-    try:
+            placed = False  # no test_decoding on this server: the missing rows are counted, not placed
         start()
         arrivals = Arrivals(bootstrap, topic)
         arrivals.start()
@@ -528,19 +529,15 @@ def fault_inside_transaction(
         missing = sorted(row[e] for e in row.keys() - arrivals.first.keys())
         out: dict[str, object] = {
             "committed": size,
-            "on_topic_at_kill": len(seen),
+            "read_at_kill": len(seen),
             "duplicates": arrivals.records - len(arrivals.first),
             "missing": len(missing),
         }
         if missing:
             out["missing_rows"] = _spans(missing)
-            if probe:
-                out["missing_by_lsn"] = _by_lsn(url, probe, schema, row, set(missing), {row[e] for e in seen})
+            if placed:
+                out["missing_by_lsn"] = _by_lsn(probe, schema, row, set(missing), {row[e] for e in seen})
         return out
-    finally:
-        if probe:
-            with psycopg.connect(url.libpq, autocommit=True) as conn:
-                conn.execute("SELECT pg_drop_replication_slot(%s)", [probe])
 
 
 def _spans(rows: list[int]) -> str:
@@ -555,14 +552,13 @@ def _spans(rows: list[int]) -> str:
 
 
 def _by_lsn(
-    url: DatabaseUrl, probe: str, schema: str, row: dict[bytes, int], missing: set[int], seen: set[int]
+    probe: psycopg.Connection, schema: str, row: dict[bytes, int], missing: set[int], seen: set[int]
 ) -> list[dict[str, object]]:
-    """For each LSN a missing row has: how many of the transaction's rows have it, how many of them
-    were on the topic before the kill, how many are missing."""
-    with psycopg.connect(url.libpq, autocommit=True) as conn:
-        changes = conn.execute(
-            "SELECT lsn::text, data FROM pg_logical_slot_peek_changes(%s, NULL, NULL)", [probe]
-        ).fetchall()
+    """For each LSN a missing row has: which of the transaction's rows have it, how many of them
+    the bench had read when it killed the publisher, how many are missing."""
+    changes = probe.execute(
+        "SELECT lsn::text, data FROM pg_logical_slot_peek_changes(%s, NULL, NULL)", [PROBE]
+    ).fetchall()
     marker, table = "event_id[uuid]:'", f"table {schema}.{tables.OUTBOX_EVENTS}: INSERT:"
     lsn_rows: dict[str, list[int]] = {}
     for lsn, data in changes:
@@ -574,7 +570,7 @@ def _by_lsn(
         {
             "lsn": lsn,
             "rows": _spans(sorted(rows)),
-            "before_the_kill": sum(r in seen for r in rows),
+            "read_at_kill": sum(r in seen for r in rows),
             "missing": sum(r in missing for r in rows),
         }
         for lsn, rows in sorted(lsn_rows.items())
@@ -870,14 +866,14 @@ def report(result: dict) -> dict:
     for who, f in out["faults_inside_transaction"].items():
         line = (
             f"kill -9 inside one transaction of {f['committed']:,} (one COPY), {who}:"
-            f" {f['on_topic_at_kill']:,} on the topic at the kill; {f['duplicates']} duplicates,"
+            f" {f['read_at_kill']:,} read when it was killed; {f['duplicates']} duplicates,"
             f" {f['missing']} missing"
         )
         if f["missing"]:
             line += f" (rows {f['missing_rows']})"
         for group in f.get("missing_by_lsn", []):
             line += (
-                f"; LSN {group['lsn']} holds rows {group['rows']}: {group['before_the_kill']} on the topic"
+                f"; LSN {group['lsn']} holds rows {group['rows']}: {group['read_at_kill']} of them read"
                 f" before the kill, {group['missing']} missing"
             )
         print(line)
