@@ -79,7 +79,7 @@ from outbox_dev.kafka import Cluster
 from outbox_dev.process import free_port, spawn
 
 PARTITIONS = 3
-PROBE = "bench_relay_probe"  # the temporary slot that tells each row's LSN in a fault
+PROBE = f"bench_relay_probe_{os.getpid()}"  # the temporary slot that tells each row's LSN in a fault
 # Where the relay's batches spent their time in a latency run (from its own histograms).
 STEPS = (
     "fetches",
