@@ -443,45 +443,42 @@ def fault(
     kill: Callable[[], None],
     rate: int = 2000,
     seconds: float = 12.0,
-) -> dict[str, int]:
-    """Writers at `rate`/s for `seconds`; the publisher is killed -9 halfway and started again at once.
+) -> dict[str, object]:
+    """Writers at `rate`/s for `seconds`, 10 events a transaction; the publisher is killed -9
+    halfway and started again at once.
 
-    Then every committed event is looked for on the topic: duplicates and missing, counted.
+    Then every committed event is looked for on the topic: duplicates and missing, counted, and
+    the missing placed (`losses`).
     """
     topic = create_topic(bootstrap)
-    committed: set[bytes] = set()
-    start()
-    arrivals = Arrivals(bootstrap, topic)
-    arrivals.start()
+    row: dict[bytes, int] = {}  # event id -> its place in commit order
+    with lsn_probe(url) as probe:
+        start()
+        arrivals = Arrivals(bootstrap, topic)
+        arrivals.start()
 
-    def write() -> None:
-        per_txn, interval = 10, 10 / rate
-        with psycopg.connect(url.libpq) as conn:
-            next_at = time.monotonic()
-            end = next_at + seconds
-            while next_at < end:
-                events = [Event(topic, {"n": len(committed)}, key=f"k{i % 97}") for i in range(per_txn)]
-                add_events(conn, events, schema=schema)
-                conn.commit()
-                committed.update(str(e.event_id).encode() for e in events)
-                next_at += interval
-                time.sleep(max(0.0, next_at - time.monotonic()))
+        def write() -> None:
+            per_txn, interval = 10, 10 / rate
+            with psycopg.connect(url.libpq) as conn:
+                next_at = time.monotonic()
+                end = next_at + seconds
+                while next_at < end:
+                    first = len(row)
+                    events = [Event(topic, {"n": first}, key=f"k{i % 97}") for i in range(per_txn)]
+                    add_events(conn, events, schema=schema)
+                    conn.commit()
+                    row.update((str(e.event_id).encode(), first + i) for i, e in enumerate(events))
+                    next_at += interval
+                    time.sleep(max(0.0, next_at - time.monotonic()))
 
-    writer = threading.Thread(target=write)
-    writer.start()
-    time.sleep(seconds / 2)
-    kill()
-    start()
-    writer.join()
-    arrivals.wait_for(len(committed), 120)
-    time.sleep(2)  # late duplicates
-    arrivals.close()
-    kill()
-    return {
-        "committed": len(committed),
-        "duplicates": arrivals.records - len(arrivals.first),
-        "missing": len(committed - arrivals.first.keys()),
-    }
+        writer = threading.Thread(target=write)
+        writer.start()
+        time.sleep(seconds / 2)
+        kill()
+        seen = set(arrivals.first)
+        start()
+        writer.join()
+        return losses(arrivals, row, seen, kill, probe, schema)
 
 
 def fault_inside_transaction(
@@ -496,18 +493,10 @@ def fault_inside_transaction(
     the bench reads the first of them from the topic, and started again at once.
 
     A COPY writes a heap page's rows as one WAL record, so they share a WAL position (an LSN): a
-    reader that resumes from a position inside such a group may skip the rest of it. A probe slot
-    (test_decoding, temporary: gone with its session, however the bench ends) made before the
-    write gives each row's LSN, and the missing rows are said with the LSNs they share with rows
-    that did come out.
+    reader that resumes from a position inside such a group may skip the rest of it.
     """
     topic = create_topic(bootstrap)
-    with psycopg.connect(url.libpq, autocommit=True) as probe:
-        try:
-            probe.execute("SELECT pg_create_logical_replication_slot(%s, 'test_decoding', true)", [PROBE])
-            placed = True
-        except psycopg.Error:
-            placed = False  # no test_decoding on this server: the missing rows are counted, not placed
+    with lsn_probe(url) as probe:
         start()
         arrivals = Arrivals(bootstrap, topic)
         arrivals.start()
@@ -520,24 +509,52 @@ def fault_inside_transaction(
         while not arrivals.first and time.monotonic() < deadline:
             time.sleep(0.001)
         kill()
-        seen = dict(arrivals.first)
+        seen = set(arrivals.first)
         start()
-        arrivals.wait_for(size, 120)
-        time.sleep(2)  # late duplicates
-        arrivals.close()
-        kill()
-        missing = sorted(row[e] for e in row.keys() - arrivals.first.keys())
-        out: dict[str, object] = {
-            "committed": size,
-            "read_at_kill": len(seen),
-            "duplicates": arrivals.records - len(arrivals.first),
-            "missing": len(missing),
-        }
-        if missing:
-            out["missing_rows"] = _spans(missing)
-            if placed:
-                out["missing_by_lsn"] = _by_lsn(probe, schema, row, set(missing), {row[e] for e in seen})
-        return out
+        return losses(arrivals, row, seen, kill, probe, schema)
+
+
+@contextlib.contextmanager
+def lsn_probe(url: DatabaseUrl) -> Iterator[psycopg.Connection | None]:
+    """A session holding a logical slot (test_decoding, temporary: gone with the session however
+    the bench ends), made before a fault's writes: it tells each written row's LSN. None where the
+    server has no test_decoding: missing rows are then counted, not placed."""
+    with psycopg.connect(url.libpq, autocommit=True) as conn:
+        try:
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'test_decoding', true)", [PROBE])
+        except psycopg.Error:
+            yield None
+        else:
+            yield conn
+
+
+def losses(
+    arrivals: Arrivals,
+    row: dict[bytes, int],
+    seen: set[bytes],
+    kill: Callable[[], None],
+    probe: psycopg.Connection | None,
+    schema: str,
+) -> dict[str, object]:
+    """Once every committed event (`row`: event id -> its place) is out, or 120 s: duplicates and
+    missing, and which rows are missing, with the LSNs they share with rows that came out.
+    `seen`: what the bench had read when it killed the publisher."""
+    arrivals.wait_for(len(row), 120)
+    time.sleep(2)  # late duplicates
+    arrivals.close()
+    kill()
+    missing = sorted(row[e] for e in row.keys() - arrivals.first.keys())
+    out: dict[str, object] = {
+        "committed": len(row),
+        "read_at_kill": len(seen),
+        "duplicates": arrivals.records - len(arrivals.first),
+        "missing": len(missing),
+    }
+    if missing:
+        out["missing_rows"] = _spans(missing)
+        if probe is not None:
+            out["missing_by_lsn"] = _by_lsn(probe, schema, row, set(missing), {row[e] for e in seen})
+    return out
 
 
 def _spans(rows: list[int]) -> str:
@@ -858,26 +875,26 @@ def report(result: dict) -> dict:
             f"relay p99 at {rate}/s, worst of {len(rounds)} rounds: {p99} ms (target <= {target} ms);"
             f" {busy} of {os.cpu_count()} cores busy in that round"
         )
-    for who, f in out["faults"].items():
-        print(
-            f"kill -9 mid-stream, {who}: {f['committed']:,} committed,"
-            f" {f['duplicates']} duplicates, {f['missing']} missing"
-        )
-    for who, f in out["faults_inside_transaction"].items():
-        line = (
-            f"kill -9 inside one transaction of {f['committed']:,} (one COPY), {who}:"
-            f" {f['read_at_kill']:,} read when it was killed; {f['duplicates']} duplicates,"
-            f" {f['missing']} missing"
-        )
-        if f["missing"]:
-            line += f" (rows {f['missing_rows']})"
-        for group in f.get("missing_by_lsn", []):
-            line += (
-                f"; LSN {group['lsn']} holds rows {group['rows']}: {group['read_at_kill']} of them read"
-                f" before the kill, {group['missing']} missing"
-            )
-        print(line)
+    for kind, what in (("faults", "mid-stream"), ("faults_inside_transaction", "inside one transaction")):
+        for who, f in out[kind].items():
+            print(f"kill -9 {what}, {who}: {_lost(f)}")
     return out
+
+
+def _lost(f: dict) -> str:
+    """A fault's line: what was committed and read at the kill, duplicates, and what is missing where."""
+    line = (
+        f"{f['committed']:,} committed, {f['read_at_kill']:,} read when it was killed;"
+        f" {f['duplicates']} duplicates, {f['missing']} missing"
+    )
+    if f["missing"]:
+        line += f" (rows {f['missing_rows']}, in commit order)"
+    for group in f.get("missing_by_lsn", []):
+        line += (
+            f"; LSN {group['lsn']} holds rows {group['rows']}: {group['read_at_kill']} of them read"
+            f" before the kill, {group['missing']} missing"
+        )
+    return line
 
 
 def _lat(v: dict) -> dict:
