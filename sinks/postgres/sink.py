@@ -7,7 +7,7 @@ import logging
 import secrets
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
@@ -335,7 +335,10 @@ class BatchWriter:
         """Hold the sink's advisory lock: one query writes a sink at a time."""
         with connect(self.spec.url, autocommit=True) as conn:
             self._lock(conn)
-            yield conn
+            try:
+                yield conn
+            finally:
+                _unlock(conn)
 
     # -- staged, then on the driver ----------------------------------------------------------------------
 
@@ -379,9 +382,10 @@ class BatchWriter:
             _drop_stage(staged.conn, self.statements)  # a failed batch leaves nothing behind
             raise
         self.last = replace(result, stage_seconds=staged.seconds, apply_seconds=time.perf_counter() - start)
-        with staged.conn:  # closing it releases the lock
+        with staged.conn:
             if staged.query:
                 self._report(staged.conn, staged.query, self.last)
+            _unlock(staged.conn)
         log.info("sink %s: %s", self.spec.name, self.last)
         return self.last
 
@@ -434,14 +438,24 @@ _LOCK_KEY = "hashtextextended('outbox-sink:' || %s, 0)"
 
 
 def _drop_stage(conn: psycopg.Connection, statements: Statements) -> None:
-    """Drop the stage table, if the connection still works, and close it (which frees the lock)."""
+    """Drop the stage table, if the connection still works, and close it, the lock freed."""
     try:
         if not conn.closed and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
             conn.execute(statements.drop_stage())
     except psycopg.Error as exc:
         log.warning("sink %s: could not drop the stage table: %s", statements.spec.name, exc)
     finally:
+        _unlock(conn)
         conn.close()
+
+
+def _unlock(conn: psycopg.Connection) -> None:
+    """Free the sink's advisory lock now, where the connection still works. Closing it frees the lock
+    only once the server's backend has ended, a moment later: Spark's replay of a failed batch, or
+    the next batch, could meet the lock still held and stop as SINK_IN_USE (a busy host did)."""
+    with suppress(psycopg.Error):
+        if not conn.closed and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            conn.execute("SELECT pg_advisory_unlock_all()")
 
 
 def staged_columns(plan: Plan, delete: Column) -> list[Column]:

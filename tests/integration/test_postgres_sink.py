@@ -525,6 +525,28 @@ def test_a_stage_that_lost_rows_applies_nothing(spark, db, pg) -> None:  # type:
     assert set(table(pg)) == set(ids) and ledger(pg) == {0: 3}
 
 
+def test_a_failed_batch_frees_the_sink_before_its_connection_ends(spark, db, pg) -> None:  # type: ignore[no-untyped-def]
+    """Closing a connection frees its advisory lock only once the server's backend has ended, a
+    moment later: Spark's replay of a failed batch met the lock still held and stopped as SINK_IN_USE
+    (a busy host, in test_a_stage_that_lost_rows_applies_nothing). Here the backend outlives the
+    close for as long as the test keeps it."""
+    ids = [str(uuid.uuid4()) for _ in range(3)]
+    batch = spark.createDataFrame(
+        [(i, n, None, b"{}", "t", 0, n) for n, i in enumerate(ids)], f"event_id string, n long, {KAFKA}"
+    )
+    writer = PostgresSink("orders", url=db.raw).writer(batch)
+    staged = writer.stage(batch, 0)
+    close, staged.conn.close = staged.conn.close, lambda: None
+    try:
+        pg.execute(sql.SQL("DELETE FROM {} WHERE _offset = 1").format(writer.statements.names.stage))
+        with pytest.raises(SinkError, match="holds 2 of 3 staged rows"):
+            writer.apply(staged)
+        writer(batch, 0)  # the replay Spark makes of the failed batch, at once
+    finally:
+        close()
+    assert set(table(pg)) == set(ids) and ledger(pg) == {0: 3}
+
+
 def test_a_field_that_does_not_read_as_its_type_is_a_dead_letter_never_null(spark, db, pg) -> None:  # type: ignore[no-untyped-def]
     """The README's own schema: a decimal "not-a-number" or a version "seven" used to become NULL."""
     good, bad_amount, bad_version, tombstone = (str(uuid.uuid4()) for _ in range(4))
