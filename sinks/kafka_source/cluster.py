@@ -19,6 +19,7 @@ from outbox._core.kafka import client_settings
 from sinks.errors import error
 from sinks.kafka_source.options import SourceOptions
 from sinks.kafka_source.ranges import TopicPartitionKey
+from sinks.kafka_source.stalls import names
 
 log = logging.getLogger("sinks.kafka_source")
 ATTEMPT = 10.0  # seconds one request may take before it is asked again, of another broker if need be
@@ -133,15 +134,23 @@ class Cluster:
                 log.warning("Kafka at %s answers again after %.0fs", where, time.monotonic() - began)
             return answer
 
-    def earliest(self, partitions: Iterable[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
-        return self._list_offsets(partitions, OffsetSpec.earliest())
+    # partial: a partition without a leader (the brokers of its replicas are down) is left out of
+    # the answer, and the others are answered; else the question waits for it.
+    def earliest(
+        self, partitions: Iterable[TopicPartitionKey], *, partial: bool = False
+    ) -> dict[TopicPartitionKey, int]:
+        return self._list_offsets(partitions, OffsetSpec.earliest(), partial=partial)
 
-    def latest(self, partitions: Iterable[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
-        return self._list_offsets(partitions, OffsetSpec.latest())
+    def latest(
+        self, partitions: Iterable[TopicPartitionKey], *, partial: bool = False
+    ) -> dict[TopicPartitionKey, int]:
+        return self._list_offsets(partitions, OffsetSpec.latest(), partial=partial)
 
-    def high_watermarks(self, partitions: Iterable[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
+    def high_watermarks(
+        self, partitions: Iterable[TopicPartitionKey], *, partial: bool = False
+    ) -> dict[TopicPartitionKey, int]:
         """The ends of the logs, open transactions' records included."""
-        return self._list_offsets(partitions, OffsetSpec.latest(), uncommitted=True)
+        return self._list_offsets(partitions, OffsetSpec.latest(), uncommitted=True, partial=partial)
 
     def max_transaction_timeout(self, default: float = 900.0) -> float:
         """Seconds the brokers let a transaction live (transaction.max.timeout.ms); `default` if unsaid."""
@@ -155,29 +164,45 @@ class Cluster:
             return default
 
     def _list_offsets(
-        self, partitions: Iterable[TopicPartitionKey], spec: OffsetSpec, *, uncommitted: bool = False
+        self,
+        partitions: Iterable[TopicPartitionKey],
+        spec: OffsetSpec,
+        *,
+        uncommitted: bool = False,
+        partial: bool = False,
     ) -> dict[TopicPartitionKey, int]:
         wanted = {TopicPartition(t, p): spec for t, p in partitions}
-        if not wanted:
-            return {}
         isolation = (
             IsolationLevel.READ_UNCOMMITTED
             if self.options.read_uncommitted or uncommitted
             else IsolationLevel.READ_COMMITTED
         )
+        leaderless: set[TopicPartitionKey] = set()  # left out of a partial answer
 
         def ask() -> dict[TopicPartitionKey, int]:
+            asked = {tp: s for tp, s in wanted.items() if (tp.topic, tp.partition) not in leaderless}
+            if not asked:
+                return {}
             try:
-                futures = self.admin.list_offsets(wanted, isolation_level=isolation, request_timeout=ATTEMPT)
+                futures = self.admin.list_offsets(asked, isolation_level=isolation, request_timeout=ATTEMPT)
                 offsets = {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
             except KafkaException as exc:
                 failed = exc.args[0]
-                waiting = [] if transient(failed) else leader_wait(failed, self._topics(), wanted)
+                # librdkafka says a partition has no leader in more than one way (LEADER_NOT_AVAILABLE,
+                # "No leaders found" for the whole request): the metadata tells.
+                if partial and (found := without_leader(self._topics(), asked)):
+                    leaderless.update(found)  # the others are asked again
+                    return ask()
+                if transient(failed):
+                    raise
+                waiting = leader_wait(failed, self._topics(), asked)
                 if waiting:
                     raise _no_leader("no leader for", waiting) from None
                 raise
             # A partition without a leader can come back as offset -1001: no answer, not a log's end.
             unanswered = [tp for tp, offset in offsets.items() if offset < 0]
+            if partial:
+                return {tp: offset for tp, offset in offsets.items() if offset >= 0}
             if unanswered:
                 raise _no_leader("no offset for", unanswered)
             return offsets
@@ -200,24 +225,30 @@ def leader_wait(
     topic deleted, or made again smaller) is not waited for.
     """
     wanted = list(partitions)
+    found = without_leader(topics, wanted)
+    if not found and found is not None and failed.code() == KafkaError._NOENT:
+        return [(tp.topic, tp.partition) for tp in wanted]
+    return found or []
+
+
+def without_leader(
+    topics: Mapping[str, TopicMetadata], partitions: Iterable[TopicPartition]
+) -> list[TopicPartitionKey] | None:
+    """The partitions the metadata `topics` shows with no leader; None if one of them is gone."""
     found = []
-    for tp in wanted:
+    for tp in partitions:
         topic = topics.get(tp.topic)
         partition = topic.partitions.get(tp.partition) if topic is not None else None
         if partition is None:
-            return []
+            return None
         if partition.leader < 0:
             found.append((tp.topic, tp.partition))
-    if not found and failed.code() == KafkaError._NOENT:
-        return [(tp.topic, tp.partition) for tp in wanted]
     return found
 
 
 def _no_leader(what: str, partitions: list[TopicPartitionKey]) -> KafkaException:
     """A transient error naming (some of) the partitions that have no leader to answer for them."""
-    names = sorted(f"{t}-{p}" for t, p in partitions)
-    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
-    return KafkaException(KafkaError(KafkaError.LEADER_NOT_AVAILABLE, f"{what} {', '.join(names[:3])}{more}"))
+    return KafkaException(KafkaError(KafkaError.LEADER_NOT_AVAILABLE, f"{what} {names(partitions)}"))
 
 
 # A partition just added, or whose leader just moved, answers with these for a moment; a

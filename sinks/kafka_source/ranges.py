@@ -140,6 +140,14 @@ def cap(
     return {tp: start[tp] + take[tp] for tp in latest}
 
 
+def hold(
+    begin: Mapping[TopicPartitionKey, int], end: Mapping[TopicPartitionKey, int]
+) -> dict[TopicPartitionKey, int]:
+    """`end`, and every partition of `begin` it does not name (no leader to ask for its offsets)
+    where it is: left out of a batch's end, a partition would start again at its earliest offset."""
+    return {**begin, **end}
+
+
 def ranges(start: Mapping[TopicPartitionKey, int], end: Mapping[TopicPartitionKey, int]) -> list[Range]:
     """Non-empty ranges, one per topic-partition (a partition absent from start begins at its end)."""
     out = []

@@ -32,7 +32,7 @@ from sinks.kafka_source import ranges
 from sinks.kafka_source.cluster import Cluster
 from sinks.kafka_source.options import SourceOptions, parse
 from sinks.kafka_source.reader import read_range
-from sinks.kafka_source.stalls import Stall, gaps, watch
+from sinks.kafka_source.stalls import Leaderless, Stall, gaps, leaderless, names, watch
 from sinks.ledger import recreated, recreated_error
 
 log = logging.getLogger("sinks.kafka_source")
@@ -150,6 +150,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._cluster: Cluster | None = None
         self._target: dict[ranges.TopicPartitionKey, int] | None = None  # Trigger.AvailableNow
         self._stalls: dict[ranges.TopicPartitionKey, Stall] = {}
+        self._leaderless: dict[ranges.TopicPartitionKey, Leaderless] = {}
         self._stall_limit: float | None = None
         self._report: dict[str, Any] | None = None
 
@@ -178,7 +179,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         tps = self._still_there(begin)
         ids = self.cluster.topic_ids(t for t, _ in tps)
         try:
-            earliest, latest = self.cluster.earliest(tps), self.cluster.latest(tps)
+            # A partition without a leader is left out of both: read around, held where it is. Not
+            # under Trigger.AvailableNow, which reads everything there was when it began, then ends.
+            around = self._target is None
+            earliest = self.cluster.earliest(tps, partial=around)
+            latest = self.cluster.latest([tp for tp in tps if tp in earliest], partial=around)
         except ServiceUnavailable:
             # A topic deleted between the metadata read and the offsets' (the broker answers
             # "no leaders found"): said as the deletion it is, once the metadata shows it.
@@ -187,15 +192,34 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self._still_there(begin)
                 time.sleep(0.5)
             raise
+        self._read_around([tp for tp in tps if tp not in latest])
         self._watch(latest, ids)
         begin, losses = ranges.reconcile(begin, ranges.topic_ids(start), ids, earliest, latest)
         judge(losses, self.options, warn=True)
         # Partitions added while running start at their earliest offset.
-        begin.update({tp: earliest[tp] for tp in tps if tp not in begin})
+        begin.update({tp: earliest[tp] for tp in latest if tp not in begin})
         if self._target is not None:
             latest = {tp: min(off, self._target.get(tp, begin[tp])) for tp, off in latest.items()}
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        return ranges.to_offsets(ranges.cap(begin, latest, max_rows), ids)
+        return ranges.to_offsets(ranges.hold(begin, ranges.cap(begin, latest, max_rows)), ids)
+
+    def _read_around(self, waiting: list[ranges.TopicPartitionKey]) -> None:
+        """Partitions without a leader: said once they have waited as long as Kafka's silence is
+        before it is said, and again when they have a leader; past `unavailableTimeoutMs`, the end."""
+        now = time.monotonic()
+        self._leaderless, lines = leaderless(self._leaderless, waiting, now, self.cluster.timeout)
+        for line in lines:
+            log.warning(line)
+        patience = self.options.unavailable_timeout_s
+        longest = max((now - w.since for w in self._leaderless.values()), default=0.0)
+        if patience is not None and longest > patience:
+            raise error(
+                "KAFKA_RC_CLUSTER_UNAVAILABLE",
+                doing=f"read {names(waiting)}",
+                servers=self.options.bootstrap_servers,
+                reason="no leader (the brokers of its replicas are down)",
+                seconds=longest,
+            )
 
     def _still_there(self, begin: dict[ranges.TopicPartitionKey, int]) -> list[ranges.TopicPartitionKey]:
         """The subscribed partitions now; an error naming any topic read so far that is gone."""
@@ -209,7 +233,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Open transactions' hold on the LSO: in the progress (`latestOffset`), warned once when long."""
         if self.options.read_uncommitted:
             return
-        hw = self.cluster.high_watermarks(lso)
+        hw = self.cluster.high_watermarks(lso, partial=True)
         if self._stall_limit is None:
             self._stall_limit = self.options.stall_warn_s or self.cluster.max_transaction_timeout()
         self._stalls, warnings = watch(self._stalls, lso, hw, time.monotonic(), self._stall_limit)
@@ -225,12 +249,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         """The ranges from `start` to `end`, where `start` still holds (`latestOffset` judged it)."""
         begin, stop = ranges.from_offsets(start), ranges.from_offsets(end)
-        earliest = self.cluster.earliest(stop)
+        # A partition the batch holds where it was (no leader, or nothing new) is not asked about.
+        earliest = self.cluster.earliest(tp for tp, offset in stop.items() if begin.get(tp) != offset)
         begin, losses = ranges.reconcile(
             begin, ranges.topic_ids(start), ranges.topic_ids(end), earliest, stop
         )
         judge(losses, self.options, warn=False)
-        begin.update({tp: earliest[tp] for tp in stop if tp not in begin})
+        begin.update({tp: earliest.get(tp, stop[tp]) for tp in stop if tp not in begin})
         return _input_partitions(self.options, begin, stop)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -1,4 +1,4 @@
-"""Partitions whose last stable offset stands still behind their high watermark: an open transaction.
+"""Partitions that stand still: an open transaction's, or one without a leader.
 
 A transaction opened and never finished holds every read_committed reader of
 its partition at its first offset. The source reports each partition's gap
@@ -6,6 +6,9 @@ its partition at its first offset. The source reports each partition's gap
 when a gap has stood still longer than the broker lets a transaction live
 (`transaction.max.timeout.ms`): that transaction will not end by itself (a
 hanging one), or its producer is stuck.
+
+A partition without a leader (the brokers of all its replicas down) is read
+around: a stream reads the other partitions and holds it where it is.
 """
 
 from __future__ import annotations
@@ -59,3 +62,40 @@ def gaps(
         if hw.get((topic, partition), stable) > stable:
             out.setdefault(topic, {})[str(partition)] = hw[topic, partition] - stable
     return out
+
+
+@dataclass(frozen=True)
+class Leaderless:
+    since: float  # when the partition was first found without a leader
+    said: bool = False
+
+
+def leaderless(
+    before: Mapping[TopicPartitionKey, Leaderless],
+    waiting: list[TopicPartitionKey],
+    now: float,
+    say_after: float,
+) -> tuple[dict[TopicPartitionKey, Leaderless], list[str]]:
+    """The partitions a stream reads around while they have no leader, and the lines to say: one
+    for those that have waited `say_after` seconds (an election passes sooner, unsaid), and one when
+    those have a leader again."""
+    out = {tp: before.get(tp, Leaderless(now)) for tp in waiting}
+    lines = []
+    due = sorted(tp for tp, w in out.items() if not w.said and now - w.since >= say_after)
+    if due:
+        lines.append(
+            f"{names(due)}: no leader for {now - min(out[tp].since for tp in due):.0f}s (the brokers of"
+            " its replicas are down); reading the other partitions meanwhile, and it once it has a leader"
+            " (option unavailableTimeoutMs)"
+        )
+        out.update({tp: replace(out[tp], said=True) for tp in due})
+    back = sorted(tp for tp, w in before.items() if tp not in out and w.said)
+    if back:
+        lines.append(f"{names(back)}: a leader again after {now - min(before[tp].since for tp in back):.0f}s")
+    return out, lines
+
+
+def names(partitions: list[TopicPartitionKey]) -> str:
+    """'t-0, t-1, t-2 and 4 more'."""
+    said = [f"{t}-{p}" for t, p in sorted(partitions)]
+    return ", ".join(said[:3]) + (f" and {len(said) - 3} more" if len(said) > 3 else "")

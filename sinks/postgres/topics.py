@@ -105,7 +105,9 @@ class TopicCheck:
             subscribed = {t for t in self.cluster.topics() if self.options.matches(t)}
         ids = self.cluster.topic_ids(subscribed | {t for t, _ in ledger})
         kept = [tp for tp in ledger if ids.get(tp[0], "") == recorded.get(tp[0])]
-        verdict = judge(self.sink, recorded, ids, ledger, self.cluster.latest(kept))
+        # A partition without a leader has no end to compare: kafka_rc reads around it, and it is
+        # checked before the batch that reads it again.
+        verdict = judge(self.sink, recorded, ids, ledger, self.cluster.latest(kept, partial=True))
         if verdict.losses and self.options.fail_on_data_loss:
             raise verdict.losses[0]
         for loss in verdict.losses:

@@ -40,6 +40,21 @@ def test_cap_shares_the_limit_by_backlog_and_never_exceeds_latest() -> None:
     assert ranges.cap(start, latest, 10_000) == latest
 
 
+@given(
+    st.dictionaries(st.integers(0, 20), st.integers(0, 1000)),
+    st.dictionaries(st.integers(0, 20), st.integers(0, 1000)),
+)
+def test_hold_keeps_every_partition_a_batch_does_not_move_where_it_is(
+    begin: dict[int, int], end: dict[int, int]
+) -> None:
+    """A partition left out of a batch's end (no leader to ask) would start again at its earliest
+    offset: every partition of the start is in the end, where the batch moved it or where it was."""
+    start, stop = {("t", p): o for p, o in begin.items()}, {("t", p): o for p, o in end.items()}
+    held = ranges.hold(start, stop)
+    assert set(held) == set(start) | set(stop)
+    assert all(held[tp] == (stop[tp] if tp in stop else start[tp]) for tp in held)
+
+
 def test_cap_with_rounding_still_hands_out_the_whole_limit() -> None:
     start = {A0: 0, A1: 0, B0: 0}
     latest = {A0: 10, A1: 10, B0: 10}

@@ -1,8 +1,8 @@
-"""The source's watch on last stable offsets that stand still behind the high watermark."""
+"""The source's watch on partitions that stand still: behind an open transaction, or without a leader."""
 
 from __future__ import annotations
 
-from sinks.kafka_source.stalls import Stall, gaps, watch
+from sinks.kafka_source.stalls import Leaderless, Stall, gaps, leaderless, names, watch
 
 A0, A1 = ("a", 0), ("a", 1)
 
@@ -27,3 +27,24 @@ def test_a_stall_is_warned_once_after_the_limit_and_forgotten_when_the_lso_moves
 
 def test_gaps_only_where_records_wait() -> None:
     assert gaps({A0: 10, A1: 5, ("b", 0): 3}, {A0: 14, A1: 5, ("b", 0): 9}) == {"a": {"0": 4}, "b": {"0": 6}}
+
+
+def test_a_partition_without_a_leader_is_said_once_after_the_wait_and_once_when_led_again() -> None:
+    state, lines = leaderless({}, [A1], now=100.0, say_after=30)
+    assert state == {A1: Leaderless(100.0)} and lines == []  # an election passes sooner, unsaid
+    state, lines = leaderless(state, [A1, A0], now=131.0, say_after=30)
+    assert lines == [
+        "a-1: no leader for 31s (the brokers of its replicas are down); reading the other partitions"
+        " meanwhile, and it once it has a leader (option unavailableTimeoutMs)"
+    ]
+    assert state == {A1: Leaderless(100.0, said=True), A0: Leaderless(131.0)}
+    state, lines = leaderless(state, [A1, A0], now=140.0, say_after=30)
+    assert lines == []  # once
+    state, lines = leaderless(state, [A0], now=150.0, say_after=30)
+    assert lines == ["a-1: a leader again after 50s"] and state == {A0: Leaderless(131.0)}
+    assert leaderless(state, [], now=151.0, say_after=30) == ({}, [])  # never said: nothing to end
+
+
+def test_names_are_few() -> None:
+    assert names([("b", 0), ("a", 2), ("a", 10)]) == "a-2, a-10, b-0"  # by partition number
+    assert names([("t", p) for p in range(5)]) == "t-0, t-1, t-2 and 2 more"
