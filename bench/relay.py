@@ -595,6 +595,13 @@ def _by_lsn(
     ]
 
 
+# The fault comparisons, each run on every publisher: the JSON key, how a line names it, the fault.
+FAULTS = {
+    "faults": ("mid-stream", fault),
+    "faults_inside_transaction": ("inside one transaction", fault_inside_transaction),
+}
+
+
 def relay_spawn(
     url: DatabaseUrl, bootstrap: str, name: str, log: Path, metrics: str, *flags: str
 ) -> subprocess.Popen[bytes]:
@@ -668,7 +675,7 @@ def main() -> int:
             for dbz in peers.values():
                 dbz.drop_slot()  # a slot left behind would hold WAL on the server for ever
     flags.finish("relay", report(result), args)
-    relay_faults = (result["faults"]["relay"], result["faults_inside_transaction"]["relay"])
+    relay_faults = [result[kind]["relay"] for kind in FAULTS]
     lost = any(lat["missing"] for lat in result["latency"])
     return 1 if lost or any(f["missing"] or f["duplicates"] for f in relay_faults) else 0
 
@@ -756,27 +763,16 @@ def measure(
                 )
             latencies.append(entry)
 
-    faults = {"relay": fault(url, bootstrap, "public", *relay_process(url, bootstrap, tmp))}
-    print(f"kill -9 mid-stream, relay: {faults['relay']}", flush=True)
-    for name, dbz in peers.items():
-        faults[name] = fault(url, bootstrap, dbz.schema, dbz.start, lambda dbz=dbz: dbz.kill(signal.SIGKILL))
-        print(f"kill -9 mid-stream, {LABELS[name]}: {faults[name]}", flush=True)
-    inside = {
-        "relay": fault_inside_transaction(url, bootstrap, "public", *relay_process(url, bootstrap, tmp))
-    }
-    print(f"kill -9 inside one transaction, relay: {inside['relay']}", flush=True)
-    for name, dbz in peers.items():
-        inside[name] = fault_inside_transaction(
-            url, bootstrap, dbz.schema, dbz.start, lambda dbz=dbz: dbz.kill(signal.SIGKILL)
-        )
-        print(f"kill -9 inside one transaction, {LABELS[name]}: {inside[name]}", flush=True)
-    return {
-        "args": vars(args),
-        "rounds": rounds,
-        "latency": latencies,
-        "faults": faults,
-        "faults_inside_transaction": inside,
-    }
+    result: dict = {"args": vars(args), "rounds": rounds, "latency": latencies}
+    for kind, (what, inject) in FAULTS.items():
+        publishers = {"relay": ("public", *relay_process(url, bootstrap, tmp))}
+        for name, dbz in peers.items():
+            publishers[name] = (dbz.schema, dbz.start, lambda dbz=dbz: dbz.kill(signal.SIGKILL))
+        result[kind] = {}
+        for who, (schema, start, kill) in publishers.items():
+            result[kind][who] = inject(url, bootstrap, schema, start, kill)
+            print(f"kill -9 {what}, {LABELS.get(who, who)}: {_lost(result[kind][who])}", flush=True)
+    return result
 
 
 def report(result: dict) -> dict:
@@ -810,8 +806,7 @@ def report(result: dict) -> dict:
         # How full the machine was in that round: a tail on all cores busy is the machine's bound.
         "relay_p99_worst_cores_busy": {str(rate): e["cores_busy"] for rate, e in worst.items()},
         "target_p99_ms": {"1000": 100, "10000": 250},
-        "faults": result["faults"],
-        "faults_inside_transaction": result["faults_inside_transaction"],
+        **{kind: result[kind] for kind in FAULTS},
     }
     if "eos_rf3" in rounds[0]:
         out |= {
@@ -875,9 +870,9 @@ def report(result: dict) -> dict:
             f"relay p99 at {rate}/s, worst of {len(rounds)} rounds: {p99} ms (target <= {target} ms);"
             f" {busy} of {os.cpu_count()} cores busy in that round"
         )
-    for kind, what in (("faults", "mid-stream"), ("faults_inside_transaction", "inside one transaction")):
+    for kind, (what, _) in FAULTS.items():
         for who, f in out[kind].items():
-            print(f"kill -9 {what}, {who}: {_lost(f)}")
+            print(f"kill -9 {what}, {LABELS.get(who, who)}: {_lost(f)}")
     return out
 
 
