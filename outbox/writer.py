@@ -8,7 +8,8 @@ relay publishes it to Kafka afterwards. These functions never commit.
         add_event(conn, "orders", {"id": 42, "status": "paid"}, key="42")
 
 Works with a psycopg 3 Connection, and with a SQLAlchemy Connection or Session
-on the `postgresql+psycopg` driver.
+on the `postgresql+psycopg` driver. In a transaction you will PREPARE (two-phase
+commit) pass notify=False: PostgreSQL refuses to prepare one that sent a NOTIFY.
 """
 
 from __future__ import annotations
@@ -66,15 +67,21 @@ def add_event(
     headers: Headers | None = None,
     event_id: uuid.UUID | None = None,
     schema: str | None = None,
+    notify: bool = True,
 ) -> uuid.UUID:
     """Add one event in the caller's open transaction; returns its event id."""
     event = Event(topic, value, key, headers or {}, event_id or uuid.uuid4())
-    add_events(conn, [event], schema=schema)
+    add_events(conn, [event], schema=schema, notify=notify)
     return event.event_id
 
 
-def add_events(conn: Any, events: Iterable[Event], *, schema: str | None = None) -> list[uuid.UUID]:
-    """Add many events with one COPY, in order, in the caller's open transaction."""
+def add_events(
+    conn: Any, events: Iterable[Event], *, schema: str | None = None, notify: bool = True
+) -> list[uuid.UUID]:
+    """Add many events with one COPY, in order, in the caller's open transaction.
+
+    notify=False: no NOTIFY wakes the relay, which finds the events at its poll interval; for the
+    rest of this transaction (`outbox.notify` set LOCAL), so that it can be PREPAREd."""
     rows = [e.row() for e in events]
     schema = schema or schema_name()
     target = sql.Identifier(schema, tables.OUTBOX_EVENTS)
@@ -82,6 +89,8 @@ def add_events(conn: Any, events: Iterable[Event], *, schema: str | None = None)
         target, sql.SQL(", ").join(map(sql.Identifier, tables.OUTBOX_COLUMNS))
     )
     raw = _psycopg(conn)
+    if not notify:
+        raw.execute("SELECT set_config(%s, 'off', true)", [tables.NOTIFY_SETTING])
     try:
         with raw.cursor().copy(statement) as copy:
             for row in rows:

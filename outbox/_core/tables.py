@@ -30,6 +30,10 @@ SINK_STAGE_PREFIX = "sink_stage_"  # + a digest of the sink's name: one staged b
 ADDED_COLUMNS = {SINK_BATCHES: ("result",)}
 
 # What a writer of outbox rows supplies; id, txid and created_at come from their defaults.
+# The session setting that turns the outbox's NOTIFY on insert off (migration 0009): PostgreSQL
+# refuses to PREPARE a transaction that sent one, so a two-phase transaction sets it to off.
+NOTIFY_SETTING = "outbox.notify"
+
 OUTBOX_COLUMNS = ("event_id", "topic", "key", "value", "header_keys", "header_values")
 
 

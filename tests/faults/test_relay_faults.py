@@ -13,7 +13,9 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg import sql
 
+from outbox import migrate
 from outbox._core.config import DatabaseUrl
 from outbox.relay.pause import BEFORE_CLEANUP, BEFORE_COMMIT, MID_TRANSACTION
 from outbox.writer import Event, add_events
@@ -166,3 +168,52 @@ def test_broker_killed_with_a_transaction_open_that_then_times_out(
     )
     assert "session ended, retrying" in job.output()
     assert terminate(job) == 0
+
+
+def test_a_prepared_transaction_outlives_a_crash_and_a_relay_kill_then_commits_once(
+    tmp_path: Path, bootstrap: str
+) -> None:
+    """Two-phase commit, as Java transaction managers (XA) use it: a PREPAREd transaction survives a
+    crash of the server still open, and commits or rolls back whenever its coordinator says, here
+    after the server's crash, the relay's kill -9 and a restart that found it open in its position."""
+    pg = OwnPostgres(tmp_path / "pg", durable=True)
+    try:
+        migrate.upgrade(pg.url, "public")
+        topic, job, _ = start_relay(tmp_path, pg.url, bootstrap)
+        job.wait_for_output(ACTIVE, 60)
+        late = prepare(pg.url, "to-commit", [Event(topic, {"n": i}, key="late") for i in range(3)])
+        prepare(pg.url, "to-roll-back", [Event(topic, {"rolled": "back"}, key="late")], by_sql=True)
+        first = Writers(pg.url, topic).start(transactions=20, max_delay=0.005)
+        first.join()
+        wait_published(bootstrap, topic, 3, first.committed.count)
+        pg.crash()
+        job.kill9()
+        pg.start()
+        env = {"DATABASE_URL": pg.url.raw, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
+        job, _ = relay_job(tmp_path, env, "restarts", "--batch-size", "20")
+        second = Writers(pg.url, topic).start(transactions=20, max_delay=0.005)
+        second.join()
+        committed = Committed.merged(first.committed, second.committed)
+        records = wait_published(bootstrap, topic, 3, committed.count)
+        assert not {str(e.event_id) for e in late} & {e for *_, e in records}, "published while prepared"
+        with psycopg.connect(pg.url.libpq, autocommit=True) as conn:
+            conn.execute("COMMIT PREPARED 'to-commit'")
+            conn.execute("ROLLBACK PREPARED 'to-roll-back'")
+        committed.add("late", [str(e.event_id) for e in late])
+        check_two_readers(bootstrap, topic, 3, committed, pg.url)
+        assert terminate(job) == 0
+    finally:
+        pg.stop()
+
+
+def prepare(url: DatabaseUrl, gid: str, events: list[Event], by_sql: bool = False) -> list[Event]:
+    """`events` written in a transaction left PREPAREd as `gid`, to be committed or rolled back later.
+
+    The outbox's NOTIFY is turned off by the writer, or `by_sql` as a writer in another language would."""
+    with psycopg.connect(url.libpq, autocommit=True) as conn:
+        conn.execute("BEGIN")
+        if by_sql:
+            conn.execute("SET LOCAL outbox.notify = off")
+        add_events(conn, events, notify=by_sql)
+        conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
+    return events

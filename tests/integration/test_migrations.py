@@ -32,7 +32,7 @@ def test_upgrade_downgrade_upgrade(database: DatabaseUrl, pg: psycopg.Connection
 
     assert outbox("db", "upgrade", env=env).code == 0
     assert tables(pg, "public") == TABLES
-    assert outbox("db", "current", env=env).out.strip() == "0008 (head)"
+    assert outbox("db", "current", env=env).out.strip() == "0009 (head)"
     assert outbox("db", "upgrade", env=env).code == 0  # already at head: a no-op
 
     down = outbox("db", "downgrade", "base", env=env)
@@ -48,7 +48,7 @@ def test_our_history_lives_beside_the_applications(database: DatabaseUrl, pg: ps
     pg.execute("insert into alembic_version values ('app_rev_42')")
     assert outbox("db", "upgrade", env={"DATABASE_URL": database.raw}).code == 0
     assert pg.execute("select version_num from alembic_version").fetchall() == [("app_rev_42",)]
-    assert pg.execute("select version_num from outbox_alembic_version").fetchall() == [("0008",)]
+    assert pg.execute("select version_num from outbox_alembic_version").fetchall() == [("0009",)]
 
 
 def test_schema_names_are_quoted_not_injected(database: DatabaseUrl, pg: psycopg.Connection) -> None:

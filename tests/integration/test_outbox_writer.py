@@ -131,6 +131,32 @@ def test_notify_on_commit_only(db: DatabaseUrl) -> None:
     assert received == ["public"]
 
 
+def test_notify_off_sends_none_and_lets_the_transaction_be_prepared(db: DatabaseUrl) -> None:
+    """PostgreSQL refuses to PREPARE a transaction that sent a NOTIFY (two-phase commit, XA)."""
+    with psycopg.connect(db.libpq, autocommit=True) as listener, psycopg.connect(db.libpq) as conn:
+        listener.execute("LISTEN outbox_events")
+        with conn.transaction():
+            add_event(conn, "t", "two-phase", notify=False)
+            add_event(conn, "t", "the same transaction")  # outbox.notify stays off for the transaction
+            conn.execute("PREPARE TRANSACTION 'outbox-writer-test'")  # the block's COMMIT finds none open
+        listener.execute("COMMIT PREPARED 'outbox-writer-test'")
+        with conn.transaction():
+            add_event(conn, "t", "a later transaction notifies again")
+        received = [n.payload for n in listener.notifies(timeout=2.0)]
+        rows = conn.execute("SELECT count(*) FROM outbox_events").fetchone()
+    assert received == ["public"]
+    assert rows == (3,)
+
+
+@pytest.mark.parametrize("value", ["maybe", "o", "0ff"])
+def test_an_unknown_notify_setting_is_refused_not_taken_for_on(db: DatabaseUrl, value: str) -> None:
+    with psycopg.connect(db.libpq) as conn:
+        conn.execute("SELECT set_config('outbox.notify', %s, true)", [value])
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as refused:
+            add_event(conn, "t", "x")
+    assert str(refused.value).splitlines()[0] == f"outbox.notify is '{value}': set it to on or off"
+
+
 @pytest.mark.parametrize(
     ("kwargs", "code", "names"),
     [
