@@ -148,6 +148,19 @@ def test_notify_off_sends_none_and_lets_the_transaction_be_prepared(db: Database
     assert rows == (3,)
 
 
+def test_a_sqlalchemy_two_phase_transaction_adds_an_event(db: DatabaseUrl, pg: psycopg.Connection) -> None:
+    engine = sa.create_engine(db.sqlalchemy)
+    try:
+        with engine.connect() as conn:
+            two_phase = conn.begin_twophase()
+            event = add_event(conn, "orders", "prepared", notify=False)
+            two_phase.prepare()
+            two_phase.commit()
+    finally:
+        engine.dispose()
+    assert [r[0] for r in outbox_rows(pg)] == [event]
+
+
 @pytest.mark.parametrize("value", ["maybe", "o", "0ff"])
 def test_an_unknown_notify_setting_is_refused_not_taken_for_on(db: DatabaseUrl, value: str) -> None:
     with psycopg.connect(db.libpq) as conn:
