@@ -32,6 +32,8 @@ Where the time goes: the sink's tasks time each stage (sinks/postgres/clock.py: 
 the source, its decoding and Spark's Arrow; encode; COPY; the ledger's lock; the apply
 statement; the commit) and the hand-written peer its own (input, COPY, upsert, commit); both
 are printed per event, and the source runs say what the input costs without a writer.
+Each run also says its steady batch's phases as Spark times them (durationMs: addBatch is the
+writer, the rest the query's own) and the Spark JVM's garbage collection per row.
 What the machine leaves the sink, from the same run: the ceiling (its feed handed to Python as
 Arrow and dropped: no sink is faster) and the bound (the cores over that feed's CPU per row plus
 the bare COPY + upsert's), each as a ratio to the peers; and that floor at each peer's own share
@@ -100,19 +102,28 @@ WRITERS = (
     "sink_traced",
     "sink_rf3",
 )
-# The runs the targets compare, measured in --rounds rounds: the sink, its peers and its feed as Arrow.
-ROUNDED = (
-    "source_arrow",
-    "sink",
-    "jdbc",
-    "hand",
-    "source_memory_arrow",
-    "sink_memory",
-    "jdbc_memory",
-    "hand_memory",
-    "jdbc_memory_ranged",
-    "hand_memory_ranged",
+# The runs the targets compare, measured in --rounds rounds, by feed: the feed handed to Python as Arrow,
+# then the writers of that feed, whose order turns by one each round. A round ran them in one order
+# before: the first writer after the Parquet runs (the sink) cost 8-10 CPU us per event more in the
+# Spark JVM than the same writer later on, in three runs of three, and its first-round ratio was the
+# lowest of three in two kept runs; now each writer comes first after the other feed in some round.
+COMPARED = (
+    ("source_arrow", ("sink", "jdbc", "hand")),
+    (
+        "source_memory_arrow",
+        ("sink_memory", "jdbc_memory", "hand_memory", "jdbc_memory_ranged", "hand_memory_ranged"),
+    ),
 )
+ROUNDED = tuple(name for feed, writers in COMPARED for name in (feed, *writers))
+
+
+def round_order(k: int) -> list[str]:
+    """Round k's (from 0) runs: each feed, then its writers turned by k."""
+    return [
+        name
+        for feed, writers in COMPARED
+        for name in (feed, *writers[k % len(writers) :], *writers[: k % len(writers)])
+    ]
 
 
 def events(count: int, size: int) -> pa.Table:
@@ -369,14 +380,16 @@ def spark_runs(
         # pass of each writer from Kafka first, so that no measured run pays for coming first.
         for writer in ("sink", "jdbc", "hand"):
             measure(writer, f"bench_warm_{writer}")
-        runs = {name: measure(name, f"bench_{name}") for name in plan}
-        # The compared runs again, round after round, each into fresh tables: two runs here differ by
-        # up to a quarter, and a ratio is taken within a round, of runs a few seconds apart.
-        for name in ROUNDED:
-            runs[name]["rounds"] = [dict(runs[name])]
-        for k in range(2, rounds + 1):
-            for name in ROUNDED:
-                runs[name]["rounds"].append(measure(name, f"bench_{name}_{k}"))
+        runs = {name: measure(name, f"bench_{name}") for name in plan if name not in ROUNDED}
+        # The compared runs, round after round, each into fresh tables: two runs here differ by up to
+        # a quarter, and a ratio is taken within a round, of runs a few seconds apart.
+        for k in range(rounds):
+            for name in round_order(k):
+                result = measure(name, f"bench_{name}" if k == 0 else f"bench_{name}_{k + 1}")
+                if k == 0:
+                    runs[name] = {**result, "rounds": [result]}
+                else:
+                    runs[name]["rounds"].append(result)
         for name in ROUNDED:  # a compared run's figures: the median of its rounds'
             each = runs[name]["rounds"]
             runs[name]["steady_per_s"] = median([r["steady_per_s"] for r in each])
@@ -481,10 +494,12 @@ def run(frame, each_batch: Callable, checkpoint: Path, total: int) -> dict:  # t
     first job cost some CPU-seconds, and would weigh on a short run's figure).
     """
     marks: list[Mark] = []
+    collected: list[float] = []  # the JVM's garbage collection seconds so far, at each mark
 
     def each(batch, batch_id: int) -> None:  # type: ignore[no-untyped-def]
         each_batch(batch, batch_id)
         marks.append(Mark.now())
+        collected.append(gc_seconds(frame.sparkSession))
 
     def go():  # type: ignore[no-untyped-def]
         query = (
@@ -502,13 +517,27 @@ def run(frame, each_batch: Callable, checkpoint: Path, total: int) -> dict:  # t
     rows = [round(b["numInputRows"] / reads) for b in batches]
     result = figures(rows, [b["durationMs"]["triggerExecution"] / 1000 for b in batches])
     result["batches"] = len(batches)
+    # Spark's own phases of a steady batch, median ms: addBatch is the writer (its tasks and its own
+    # driver work); the rest of triggerExecution is the query's (offsets, planning, the logs).
+    steady_batches = batches[1:] or batches
+    result["phases_ms"] = {
+        phase: round(median(b["durationMs"].get(phase, 0) for b in steady_batches))
+        for phase in sorted({k for b in steady_batches for k in b["durationMs"]})
+    }
     result["source_reads"] = round(reads, 2)
     result["whole_run_per_s"] = sum(rows) / usage.wall_s
     result["rows_all"] = sum(rows)
     counted, steady = (sum(rows[1:]), marks[-1].since(marks[0])) if len(marks) > 1 else (sum(rows), usage)
     result["cpu_us_per_row"] = steady.cpu_us_per(counted) or float("nan")
     result["cpu_us_per_row_by"] = steady.components_us_per(counted)
+    result["gc_us_per_row"] = (collected[-1] - collected[0]) / counted * 1e6 if len(collected) > 1 else 0.0
     return result
+
+
+def gc_seconds(spark) -> float:  # type: ignore[no-untyped-def]
+    """The Spark JVM's garbage collection time so far, all collectors (local mode: driver and tasks)."""
+    beans = spark._jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
+    return sum(max(0, bean.getCollectionTime()) for bean in beans) / 1000
 
 
 def count(url: DatabaseUrl, table: str) -> int:
@@ -688,6 +717,17 @@ def main() -> int:
         by = base["cpu_us_per_row_by"] if name == "psycopg" else runs[name]["cpu_us_per_row_by"]
         result["cpu_us_per_row_by"][name] = by  # type: ignore[index]
         print(f"  {label:<40}: " + " | ".join(f"{by.get(c, 0.0):>5.1f}" for c in who))
+    print("the Spark JVM's garbage collection, pause us per row (steady batches):")
+    result["gc_us_per_row"] = {
+        name: round(runs[name]["gc_us_per_row"], 1) for _, name, _ in lines if name in runs
+    }
+    print("  " + ", ".join(f"{name} {v:.1f}" for name, v in result["gc_us_per_row"].items()))  # type: ignore[attr-defined]
+    phases = ("triggerExecution", "addBatch", "latestOffset", "queryPlanning", "walCommit", "commitOffsets")
+    print("a steady batch's phases, median ms (Spark's durationMs):", " | ".join(phases))
+    result["phases_ms"] = {name: runs[name]["phases_ms"] for _, name, _ in lines if name in runs}
+    for label, name, _ in lines:
+        if name in runs:
+            print(f"  {label:<40}: " + " | ".join(f"{runs[name]['phases_ms'].get(p, 0):>6}" for p in phases))
     print("per batch, slowest task's copy / apply seconds (on the driver: stage job / apply):")
     for name in (n for n in SINKS if n in runs):
         detail = " ".join(f"{b['stage_s']:.2f}/{b['apply_s']:.2f}" for b in runs[name]["batches_detail"])
