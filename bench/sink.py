@@ -104,9 +104,9 @@ WRITERS = (
 )
 # The runs the targets compare, measured in --rounds rounds, by feed: the feed handed to Python as Arrow,
 # then the writers of that feed, whose order turns by one each round. A round ran them in one order
-# before: the first writer after the Parquet runs (the sink) cost 8-10 CPU us per event more in the
-# Spark JVM than the same writer later on, in three runs of three, and its first-round ratio was the
-# lowest of three in two kept runs; now each writer comes first after the other feed in some round.
+# before, the sink first: in three one-round runs it cost 5-10 CPU us per event more in the Spark JVM
+# than the same sink run later (tracing, on the driver), and in two kept runs of three its first
+# round's ratio was the lowest; now each writer takes each place once in three rounds.
 COMPARED = (
     ("source_arrow", ("sink", "jdbc", "hand")),
     (
