@@ -47,16 +47,26 @@ def parse_json(
     parse_options = {**(options or {}), "mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
     parsed = frame.select(F.from_json(text, with_corrupt, parse_options).alias("_event"), *KEEP)
 
+    # A tombstone's key column is its Kafka key, read as the column's type: try_cast, for under ANSI
+    # mode (Spark's default) a key that does not read (Java's LongSerializer's 8 bytes for a bigint)
+    # failed the task, and every replay of the batch; it is a dead letter instead.
+    tombstone = F.col("value").isNull()
+    key = F.col("key").cast("string").try_cast(event[key_column].dataType) if key_column else None
+
     def field(f: T.StructField) -> Column:
         column = F.col("_event").getField(f.name)
         if f.name == key_column:
-            column = F.when(F.col("value").isNull(), F.col("key").cast("string").cast(f.dataType)).otherwise(
-                column
-            )
+            column = F.when(tombstone, key).otherwise(column)
         return column.alias(f.name)
 
     corrupt = F.col("_event").getField(_CORRUPT)
     unreadable = F.when(corrupt.isNotNull(), _unreadable_fields(text, event, options or None))
+    if key is not None:
+        kind = event[key_column].dataType.simpleString()  # type: ignore[index]
+        why = f"the Kafka key of this tombstone is not a valid {kind} for key column {key_column!r}"
+        unreadable = F.when(tombstone & F.col("key").isNotNull() & key.isNull(), F.lit(why)).otherwise(
+            unreadable
+        )
     return parsed.select(*(field(f) for f in event.fields), *KEEP, unreadable.alias(ERROR_COLUMN))
 
 

@@ -1,7 +1,7 @@
 """What the sink says when PostgreSQL refuses a row or a batch, on the driver and in the tasks alike.
 
 A refused row's data is at fault (a value the column cannot hold, a broken
-constraint): it is dead-lettered or, with on_error="fail", fails the batch.
+constraint, a trigger that raises): it is dead-lettered or, with on_error="fail", fails the batch.
 Any other error (a lost connection, a deadlock) belongs to the attempt, not
 the row, and is retried.
 """
@@ -16,7 +16,14 @@ from sinks.errors import SinkError
 
 __all__ = ["ROW_ERRORS", "SinkError", "reason"]
 
-ROW_ERRORS = (psycopg.errors.DataError, psycopg.errors.IntegrityError, psycopg.errors.ProgramLimitExceeded)
+# A trigger's RAISE EXCEPTION or failed ASSERT (a table's own validation) refuses the row too.
+ROW_ERRORS = (
+    psycopg.errors.DataError,
+    psycopg.errors.IntegrityError,
+    psycopg.errors.ProgramLimitExceeded,
+    psycopg.errors.RaiseException,
+    psycopg.errors.AssertFailure,
+)
 
 
 def reason(exc: psycopg.Error, names: tuple[str, ...] = ()) -> str:

@@ -653,3 +653,50 @@ def test_fractions_into_integer_columns_write_their_integral_values_and_dead_let
     assert 'invalid input syntax for type bigint: "2.50"' in dead[2]
     assert 'invalid input syntax for type smallint: "1.5"' in dead[3]
     assert "out of range for type smallint" in dead[4]
+
+
+@pytest.mark.parametrize("tasks", [True, False], ids=["in-tasks", "on-driver"])
+def test_a_tombstone_whose_kafka_key_is_not_of_the_key_columns_type_is_a_dead_letter(  # type: ignore[no-untyped-def]
+    spark, db, pg, tasks: bool
+) -> None:
+    """Spark's ANSI mode (on by default) fails a cast it cannot do: a tombstone keyed by Java's
+    LongSerializer (8 bytes) for a bigint key column failed the batch, and every replay of it."""
+    pg.execute("CREATE TABLE accounts (id bigint PRIMARY KEY, n bigint)")
+    java_long = (2).to_bytes(8, "big")
+    records = [(b"1", {"id": 1, "n": 1}), (b"2", {"id": 2, "n": 2}), (java_long, None), (b"1", None)]
+    rows = [(k, json.dumps(v).encode() if v else None, "t", 0, o) for o, (k, v) in enumerate(records)]
+    raw = spark.createDataFrame(rows, KAFKA)
+    events = parse_json(raw.coalesce(1) if tasks else raw.repartition(2), "id long, n long", key_column="id")
+    writer = PostgresSink("accounts", url=db.raw, key="id").writer(events)
+    assert writer.route.tasks == tasks
+    writer(events, 0)
+
+    assert pg.execute("SELECT id, n FROM accounts").fetchall() == [(2, 2)]
+    dead = pg.execute("SELECT kafka_offset, error, key, value FROM sink_dead_letters").fetchall()
+    assert dead == [
+        (2, "the Kafka key of this tombstone is not a valid bigint for key column 'id'", java_long, None)
+    ]
+
+
+@pytest.mark.parametrize("tasks", [True, False], ids=["in-tasks", "on-driver"])
+def test_a_row_the_tables_trigger_refuses_is_a_dead_letter(spark, db, pg, tasks: bool) -> None:  # type: ignore[no-untyped-def]
+    """A validation trigger's RAISE EXCEPTION (SQLSTATE P0001) refuses a row, as a CHECK does: the
+    row is a dead letter and the rest applied, where it failed the batch and every replay of it."""
+    pg.execute(
+        "CREATE FUNCTION no_negative() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        " IF NEW.n < 0 THEN RAISE EXCEPTION 'n must not be negative, got %', NEW.n; END IF;"
+        " RETURN NEW; END $$"
+    )
+    pg.execute(
+        "CREATE TRIGGER orders_no_negative BEFORE INSERT OR UPDATE ON orders"
+        " FOR EACH ROW EXECUTE FUNCTION no_negative()"
+    )
+    good, bad = str(uuid.uuid4()), str(uuid.uuid4())
+    writer = apply_batches(
+        spark, PostgresSink("orders", url=db.raw), [[event(good, 1), event(bad, -1)]], tasks=tasks
+    )
+
+    assert table(pg) == {good: (1, Decimal("1.00"), None)}
+    dead = pg.execute("SELECT kafka_offset, error FROM sink_dead_letters").fetchall()
+    assert dead == [(1, "n must not be negative, got -1")]
+    assert writer.last.dead == 1
