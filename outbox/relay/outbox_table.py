@@ -109,6 +109,18 @@ class OutboxTable:
         # part costs its own size and not the size of what is left.
         # Decoding dominates a read, so columns come ready to send: empty header
         # arrays as NULL (nothing to decode) and date_part's float8, not extract's numeric.
+        # A read's first statement. A table rewrite (ALTER TABLE with a volatile default or a new
+        # type; pg_repack's copy) gives every row its own transaction id, so a snapshot taken while
+        # one waits to commit sees the table empty (PostgreSQL's caveat for rewrites): the delta
+        # looked empty and was gone past. The lock comes before the snapshot, which REPEATABLE
+        # READ takes at the first query, so the snapshot sees any rewrite that held the table.
+        self._begin = {
+            fresh: sql.SQL(
+                "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, {mode};"
+                " LOCK TABLE {events}, {dead} IN ACCESS SHARE MODE"
+            ).format(mode=sql.SQL("READ WRITE" if fresh else "READ ONLY"), **names)
+            for fresh in (True, False)
+        }
         row = sql.SQL(
             "SELECT e.id, convert_to(e.event_id::text, 'UTF8'), e.topic, e.key, e.value,"
             " nullif(e.header_keys, '{{}}'), nullif(e.header_values, '{{}}'),"
@@ -269,9 +281,7 @@ class OutboxTable:
         conn = self.conn
         fresh = position.target is None
         with conn.transaction():
-            conn.execute(
-                "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, " + ("READ WRITE" if fresh else "READ ONLY")
-            )
+            conn.execute(self._begin[fresh])
             if fresh:
                 snapshot = str(conn.execute("SELECT pg_current_snapshot()").fetchone()[0])  # type: ignore[index]  # a query that always returns one row
             else:

@@ -217,3 +217,44 @@ def prepare(url: DatabaseUrl, gid: str, events: list[Event], by_sql: bool = Fals
         add_events(conn, events, notify=by_sql)
         conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
     return events
+
+
+def test_a_rewrite_of_the_outbox_under_a_read_loses_no_event(
+    tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, events_topic: str
+) -> None:
+    """An ALTER TABLE that rewrites the table (a volatile default, a new type; pg_repack's swap) gives
+    every row the rewriting transaction's id, so a snapshot taken before it committed sees the table
+    empty (PostgreSQL's documented caveat). A read that took its snapshot, then waited for the
+    rewrite's lock, must not take the delta for empty and go past its events."""
+    job, _ = relay_job(tmp_path, env, unique("relay"), "--poll-interval", "3600")  # reads when woken
+    job.wait_for_output(ACTIVE, 60)
+    before = [Event(events_topic, {"n": i}, key=f"k{i % 3}") for i in range(5)]
+    with psycopg.connect(outbox_db.libpq) as conn:
+        add_events(conn, before, notify=False)  # committed, and the relay not woken for them
+    with (
+        psycopg.connect(outbox_db.libpq) as rewrite,
+        psycopg.connect(outbox_db.libpq, autocommit=True) as other,
+    ):
+        rewrite.execute("ALTER TABLE outbox_events ADD COLUMN rewritten uuid DEFAULT gen_random_uuid()")
+        other.execute(
+            "SELECT pg_notify('outbox_events', 'public')"
+        )  # the relay reads, and waits for the lock
+        wait_for(
+            lambda: (
+                other.execute(
+                    "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'outbox_events'::regclass"
+                ).fetchone()[0]  # type: ignore[index]
+                > 0
+            ),
+            30,
+            "the relay's read waiting for the rewrite",
+        )
+        rewrite.commit()
+    after = Event(events_topic, {"n": 5}, key="k0")
+    with psycopg.connect(outbox_db.libpq) as conn:
+        add_events(conn, [after])
+    committed = Committed()
+    for e in (*before, after):
+        committed.add(str(e.key), [str(e.event_id)])
+    check_two_readers(bootstrap, events_topic, 3, committed, outbox_db)
+    assert terminate(job) == 0
