@@ -192,7 +192,9 @@ class Relay:
         # Through a backlog, the next part is read while this one is produced and
         # committed: the read only depends on the position `advance` already chose,
         # and a part read for a batch that then fails is simply dropped (leaving the
-        # `with` waits for it, so the connection is idle before it is closed).
+        # `with` waits for it, so the connection is idle before it is closed). Only a
+        # part of the same delta: reading a new one records its base as published, for
+        # the other relays' cleanup, and this batch is not in Kafka yet.
         with ThreadPoolExecutor(1, thread_name_prefix="outbox-relay-read") as reader:
             ahead: Future[tuple[Target, list[Row]]] | None = None
             while not self.stop.is_set():
@@ -203,7 +205,7 @@ class Relay:
                 batch = rows[: step.count]
                 m.lag.set(time.time() - min(r.created_at for r in batch) if batch else 0)
                 if step.persist:
-                    if step.count == s.batch_size:
+                    if step.count == s.batch_size and step.position.target is not None:
                         ahead = reader.submit(self._fetch, table, step.position)
                     try:
                         publisher.check_topics(batch)

@@ -17,7 +17,7 @@ from psycopg import sql
 
 from outbox import migrate
 from outbox._core.config import DatabaseUrl
-from outbox.relay.pause import BEFORE_CLEANUP, BEFORE_COMMIT, MID_TRANSACTION
+from outbox.relay.pause import BEFORE_CLEANUP, BEFORE_COMMIT, BEFORE_PRODUCE, MID_TRANSACTION
 from outbox.writer import Event, add_events
 from outbox_dev.kafka import Broker
 from tests.helpers import Job, OwnPostgres, create_topic, unique, wait_for
@@ -258,3 +258,44 @@ def test_a_rewrite_of_the_outbox_under_a_read_loses_no_event(
         committed.add(str(e.key), [str(e.event_id)])
     check_two_readers(bootstrap, events_topic, 3, committed, outbox_db)
     assert terminate(job) == 0
+
+
+def test_a_batch_that_fails_after_the_next_delta_was_read_loses_nothing_to_another_relays_cleanup(
+    tmp_path: Path, outbox_db: DatabaseUrl, bootstrap: str, own_broker: Broker
+) -> None:
+    """Two relay names on one outbox, each to its own Kafka cluster. The slow one reads the next
+    delta while it publishes the end of this one; reading a delta records its base as published for
+    the other relays' cleanup. Recorded before that end was in Kafka, the fast relay's cleanup
+    deleted rows the slow one then failed to publish (here: halted on a topic its cluster lacks,
+    killed -9, restarted once the topic is there)."""
+    url, slow_kafka, fast_kafka = outbox_db, own_broker.bootstrap, bootstrap
+    topic, missing = unique("events"), unique("late-topic")
+    for cluster in (slow_kafka, fast_kafka):
+        create_topic(cluster, topic, partitions=3)
+    create_topic(fast_kafka, missing, partitions=3)  # the slow relay's cluster lacks it, for now
+    first = [Event(missing if i == 14 else topic, {"n": i}, key=f"k{i % 4}") for i in range(20)]
+    with psycopg.connect(url.libpq) as conn:
+        add_events(conn, first)
+    slow_env = {"DATABASE_URL": url.raw, "KAFKA_BOOTSTRAP_SERVERS": slow_kafka}
+    slow_name = unique("slow")
+    slow, resume = relay_job(tmp_path, slow_env, slow_name, "--batch-size", "10", pause_at=BEFORE_PRODUCE)
+    slow.wait_for_output(f"paused at {BEFORE_PRODUCE}", 60)  # its first batch: rows 1-10 of 20
+    second = [Event(topic, {"n": i}, key=f"k{i % 4}") for i in range(20, 25)]
+    with psycopg.connect(url.libpq) as conn:
+        add_events(conn, second)  # the next delta, for the slow relay to read ahead
+    resume.touch()
+    slow.wait_for_output("halted on a poison row", 60)  # rows 11-14 published, row 15 refused
+    fast_env = {"DATABASE_URL": url.raw, "KAFKA_BOOTSTRAP_SERVERS": fast_kafka}
+    fast, _ = relay_job(tmp_path, fast_env, unique("fast"))
+    committed = Committed()
+    for e in (*first, *second):
+        if e.topic == topic:
+            committed.add(str(e.key), [str(e.event_id)])
+    assert_exactly_once(wait_published(fast_kafka, topic, 3, committed.count), committed)
+    time.sleep(3)  # rounds of the fast relay's cleanup
+    slow.kill9()
+    create_topic(slow_kafka, missing, partitions=3)
+    slow, _ = relay_job(tmp_path, slow_env, slow_name, "--batch-size", "10")
+    assert_exactly_once(wait_published(slow_kafka, topic, 3, committed.count, timeout=60), committed)
+    assert [e for *_, e in wait_published(slow_kafka, missing, 3, 1, timeout=30)] == [str(first[14].event_id)]
+    assert terminate(slow) == 0 and terminate(fast) == 0
