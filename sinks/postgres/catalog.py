@@ -19,6 +19,9 @@ class Column:
     not_null: bool
     has_default: bool
     generated: bool
+    deterministic: bool = (
+        True  # its collation's `=` is byte equality (not so for ICU's case-insensitive ones)
+    )
 
 
 @dataclass(frozen=True)
@@ -31,12 +34,14 @@ class Table:
 
 _COLUMNS = """
 SELECT a.attname, format_type(a.atttypid, a.atttypmod), t.typcategory, t.typname, et.typcategory,
-       a.attnotnull, a.atthasdef OR a.attidentity <> '', a.attgenerated <> '' OR a.attidentity = 'a'
+       a.attnotnull, a.atthasdef OR a.attidentity <> '', a.attgenerated <> '' OR a.attidentity = 'a',
+       coalesce(co.collisdeterministic, true)
 FROM pg_attribute a
 JOIN pg_class c ON c.oid = a.attrelid
 JOIN pg_namespace n ON n.oid = c.relnamespace
 JOIN pg_type t ON t.oid = a.atttypid
 LEFT JOIN pg_type et ON et.oid = t.typelem AND t.typcategory = 'A'
+LEFT JOIN pg_collation co ON co.oid = a.attcollation
 WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p') AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum
 """

@@ -12,7 +12,7 @@ from typing import Literal
 from pyspark.sql import types as T
 
 from sinks.errors import error
-from sinks.postgres.catalog import Table
+from sinks.postgres.catalog import Column, Table
 from sinks.postgres.spec import SinkSpec
 
 # Columns of a Kafka source frame: used for position, dead letters and deletes,
@@ -41,7 +41,7 @@ class Plan:
     raw_key: str | None  # binary Kafka key/value kept for dead letters
     raw_value: str | None
     error: str | None  # the frame's parse-error column, if it has one
-    no_equality: frozenset[str]  # columns (json, xml, geometric) compared as text to spot a real change
+    no_equality: frozenset[str]  # columns compared as text to spot a real change (see same_when_equal)
 
 
 def plan(schema: T.StructType, table: Table, spec: SinkSpec) -> Plan:
@@ -89,11 +89,37 @@ def plan(schema: T.StructType, table: Table, spec: SinkSpec) -> Plan:
         a tombstone is a null value whatever the table calls its columns."""
         return name if isinstance(fields.get(name), T.BinaryType) else None
 
-    no_equality = frozenset(
-        n for n in columns if table.columns[n].base in ("json", "xml") or table.columns[n].category == "G"
-    )
+    no_equality = frozenset(n for n in columns if not same_when_equal(table.columns[n]))
     parse_error = ERROR_COLUMN if isinstance(fields.get(ERROR_COLUMN), T.StringType) else None
     return Plan(columns, conversions, raw("key"), raw("value"), parse_error, no_equality)
+
+
+# Types whose `=` holds between identical values only. An update is skipped as no change when the
+# row's values equal the event's, so every other column is compared as text: citext ('Bob' = 'bob'),
+# numeric (1.5 = 1.50), jsonb ({"p": 1} = {"p": 1.0}), floats (0 = -0), interval ('1 day' = '24:00'),
+# inet, and the types with no `=` at all (json, xml, geometry).
+_EQUAL_IS_SAME = frozenset(
+    {
+        "int2",
+        "int4",
+        "int8",
+        "bool",
+        "text",
+        "varchar",
+        "bpchar",
+        "uuid",
+        "bytea",
+        "date",
+        "time",
+        "timestamp",
+        "timestamptz",
+    }
+)
+
+
+def same_when_equal(column: Column) -> bool:
+    """Whether two values of the column that `=` calls equal are the same value."""
+    return column.deterministic and (column.base in _EQUAL_IS_SAME or column.category == "E")
 
 
 def _check_position(fields: dict[str, T.DataType]) -> None:

@@ -379,7 +379,7 @@ class Statements:
                         sql.SQL("{}.{}{}").format(
                             sql.SQL(alias),
                             sql.Identifier(c),
-                            sql.SQL("::text" if c in self.no_equality else ""),
+                            sql.SQL('::text COLLATE "C"' if c in self.no_equality else ""),
                         )
                         for c in changed
                     ]

@@ -700,3 +700,39 @@ def test_a_row_the_tables_trigger_refuses_is_a_dead_letter(spark, db, pg, tasks:
     dead = pg.execute("SELECT kafka_offset, error FROM sink_dead_letters").fetchall()
     assert dead == [(1, "n must not be negative, got -1")]
     assert writer.last.dead == 1
+
+
+@pytest.mark.parametrize("tasks", [True, False], ids=["in-tasks", "on-driver"])
+def test_a_change_that_equality_calls_no_change_is_applied(spark, db, pg, tasks: bool) -> None:  # type: ignore[no-untyped-def]
+    """A later event whose values are equal to the row's by their type's `=` but not the same values
+    (citext, a numeric's scale, a number in jsonb, -0.0, an interval of 24 hours for one of a day)
+    is a change: it was taken for a redelivery and left the old values."""
+    pg.execute("CREATE EXTENSION IF NOT EXISTS citext")
+    pg.execute(
+        "CREATE TABLE profiles (event_id uuid PRIMARY KEY, email citext,"
+        " ratio numeric, doc jsonb, zero float8, span interval)"
+    )
+    i = str(uuid.uuid4())
+    old = {
+        "email": "bob@x.com",
+        "ratio": "1.5",
+        "doc": '{"p": 1}',
+        "zero": 0.0,
+        "span": "1 day",
+    }
+    new = {
+        "email": "Bob@X.com",
+        "ratio": "1.50",
+        "doc": '{"p": 1.0}',
+        "zero": -0.0,
+        "span": "24:00:00",
+    }
+    schema = "event_id string, email string, ratio string, doc string, zero double, span string"
+    batches = [[(i.encode(), json.dumps({"event_id": i, **v}).encode())] for v in (old, new)]
+    writer = apply_batches(spark, PostgresSink("profiles", url=db.raw), batches, schema, tasks)
+
+    row = pg.execute(
+        "SELECT email::text, ratio::text, doc::text, zero::text, span::text FROM profiles"
+    ).fetchone()
+    assert row == ("Bob@X.com", "1.50", '{"p": 1.0}', "-0", "24:00:00")
+    assert writer.last.upserted == 1

@@ -8,7 +8,7 @@ from pyspark.sql import types as T
 from outbox._core.config import DatabaseUrl
 from outbox._core.errors import ConfigError
 from sinks.postgres.catalog import Column, Table
-from sinks.postgres.plan import plan
+from sinks.postgres.plan import plan, same_when_equal
 from sinks.postgres.spec import Outbox, SinkSpec
 
 URL = DatabaseUrl.parse("postgresql://u:secret@db:5432/app")
@@ -169,3 +169,30 @@ def test_spec_names_the_sink_by_table_and_hides_the_password() -> None:
     s = spec(schema="sales")
     assert s.name == "sales.orders"
     assert "secret" not in repr(s)
+
+
+@pytest.mark.parametrize(
+    ("type_", "category", "base", "deterministic", "same"),
+    [
+        ("bigint", "N", "int8", True, True),
+        ("text", "S", "text", True, True),
+        ("uuid", "U", "uuid", True, True),
+        ("timestamp with time zone", "D", "timestamptz", True, True),
+        ("mood", "E", "mood", True, True),  # an enum
+        ("text", "S", "text", False, False),  # a nondeterministic (case-insensitive) collation
+        ("citext", "S", "citext", True, False),
+        ("numeric(12,2)", "N", "numeric", True, False),
+        ("double precision", "N", "float8", True, False),
+        ("jsonb", "U", "jsonb", True, False),
+        ("interval", "T", "interval", True, False),
+        ("integer[]", "A", "_int4", True, False),
+        ("json", "U", "json", True, False),
+        ("point", "G", "point", True, False),
+    ],
+)
+def test_columns_whose_equality_is_not_sameness_are_compared_as_text(
+    type_: str, category: str, base: str, deterministic: bool, same: bool
+) -> None:
+    assert (
+        same_when_equal(Column("c", type_, category, base, None, False, False, False, deterministic)) is same
+    )
