@@ -736,3 +736,24 @@ def test_a_change_that_equality_calls_no_change_is_applied(spark, db, pg, tasks:
     ).fetchone()
     assert row == ("Bob@X.com", "1.50", '{"p": 1.0}', "-0", "24:00:00")
     assert writer.last.upserted == 1
+
+
+@pytest.mark.parametrize("tasks", [True, False], ids=["in-tasks", "on-driver"])
+def test_times_inside_json_keep_their_microseconds(spark, db, pg, tasks: bool) -> None:  # type: ignore[no-untyped-def]
+    """A struct into jsonb goes through Spark's to_json, whose times have milliseconds by default."""
+    pg.execute("CREATE TABLE docs (event_id uuid PRIMARY KEY, doc jsonb)")
+    i = str(uuid.uuid4())
+    body = {
+        "event_id": i,
+        "doc": {"at": "2024-03-04T05:06:07.123456Z", "local": "2024-03-04T05:06:07.654321"},
+    }
+    schema = "event_id string, doc struct<at: timestamp, local: timestamp_ntz>"
+    apply_batches(
+        spark, PostgresSink("docs", url=db.raw), [[(i.encode(), json.dumps(body).encode())]], schema, tasks
+    )
+
+    at, local = pg.execute(
+        "SELECT (doc->>'at')::timestamptz, (doc->>'local')::timestamp FROM docs"
+    ).fetchone()
+    assert at == dt.datetime(2024, 3, 4, 5, 6, 7, 123456, tzinfo=dt.UTC)
+    assert local == dt.datetime(2024, 3, 4, 5, 6, 7, 654321)
