@@ -8,7 +8,9 @@ A record is (partition, offset, key, event id, sequence). The checks:
   reported, since Kafka orders nothing across partitions);
 - missing: an expected event id never seen;
 - leaked: an event id seen that was not expected (e.g. from an aborted
-  transaction of the source).
+  transaction of the source);
+- no-sequence: with an order field asked for, a record (not a tombstone)
+  whose field holds no number: it could not be checked, so it is said.
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ class Record:
     key: str | None
     event_id: str | None
     sequence: Decimal | None = None
+    unordered: bool = False  # an order field was asked for, and this record's holds no number
 
 
 @dataclass(frozen=True)
 class Finding:
-    kind: str  # duplicate | out-of-order | split-key | missing | leaked | no-id
+    kind: str  # duplicate | out-of-order | split-key | missing | leaked | no-id | no-sequence
     detail: str
     where: str = ""
 
@@ -56,19 +59,22 @@ class Report:
 
 
 def sequence(text: str | None) -> Decimal | None:
-    """A sequence or version as a number; None when absent or not a number."""
+    """A sequence or version as a number; None when absent or not a (finite) number."""
     if text is None:
         return None
     try:
-        return Decimal(text)
+        number = Decimal(text)
     except (InvalidOperation, ValueError):
         return None
+    return number if number.is_finite() else None
 
 
 def check(records: Sequence[Record], expected: Iterable[str] | None = None) -> Report:
     report = Report(records=len(records))
     seen: dict[str, list[Record]] = defaultdict(list)
     for r in records:
+        if r.unordered:
+            report.findings.append(Finding("no-sequence", "the record's order field holds no number", _at(r)))
         if r.event_id is None:
             report.findings.append(Finding("no-id", "record has no event id", _at(r)))
         else:

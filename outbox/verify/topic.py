@@ -9,6 +9,7 @@ from typing import Any
 from confluent_kafka import Message
 
 from outbox._core.committed import place, read_committed
+from outbox._core.tables import EVENT_ID_HEADER
 from outbox.verify.findings import Record, sequence
 
 
@@ -25,13 +26,15 @@ def record(
     """The parts of a message the checks look at: its event id (a header or a JSON field) and sequence."""
     doc = _json(message.value()) if (id_field or order_field) else {}
     headers: dict[str, Any] = dict(message.headers() or [])
-    event_id = _text(doc.get(id_field)) if id_field else _text(headers.get(id_header or "event_id"))
+    event_id = _text(doc.get(id_field)) if id_field else _text(headers.get(id_header or EVENT_ID_HEADER))
     key = message.key()
+    number = sequence(_text(doc.get(order_field))) if order_field else None
     return Record(
         *place(message),
         key.decode(errors="replace") if key is not None else None,
         event_id,
-        sequence(_text(doc.get(order_field))) if order_field else None,
+        number,
+        unordered=bool(order_field) and message.value() is not None and number is None,
     )
 
 

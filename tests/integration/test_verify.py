@@ -14,7 +14,9 @@ from tests.cli import outbox
 from tests.helpers import create_topic, transactional_producer, unique
 
 
-def publish(bootstrap: str, topic: str, events: list[tuple[str, str, int]], *, commit: bool = True) -> None:
+def publish(
+    bootstrap: str, topic: str, events: list[tuple[str, str, object]], *, commit: bool = True
+) -> None:
     """(event id, key, seq) in one transaction, the id in the event_id header, seq in the JSON value."""
     producer = transactional_producer(bootstrap)
     producer.begin_transaction()
@@ -67,6 +69,24 @@ def test_an_out_of_order_pair_is_found(bootstrap: str) -> None:
     publish(bootstrap, out, [("e1", "k", 1), ("e2", "k", 3), ("e3", "k", 2)])
     code, text = verify(bootstrap, out)
     assert code == 1 and "out-of-order: key 'k': 2 after 3" in text, text
+
+
+def test_a_record_whose_order_field_holds_no_number_is_found(bootstrap: str) -> None:
+    """Left out of the order check, such records made it pass unchecked; a NaN made it crash."""
+    out = create_topic(bootstrap, unique("out"), 1)
+    publish(
+        bootstrap,
+        out,
+        [("e1", "k", 1), ("e2", "k", "2024-01-02"), ("e3", "k", float("nan")), ("e4", "k", None)],
+    )
+    producer = transactional_producer(bootstrap)
+    producer.begin_transaction()
+    producer.produce(out, key=b"k", value=None, headers=[("event_id", b"e5")])  # a tombstone has no fields
+    producer.commit_transaction(30)
+    code, text = verify(bootstrap, out)
+    assert code == 1, text
+    assert json.loads(text.splitlines()[-1])["findings"] == {"no-sequence": 3}, text
+    assert "no-sequence: the record's order field holds no number (partition 0 offset 1)" in text, text
 
 
 def test_an_aborted_record_read_uncommitted_is_found(bootstrap: str) -> None:

@@ -7,7 +7,7 @@ from decimal import Decimal
 import hypothesis.strategies as st
 from hypothesis import given
 
-from outbox.verify.findings import Record, check
+from outbox.verify.findings import Record, check, sequence
 
 
 @st.composite
@@ -41,3 +41,19 @@ def test_each_injected_fault_is_found(records: list[Record], data: st.DataObject
     assert [f.kind for f in check(records, expected - {victim.event_id}).findings] == ["leaked"]
     older = Record(victim.partition, last + 1, victim.key, "late", (victim.sequence or Decimal(0)) - 1)
     assert [f.kind for f in check([*records, older]).findings] == ["out-of-order"]
+
+
+def test_a_record_that_could_not_be_ordered_is_said_not_skipped() -> None:
+    records = [Record(0, 0, "k", "e1", Decimal(1)), Record(0, 1, "k", "e2", None, unordered=True)]
+    assert [(f.kind, f.where) for f in check(records).findings] == [("no-sequence", "partition 0 offset 1")]
+
+
+def test_only_finite_numbers_are_sequences() -> None:
+    assert [sequence(t) for t in ("3", "-1.5", "NaN", "Infinity", "v3", None)] == [
+        Decimal(3),
+        Decimal("-1.5"),
+        None,
+        None,
+        None,
+        None,
+    ]
