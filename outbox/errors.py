@@ -25,6 +25,11 @@ CONDITIONS = Conditions(
     # writer: add_event(s) and the outbox table
     OUTBOX_EVENT_TOPIC_MISSING=Condition(OutboxError, "an outbox event needs a topic"),
     OUTBOX_HEADER_NAME_NOT_STR=Condition(OutboxError, "header names must be str, not {kind}"),
+    OUTBOX_HEADER_RESERVED=Condition(
+        OutboxError,
+        "the header {name!r} is the relay's own: it stamps every record with the event's id there;"
+        " name yours otherwise",
+    ),
     OUTBOX_FIELD_NOT_BYTES=Condition(OutboxError, "the {what} must be bytes or str, not {kind}"),
     OUTBOX_VALUE_NOT_SERIALISABLE=Condition(
         OutboxError, "the event value is neither bytes, str nor JSON-serialisable: {reason}"

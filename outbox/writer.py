@@ -48,6 +48,8 @@ class Event:
         for name, _ in pairs:
             if not isinstance(name, str):
                 raise error("OUTBOX_HEADER_NAME_NOT_STR", kind=type(name).__name__)
+            if name == tables.EVENT_ID_HEADER:  # a second one: consumers would take either
+                raise error("OUTBOX_HEADER_RESERVED", name=name)
         return (
             self.event_id,
             self.topic,

@@ -123,6 +123,11 @@ CONDITIONS = Conditions(
         ConfigError, "a version column needs mode='upsert': mode='insert' never replaces a row"
     ),
     SINK_OUTBOX_TOPIC_MISSING=Condition(ConfigError, "Outbox needs a topic"),
+    SINK_OUTBOX_HEADER_RESERVED=Condition(
+        ConfigError,
+        "Outbox header {name!r} is the relay's own: it stamps every record with the event's id there;"
+        " name yours otherwise",
+    ),
     # -- parse_json (sinks/postgres/parse.py) ----------------------------------------------------------
     SINK_SCHEMA_FIELDS_CLASH=Condition(
         ConfigError, "schema fields {fields} clash with the Kafka columns of the same name; rename them"

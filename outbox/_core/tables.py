@@ -34,6 +34,9 @@ ADDED_COLUMNS = {SINK_BATCHES: ("result",)}
 # refuses to PREPARE a transaction that sent one, so a two-phase transaction sets it to off.
 NOTIFY_SETTING = "outbox.notify"
 
+# The header the relay stamps every record with: the event's id, which consumers drop repeats by.
+EVENT_ID_HEADER = "event_id"
+
 OUTBOX_COLUMNS = ("event_id", "topic", "key", "value", "header_keys", "header_values")
 
 

@@ -15,6 +15,7 @@ import psycopg
 
 from outbox._core.config import bootstrap_servers, database_url
 from outbox._core.postgres import connect
+from outbox._core.tables import EVENT_ID_HEADER
 from outbox.errors import error
 from outbox.verify.findings import check
 from outbox.verify.topic import committed, record
@@ -30,7 +31,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--bootstrap-servers", help="Kafka host:port list (env KAFKA_BOOTSTRAP_SERVERS)")
     ident = p.add_mutually_exclusive_group()
     ident.add_argument(
-        "--id-header", default="event_id", help="header holding the event id (default event_id)"
+        "--id-header",
+        default=EVENT_ID_HEADER,
+        help=f"header holding the event id (default {EVENT_ID_HEADER})",
     )
     ident.add_argument("--id-field", help="JSON field of the value holding the event id, instead of a header")
     p.add_argument(

@@ -23,6 +23,7 @@ from confluent_kafka import (
 
 from outbox._core.errors import OutboxError
 from outbox._core.kafka import client_settings
+from outbox._core.tables import EVENT_ID_HEADER
 from outbox.errors import error
 from outbox.relay.outcomes import FENCED_CODES, Action, Call, classify, outcome
 from outbox.relay.pause import BEFORE_COMMIT, BEFORE_POSITION, BEFORE_PRODUCE, MID_TRANSACTION, Pause
@@ -33,7 +34,6 @@ from outbox.relay.row import Row
 
 log = logging.getLogger("outbox.relay")
 
-EVENT_ID_HEADER = "event_id"
 
 # Settings the relay owns; a -X override of these would void its guarantees.
 RESERVED = frozenset({"transactional.id", "enable.idempotence", "bootstrap.servers"})

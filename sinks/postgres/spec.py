@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from outbox._core import tables
 from outbox._core.config import DatabaseUrl
 from outbox._core.settings import check_all
 from sinks.errors import error
@@ -76,5 +77,7 @@ class SinkSpec:
             raise error("SINK_VERSION_NEEDS_UPSERT")
         if self.outbox is not None and not self.outbox.topic:
             raise error("SINK_OUTBOX_TOPIC_MISSING")
+        if self.outbox is not None and tables.EVENT_ID_HEADER in self.outbox.headers:
+            raise error("SINK_OUTBOX_HEADER_RESERVED", name=tables.EVENT_ID_HEADER)
         if not self.name:
             object.__setattr__(self, "name", f"{self.schema}.{self.table}")

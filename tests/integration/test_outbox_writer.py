@@ -177,6 +177,7 @@ def test_an_unknown_notify_setting_is_refused_not_taken_for_on(db: DatabaseUrl, 
         ({"topic": "t", "value": object()}, "OUTBOX_VALUE_NOT_SERIALISABLE", ""),
         ({"topic": "t", "value": "x", "key": 5}, "OUTBOX_FIELD_NOT_BYTES", "the key "),
         ({"topic": "t", "value": "x", "headers": {"h": 1}}, "OUTBOX_FIELD_NOT_BYTES", "the header 'h' "),
+        ({"topic": "t", "value": "x", "headers": {"event_id": "e"}}, "OUTBOX_HEADER_RESERVED", "'event_id'"),
     ],
 )
 def test_bad_events_are_refused_before_anything_is_written(

@@ -157,6 +157,10 @@ def test_position_columns_are_required() -> None:
         ({"version": "event_id"}, "SINK_VERSION_IS_KEY"),
         ({"version": "v", "mode": "insert"}, "SINK_VERSION_NEEDS_UPSERT"),
         ({"outbox": Outbox(topic="")}, "SINK_OUTBOX_TOPIC_MISSING"),
+        (
+            {"outbox": Outbox(topic="t", headers={"event_id": "written.n::text"})},
+            "SINK_OUTBOX_HEADER_RESERVED",
+        ),
     ],
 )
 def test_spec_mistakes(kw: dict, code: str) -> None:
