@@ -3,12 +3,13 @@
 Runs inside Spark tasks. Under transactions offsets have holes (commit and
 abort markers, aborted records), so the record at `end - 1` may never be
 delivered: the read is done when the consumer's position, which librdkafka
-moves past markers and filtered records, reaches `end`. It never waits for a
-record that will not come (SPARK-25005).
+moves past markers and filtered records, or its fetch position (FetchPosition)
+reaches `end`. It never waits for a record that will not come (SPARK-25005).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -39,6 +40,35 @@ log = logging.getLogger("sinks.kafka_source")
 ROWS_PER_BATCH = 50_000
 CONSUME_BATCH = 10_000
 WAIT_S = 0.2  # the longest one call waits for the next record
+STATS_MS = 500  # how often librdkafka says where its fetch stands (FetchPosition)
+
+
+class FetchPosition:
+    """Where librdkafka's fetcher stands in the range's partition, as its statistics last said.
+
+    A range can end in aborted records just before another producer's open transaction: the
+    last stable offset stops the fetch there, so no abort marker and no record comes after
+    them, and librdkafka moves its fetch position past the records it filters, but not the
+    position it reports, which stayed before them until that transaction ended (a task waited
+    out pollTimeoutMs and failed). librdkafka puts fetched records on the consumer's queue
+    before it moves the fetch position, and its statistics come on the same queue: a call that
+    served them and returned no record had every record below that position already.
+    """
+
+    def __init__(self, rng: Range) -> None:
+        self.topic, self.partition = rng.topic, str(rng.partition)
+        self.offset: int | None = None
+
+    def __call__(self, stats: str) -> None:  # librdkafka's stats_cb, served inside consume()
+        partition = json.loads(stats).get("topics", {}).get(self.topic, {}).get("partitions", {})
+        offset = partition.get(self.partition, {}).get("next_offset")
+        if isinstance(offset, int) and offset >= 0:
+            self.offset = offset
+
+    def take(self) -> int | None:
+        """The position said since the last take, if any."""
+        offset, self.offset = self.offset, None
+        return offset
 
 
 def read_range(
@@ -56,16 +86,21 @@ def read_range(
     # Records gone from the broker (retention) stop the read, or are skipped: librdkafka
     # moves to the earliest offset left, and what lies before the range is dropped.
     reset = "error" if fail_on_data_loss else "earliest"
-    consumer = Consumer(client_settings({**config, "auto.offset.reset": reset}, "consumer"))
+    fetched = FetchPosition(rng)
+    settings = client_settings(
+        {**config, "auto.offset.reset": reset, "statistics.interval.ms": STATS_MS}, "consumer"
+    )
+    consumer = Consumer({**settings, "stats_cb": fetched})
     try:
         consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
-        yield from _drain(consumer, rng, poll_timeout_s, math.inf if patience_s is None else patience_s)
+        patience = math.inf if patience_s is None else patience_s
+        yield from _drain(consumer, rng, poll_timeout_s, patience, fetched)
     finally:
         consumer.close()
 
 
 def _drain(
-    consumer: Consumer, rng: Range, poll_timeout_s: float, patience_s: float
+    consumer: Consumer, rng: Range, poll_timeout_s: float, patience_s: float, fetched: FetchPosition
 ) -> Iterator[pa.RecordBatch]:
     tp = TopicPartition(rng.topic, rng.partition)
     rows: list[Message] = []
@@ -81,7 +116,10 @@ def _drain(
         if not messages:
             position = _past_holes(consumer, tp, position, rng.end)
             if position < rng.end:
+                fetched.take()  # only what a call that returns nothing serves counts
                 messages = consumer.consume(1, WAIT_S)
+                if not messages and (ahead := fetched.take()) is not None and ahead > position:
+                    position = min(ahead, rng.end)
         if messages:
             failed = [m for m in messages if m.error() is not None]
             if failed:

@@ -64,6 +64,30 @@ def test_markers_at_the_end_of_a_range_neither_hang_nor_lose(spark: SparkSession
     assert rows == []
 
 
+def test_aborted_records_just_before_an_open_transaction_neither_hang_nor_lose(
+    spark: SparkSession, bootstrap: str
+) -> None:
+    """A aborts after B opened on the same partition: A's abort marker lies past the last stable
+    offset (B's first record), which a read_committed fetch never reaches, and A's skipped records
+    deliver nothing. The range ends where B begins; its reader must not wait for B."""
+    name = create_topic(bootstrap, unique("tail"), partitions=1)
+    committed, a, b = (transactional_producer(bootstrap) for _ in range(3))
+    produce_transaction(committed, name, records(3, "c"))  # offsets 0-2, marker 3
+    a.begin_transaction()
+    for key, value in records(5, "a"):
+        a.produce(name, key=key, value=value, partition=0)  # 4-8
+    a.flush(30)
+    b.begin_transaction()
+    b.produce(name, value=b"open", partition=0)  # 9: the last stable offset until B ends
+    b.flush(30)
+    a.abort_transaction(30)  # marker 10, past the last stable offset
+    try:
+        rows = batch_read(spark, bootstrap, name, pollTimeoutMs="20000")
+        assert [r.offset for r in rows] == [0, 1, 2]
+    finally:
+        b.abort_transaction(30)
+
+
 def test_ending_offsets_and_partition_json(spark: SparkSession, bootstrap: str, topic: str) -> None:
     produce_transaction(transactional_producer(bootstrap), topic, records(40, "r"), partition=0)
     rows = batch_read(
