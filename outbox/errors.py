@@ -124,6 +124,9 @@ CONDITIONS = Conditions(
     RELAY_POSITIONS_TOPIC_NO_LEADER=Condition(
         ServiceUnavailable, "the positions topic {topic!r} has no leader {timeout:.0f}s after its creation"
     ),
+    RELAY_POSITIONS_TOPIC_UNKNOWN=Condition(
+        ServiceUnavailable, "the positions topic {topic!r} exists, but the broker asked does not know it yet"
+    ),
     RELAY_REBASE_WHILE_RUNNING=Condition(
         ConfigError,
         "a relay of the outbox in schema {schema!r} is running: stop every relay of it, then rebase",

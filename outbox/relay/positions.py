@@ -11,16 +11,20 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from concurrent.futures import Future
+from typing import TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from outbox._core.committed import read_committed
+from outbox._core.errors import ConfigError
 from outbox._core.kafka import client_settings
 from outbox.errors import error
 from outbox.relay.position import Identity, Position, latest_position
 
 log = logging.getLogger("outbox.relay")
+T = TypeVar("T")
 
 
 def replication(brokers: int) -> tuple[int, dict[str, str]]:
@@ -70,7 +74,7 @@ class PositionStore:
         if existing is not None and existing.error is None:
             replicas = min((len(p.replicas) for p in existing.partitions.values()), default=0)
             resource = ConfigResource(ConfigResource.Type.TOPIC, self.topic)
-            configs = admin.describe_configs([resource])[resource].result(self.timeout)
+            configs = answer(admin.describe_configs([resource])[resource], self.timeout)
             policy = configs["cleanup.policy"].value if "cleanup.policy" in configs else "delete"
             for problem in problems(self.topic, replicas, brokers, policy or "delete"):
                 log.warning(problem)
@@ -79,7 +83,7 @@ class PositionStore:
         topic = NewTopic(self.topic, 1, factor, config=config)
         for future in admin.create_topics([topic]).values():
             try:
-                future.result(self.timeout)
+                answer(future, self.timeout)
             except KafkaException as exc:
                 if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise error(
@@ -114,5 +118,20 @@ class PositionStore:
             f"the positions topic {self.topic!r} was not read to its end in {self.timeout * 4:.0f}s:"
             " a transaction still open (another relay's, not yet timed out), or Kafka slow to answer"
         )
-        messages = read_committed(config, self.topic, timeout=self.timeout * 4, stuck=stuck)
+        try:
+            messages = read_committed(config, self.topic, timeout=self.timeout * 4, stuck=stuck)
+        except ConfigError as exc:
+            if exc.code != "KAFKA_TOPIC_MISSING":
+                raise
+            # ensure_topic has just seen it: the broker asked has not caught up with the cluster yet
+            raise error("RELAY_POSITIONS_TOPIC_UNKNOWN", topic=self.topic) from None
         return [(m.key(), m.value()) for m in messages]
+
+
+def answer(future: Future[T], timeout: float) -> T:
+    """An admin request's result. Python's wait running out is Kafka not answering, as librdkafka's
+    own is (a KafkaException the relay retries), not a TimeoutError that would end the process."""
+    try:
+        return future.result(timeout)
+    except TimeoutError:
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"no answer in {timeout:.0f}s")) from None

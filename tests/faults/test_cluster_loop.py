@@ -15,7 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
+import signal
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -108,6 +112,33 @@ def healthy(cluster: Cluster, sink: Sink) -> Iterator[Cluster]:
             cluster.resume(node)
         if not pid_alive(service.pid):
             cluster.start(node)
+
+
+def wait_resumed(job: Job, timeout: float) -> None:
+    """The relay's line that it publishes again; failing, with its log, whether it exited, what its
+    /healthz says, and every thread's stack (tests/jobs/relay_job.py)."""
+    deadline = time.monotonic() + timeout
+    while RELAY_BACK not in job.output() and job.process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if RELAY_BACK in job.output():
+        return
+    state = f"exited ({job.process.returncode})" if job.process.poll() is not None else "running"
+    health = ""
+    if state == "running":
+        served = re.search(r"/healthz url=(\S+)", job.output())
+        try:
+            health = (
+                urllib.request.urlopen(f"{served[1] if served else ''}/healthz", timeout=5).read().decode()
+            )
+        except urllib.error.HTTPError as answered:  # 503 while not publishing: the body says why
+            health = answered.read().decode()
+        except (OSError, ValueError) as exc:
+            health = str(exc)
+        job.process.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+    raise AssertionError(
+        f"the relay, {state}, did not resume in {timeout}s; /healthz: {health}\n{job.output()}"
+    )
 
 
 def leader(bootstrap: str, topic: str, partition: int) -> int:
@@ -376,6 +407,7 @@ def test_below_min_insync_the_relay_and_the_sink_wait_with_one_line_and_resume_b
     wait_for(sink_waits, 180, "the sink's line that it waits for Kafka")
     for node in down:
         healthy.start(node)
+    wait_resumed(job, 180)
     committed = Committed.merged(first.committed, second.committed)
     check_every_record(bootstrap, topic, committed, outbox_db, sink)
     assert terminate(job) == 0

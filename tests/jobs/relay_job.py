@@ -3,9 +3,12 @@
 Usage: relay_job.py PAUSE_AT RESUME_FILE [outbox relay flags...]
 PAUSE_AT is none or one of outbox.relay.pause.POINTS. At the first batch that
 reaches it the job prints "paused at X" and waits until RESUME_FILE exists
-(a test kills it there, or lets it go on).
+(a test kills it there, or lets it go on). SIGUSR1 prints every thread's stack to the log: what a
+relay that has stopped making progress is waiting for.
 """
 
+import faulthandler
+import signal
 import sys
 import time
 from pathlib import Path
@@ -17,6 +20,7 @@ pause_at, resume = sys.argv[1], Path(sys.argv[2])
 if pause_at not in (*POINTS, "none"):
     sys.exit(f"relay_job: no pause point {pause_at!r}; one of none, {', '.join(POINTS)}")
 paused = False
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def pause(point: str) -> None:

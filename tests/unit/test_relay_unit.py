@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -21,7 +23,7 @@ from outbox.relay.position import (
     halt,
     latest_position,
 )
-from outbox.relay.positions import problems, replication
+from outbox.relay.positions import answer, problems, replication
 from outbox.relay.relay import backoff
 from outbox.relay.settings import RelaySettings, relay_name
 
@@ -223,3 +225,14 @@ def test_an_under_replicated_or_uncompacted_positions_topic_is_named_with_the_re
     assert "1 replica(s) on a cluster of 3" in few and "3 replicas" in few
     [uncompacted] = problems("p", 3, 3, "delete")
     assert "cleanup.policy=compact" in uncompacted
+
+
+def test_an_admin_answer_that_does_not_come_in_time_is_a_kafka_timeout_the_relay_retries() -> None:
+    """Python's TimeoutError from an admin future ended the relay's process (run() retries Kafka's
+    errors only), e.g. DescribeConfigs sent to a broker still starting after an outage."""
+    with pytest.raises(KafkaException) as raised:
+        answer(Future(), 0.01)
+    assert raised.value.args[0].code() == KafkaError._TIMED_OUT
+    done: Future[int] = Future()
+    done.set_result(7)
+    assert answer(done, 0.01) == 7
