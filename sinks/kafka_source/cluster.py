@@ -270,6 +270,9 @@ _TRANSIENT = {
     KafkaError._TIMED_OUT,
     KafkaError._TRANSPORT,
     KafkaError._ALL_BROKERS_DOWN,
+    # A broker that left the cluster's metadata (stopped in a rolling restart): librdkafka drops its
+    # handle and fails what it had in flight; a live broker answers the next ask.
+    KafkaError._DESTROY_BROKER,
 }
 
 

@@ -212,7 +212,9 @@ def test_split_reaches_min_partitions_sized_by_backlog() -> None:
 
 def test_what_passes_by_itself_is_asked_again_other_errors_are_not() -> None:
     """A leader just moved or not caught up, a broker down, a cluster below quorum: asked again.
-    Authorisation and bad requests: said at once."""
+    So is a request failed because its broker left the cluster's metadata (_DESTROY_BROKER, in a
+    rolling restart): that ended a stream in test_cluster_loop. Authorisation and bad requests: said
+    at once."""
     from confluent_kafka import KafkaError
 
     from sinks.kafka_source.cluster import transient
@@ -225,6 +227,7 @@ def test_what_passes_by_itself_is_asked_again_other_errors_are_not() -> None:
         KafkaError._TIMED_OUT,
         KafkaError._TRANSPORT,
         KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._DESTROY_BROKER,
     )
     for code in passing:
         assert transient(KafkaError(code)), code
@@ -278,3 +281,4 @@ def test_packing_keeps_each_range_whole_and_once_in_tasks_of_about_the_size(
             assert held - (task[-1].end - task[-1].start) < records
         if i < len(tasks) - 1 and len(task) > 1:
             assert held >= records
+
