@@ -84,6 +84,9 @@ CONDITIONS = Conditions(
     RELAY_DELIVERY_TIMEOUT=Condition(
         ServiceUnavailable, "Kafka at {bootstrap}: delivery did not finish in {timeout}s"
     ),
+    RELAY_KAFKA_SETTING_REFUSED=Condition(
+        ConfigError, "Kafka at {bootstrap} refuses the relay's {setting} (-X {setting}=...): {reason}"
+    ),
     RELAY_FENCED=Condition(Fenced, "fenced: another instance with this relay name and shard took over"),
     RELAY_PUBLISHER_NOT_STARTED=Condition(OutboxError, "publisher not started"),
     RELAY_GAVE_UP=Condition(ServiceUnavailable, "giving up after {retries} retries: {reason}"),
@@ -147,7 +150,7 @@ CONDITIONS = Conditions(
     TRACE_DATABASE_ERROR=Condition(OutboxError, "outbox trace in {url}: {reason}"),
     # verify: `outbox verify`
     VERIFY_FROM_OFFSETS_MALFORMED=Condition(
-        ConfigError, '--from-offsets must be JSON like {{"0": 42, "1": 7}}, got {text!r}'
+        ConfigError, '--from-offsets must be JSON like {{"0": 42, "1": 7}}, no number below 0, got {text!r}'
     ),
     VERIFY_SOURCE_SQL_FAILED=Condition(ConfigError, "--source-sql failed: {reason}"),
     # status: `outbox status`

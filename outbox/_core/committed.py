@@ -54,6 +54,7 @@ def read_committed(
                 raise error("KAFKA_TOPIC_MISSING", topic=topic, servers=servers)
             time.sleep(0.2)
         ends = {p: _end(ends_of, topic, p, str(servers), deadline) for p in found.partitions}
+        _check_start(topic, start or {}, ends)
         first = {p: (start or {}).get(p, OFFSET_BEGINNING) for p in ends}
         pending = {p for p, end in ends.items() if end > max(first[p], 0)}
         consumer.assign([TopicPartition(topic, p, first[p]) for p in pending])
@@ -82,12 +83,25 @@ def read_committed(
             elif failure.code() == KafkaError._PARTITION_EOF:
                 if offset >= ends[partition]:
                     pending.discard(partition)
+            elif failure.code() == KafkaError._AUTO_OFFSET_RESET:  # a start below the log's
+                raise error("KAFKA_START_GONE", topic=topic, partition=partition, offset=first[partition])
             else:
                 raise error("KAFKA_READ_FAILED", topic=topic, servers=servers, reason=failure.str())
         return out
     finally:
         consumer.close()
         ends_of.close()
+
+
+def _check_start(topic: str, start: Mapping[int, int], ends: Mapping[int, int]) -> None:
+    """A start the topic does not have would skip its partition without a word: refused."""
+    for partition, offset in sorted(start.items()):
+        if partition not in ends:
+            raise error("KAFKA_START_NO_PARTITION", topic=topic, partition=partition, count=len(ends))
+        if offset > ends[partition]:
+            raise error(
+                "KAFKA_START_OUTSIDE", topic=topic, partition=partition, offset=offset, end=ends[partition]
+            )
 
 
 def _consumer(config: Mapping[str, object], isolation: str) -> Consumer:
@@ -101,6 +115,7 @@ def _consumer(config: Mapping[str, object], isolation: str) -> Consumer:
                 "isolation.level": isolation,
                 "enable.auto.commit": False,
                 "enable.partition.eof": True,
+                "auto.offset.reset": "error",  # a start below the log's start: said, not moved to the end
             },
             "consumer",
         )

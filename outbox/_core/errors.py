@@ -188,6 +188,18 @@ CORE = Conditions(
     ),
     KAFKA_READ_STUCK=Condition(ServiceUnavailable, "{stuck} ({where})"),  # the caller's words for the above
     KAFKA_READ_FAILED=Condition(ServiceUnavailable, "reading {topic} on {servers}: {reason}"),
+    KAFKA_START_NO_PARTITION=Condition(
+        ConfigError, "{topic} has no partition {partition} (it has {count}) to start reading at"
+    ),
+    KAFKA_START_OUTSIDE=Condition(
+        ConfigError,
+        "cannot start reading {topic} at offset {offset}: partition {partition} ends at offset {end}",
+    ),
+    KAFKA_START_GONE=Condition(
+        DataLossError,
+        "offset {offset} of partition {partition} is gone from {topic} (deleted by retention or"
+        " delete-records): start at the partition's first offset, or leave it out to read from the start",
+    ),
     # The framework's tables (outbox/_core/tables.py).
     TABLES_MISSING=Condition(ConfigError, "{noun} {listed} {verb} missing{where}: " + _UPGRADE + "{note}"),
     TABLES_OUTDATED=Condition(

@@ -86,9 +86,12 @@ def _offsets(text: str | None) -> dict[int, int] | None:
     if not text:
         return None
     try:
-        return {int(p): int(o) for p, o in json.loads(text).items()}
+        offsets = {int(p): int(o) for p, o in json.loads(text).items()}
     except (ValueError, AttributeError, TypeError):
         raise error("VERIFY_FROM_OFFSETS_MALFORMED", text=text) from None
+    if min((*offsets, *offsets.values()), default=0) < 0:  # librdkafka reads -1 as the end, -2 the start
+        raise error("VERIFY_FROM_OFFSETS_MALFORMED", text=text)
+    return offsets
 
 
 def _ids_from_sql(url_flag: str | None, query: str) -> set[str]:

@@ -10,6 +10,7 @@ transaction: whatever is read then is the truth.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -50,15 +51,23 @@ PRODUCER_DEFAULTS: Mapping[str, object] = {
 _UNREACHABLE = frozenset(
     {KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE}
 )
+# Errors no retry clears: the broker refuses a setting of the relay's, which the operator must change.
+_REFUSED_SETTINGS = {KafkaError.INVALID_TRANSACTION_TIMEOUT: "transaction.timeout.ms"}
 
 
 def kafka_failure(exc: KafkaException, bootstrap: str = "", cause: str | None = None) -> OutboxError:
     """One line for a failed Kafka call: fenced, unreachable (with the cause the client saw), or other.
 
-    A ServiceUnavailable: Fenced (RELAY_FENCED), or RELAY_KAFKA_UNREACHABLE, or RELAY_KAFKA_FAILED."""
+    A ServiceUnavailable, which the relay retries: Fenced (RELAY_FENCED), or RELAY_KAFKA_UNREACHABLE,
+    or RELAY_KAFKA_FAILED; or a ConfigError that stops it, RELAY_KAFKA_SETTING_REFUSED."""
     failure = exc.args[0]
     if not isinstance(failure, KafkaError):
         return error("RELAY_KAFKA_FAILED", bootstrap=bootstrap, reason=failure)
+    if failure.code() in _REFUSED_SETTINGS:
+        setting = _REFUSED_SETTINGS[failure.code()]
+        return error(
+            "RELAY_KAFKA_SETTING_REFUSED", bootstrap=bootstrap, setting=setting, reason=failure.str()
+        )
     if failure.code() in FENCED_CODES:
         return error("RELAY_FENCED")
     if failure.code() in _UNREACHABLE and cause:
@@ -111,7 +120,9 @@ class Publisher:
                 producer = self._producer
                 self._call(Call.INIT, lambda: producer.init_transactions(self.timeout))
         except KafkaException as exc:
-            self._producer.poll(0)  # error callbacks run from poll: the cause arrives now
+            # Error callbacks run from poll: the cause arrives now (a fatal error is raised again).
+            with contextlib.suppress(KafkaException):
+                self._producer.poll(0)
             raise kafka_failure(exc, self.bootstrap, self._cause) from None
 
     def position(self) -> Position | None:

@@ -195,3 +195,20 @@ def catches(pid: int, sig: int) -> bool:
     status = Path(f"/proc/{pid}/status").read_text()
     caught = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
     return bool(int(caught, 16) >> (sig - 1) & 1)
+
+
+def test_a_setting_the_broker_refuses_stops_the_relay_at_once_with_its_reason(database, bootstrap) -> None:  # type: ignore[no-untyped-def]
+    """The broker refuses a transaction timeout above its transaction.max.timeout.ms (15 minutes by
+    default) at init_transactions: no retry can change that, so the relay exits with one line."""
+    from outbox import migrate
+
+    migrate.upgrade(database, "public")
+    result = outbox(
+        "relay", "--name", "r", "--url", database.raw, "--bootstrap-servers", bootstrap,
+        "-X", "transaction.timeout.ms=3600000", "--metrics-address", "off",
+    )  # fmt: skip
+    assert result.code == 2, result
+    last = result.err.strip().splitlines()[-1]
+    assert last.startswith("outbox: error: [RELAY_KAFKA_SETTING_REFUSED] "), result.err
+    assert "transaction.timeout.ms" in last and bootstrap in last, last
+    assert "session ended, retrying" not in result.err, result.err

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 
-from confluent_kafka import Producer
+import pytest
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from outbox._core.kafka import client_settings
-from tests.cli import outbox
+from tests.cli import assert_one_line_error, outbox
 from tests.helpers import create_topic, transactional_producer, unique
 
 
@@ -104,6 +106,27 @@ def test_an_aborted_record_read_uncommitted_is_found(bootstrap: str) -> None:
     # Ids can come from a value field too, and the check can start at given offsets.
     code, text = verify(bootstrap, out, "--id-field", "id", "--from-offsets", '{"0": 1}')
     assert code == 0 and '"records": 1' in text, text
+
+
+@pytest.mark.parametrize(
+    ("offsets", "said"),
+    [
+        ('{"0": -1}', "no number below 0"),  # -1 is librdkafka's "the end": nothing would be checked
+        ('{"3": 0}', "no partition 3"),
+        ('{"0": 9}', "partition 0 ends at offset 3"),
+        ('{"0": 0}', "offset 0 of partition 0 is gone"),  # deleted below: the log starts at 1
+    ],
+)
+def test_a_start_the_topic_does_not_have_is_refused_not_skipped(
+    bootstrap: str, offsets: str, said: str
+) -> None:
+    """Each of these passed with nothing checked: the partition skipped, or the read moved to its end."""
+    out = create_topic(bootstrap, unique("out"), 1)
+    publish(bootstrap, out, [("e1", "k", 1), ("e2", "k", 2)])  # offsets 0, 1; the commit marker 2
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_records([TopicPartition(out, 0, 1)])[TopicPartition(out, 0, 1)].result(30)
+    result = outbox("verify", out, "--bootstrap-servers", bootstrap, "--from-offsets", offsets)
+    assert_one_line_error(result, said)
 
 
 def test_the_source_can_be_a_query(bootstrap: str, database, pg) -> None:  # type: ignore[no-untyped-def]
