@@ -152,6 +152,16 @@ class Cluster:
         """The ends of the logs, open transactions' records included."""
         return self._list_offsets(partitions, OffsetSpec.latest(), uncommitted=True, partial=partial)
 
+    def log_ends(
+        self, begin: Mapping[TopicPartitionKey, int], latest: Mapping[TopicPartitionKey, int]
+    ) -> dict[TopicPartitionKey, int]:
+        """Where each log ends, for the check that `begin` is not past it (a truncated log): its last
+        stable offset, or, where `begin` lies past that, its high watermark. A start between the two
+        (from a read_uncommitted tool, or a ledger Spark's own source wrote) is inside a transaction
+        still open: waited for, not a loss."""
+        past = [tp for tp, offset in begin.items() if tp in latest and offset > latest[tp]]
+        return {**latest, **(self.high_watermarks(past, partial=True) if past else {})}
+
     def max_transaction_timeout(self, default: float = 900.0) -> float:
         """Seconds the brokers let a transaction live (transaction.max.timeout.ms); `default` if unsaid."""
         try:

@@ -64,6 +64,7 @@ class KafkaSource(DataSource):
 
 
 def starting_positions(
+    cluster: Cluster,
     options: SourceOptions,
     tps: list[ranges.TopicPartitionKey],
     earliest: dict[ranges.TopicPartitionKey, int],
@@ -86,7 +87,7 @@ def starting_positions(
             log.warning("%s; reading it from its earliest offset", lost.message.split(": the sink")[0])
         start = {tp: earliest[tp] if tp[0] in new else offset for tp, offset in start.items()}
         start = ranges.overlay(start, {tp: o for tp, o in recorded.items() if tp[0] not in new})
-    start, losses = ranges.reconcile(start, {}, {}, earliest, latest)
+    start, losses = ranges.reconcile(start, {}, {}, earliest, cluster.log_ends(start, latest))
     judge(losses, options, warn=True)
     return start
 
@@ -114,8 +115,9 @@ def _input_partitions(
 
 def _read(options: SourceOptions, partition: InputPartition, *, waits: bool) -> Iterator[pa.RecordBatch]:
     """waits: a stream's read waits out a Kafka without a leader to read from, as its driver does
-    (for `unavailableTimeoutMs`, or for ever); a batch query's fails after `pollTimeoutMs`."""
-    for rng in partition.value:
+    (for `unavailableTimeoutMs`, or for ever); a batch query's fails after `pollTimeoutMs`.
+    A batch with nothing to read still gets one task, whose partition holds None (pyspark's own)."""
+    for rng in partition.value or ():
         yield from read_range(
             options.consumer_config(),
             rng,
@@ -134,7 +136,7 @@ class KafkaBatchReader(DataSourceReader):
         tps = cluster.partitions()
         earliest, latest = cluster.earliest(tps), cluster.latest(tps)
         ids = cluster.topic_ids(t for t, _ in tps)
-        start = starting_positions(self.options, tps, earliest, latest, ids)
+        start = starting_positions(cluster, self.options, tps, earliest, latest, ids)
         end = ranges.resolve(self.options.ending, tps, earliest, latest, option="endingOffsets")
         # Never past the Last Stable Offset, whatever endingOffsets says.
         end = {tp: min(offset, latest[tp]) for tp, offset in end.items()}
@@ -164,7 +166,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         tps = self.cluster.partitions()
         earliest, latest = self.cluster.earliest(tps), self.cluster.latest(tps)
         ids = self.cluster.topic_ids(t for t, _ in tps)
-        return ranges.to_offsets(starting_positions(self.options, tps, earliest, latest, ids), ids)
+        start = starting_positions(self.cluster, self.options, tps, earliest, latest, ids)
+        return ranges.to_offsets(start, ids)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_offsets_per_trigger:
@@ -194,7 +197,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise
         self._read_around([tp for tp in tps if tp not in latest])
         self._watch(latest, ids)
-        begin, losses = ranges.reconcile(begin, ranges.topic_ids(start), ids, earliest, latest)
+        ends = self.cluster.log_ends(begin, latest)
+        begin, losses = ranges.reconcile(begin, ranges.topic_ids(start), ids, earliest, ends)
         judge(losses, self.options, warn=True)
         # Partitions added while running start at their earliest offset.
         begin.update({tp: earliest[tp] for tp in latest if tp not in begin})

@@ -107,7 +107,8 @@ class TopicCheck:
         kept = [tp for tp in ledger if ids.get(tp[0], "") == recorded.get(tp[0])]
         # A partition without a leader has no end to compare: kafka_rc reads around it, and it is
         # checked before the batch that reads it again.
-        verdict = judge(self.sink, recorded, ids, ledger, self.cluster.latest(kept, partial=True))
+        ends = self.cluster.log_ends({tp: ledger[tp] for tp in kept}, self.cluster.latest(kept, partial=True))
+        verdict = judge(self.sink, recorded, ids, ledger, ends)
         if verdict.losses and self.options.fail_on_data_loss:
             raise verdict.losses[0]
         for loss in verdict.losses:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
@@ -86,6 +87,49 @@ def test_aborted_records_just_before_an_open_transaction_neither_hang_nor_lose(
         assert [r.offset for r in rows] == [0, 1, 2]
     finally:
         b.abort_transaction(30)
+
+
+def test_a_start_inside_an_open_transaction_is_waited_for_not_taken_for_a_truncated_log(
+    spark: SparkSession, bootstrap: str
+) -> None:
+    """An offset between the last stable offset and the high watermark (from a read_uncommitted tool,
+    or a ledger Spark's own source wrote) lies inside a transaction still open, not past the log's
+    end: it was refused as KAFKA_RC_LOG_TRUNCATED (or, with failOnDataLoss=false, read again from
+    the earliest offset)."""
+    name = create_topic(bootstrap, unique("inside"), partitions=1)
+    committed, opener = transactional_producer(bootstrap), transactional_producer(bootstrap)
+    produce_transaction(committed, name, records(5, "c"))  # offsets 0-4, marker 5
+
+    def end(isolation: str) -> int:
+        config = {"bootstrap.servers": bootstrap, "group.id": unique("g"), "isolation.level": isolation}
+        consumer = Consumer(config)
+        try:
+            return int(consumer.get_watermark_offsets(TopicPartition(name, 0), timeout=10, cached=False)[1])
+        finally:
+            consumer.close()
+
+    # The coordinator writes the marker after it answered the commit: wait for it, so offsets are known.
+    wait_for(lambda: end("read_committed") == end("read_uncommitted") == 6, 30, "the commit's marker")
+    opener.begin_transaction()
+    for key, value in records(3, "open"):
+        opener.produce(name, key=key, value=value, partition=0)  # 6-8: the last stable offset is 6
+    opener.flush(30)
+    inside = f'{{"{name}":{{"0":7}}}}'
+    assert batch_read(spark, bootstrap, name, startingOffsets=inside) == []
+    rows = batch_read(spark, bootstrap, name, startingOffsets=inside, failOnDataLoss="false")
+    assert rows == []  # not the committed records from offset 0 again
+    opener.commit_transaction(30)  # marker 9
+    rows = batch_read(spark, bootstrap, name, startingOffsets=inside)
+    assert [(r.offset, r.value.decode()) for r in rows] == [(7, "open-1"), (8, "open-2")]
+    # Past the high watermark it is still a truncated log, said as one.
+    with pytest.raises(Exception, match="KAFKA_RC_LOG_TRUNCATED"):
+        batch_read(spark, bootstrap, name, startingOffsets=f'{{"{name}":{{"0":11}}}}')
+
+
+def test_a_batch_with_nothing_to_read_is_empty(spark: SparkSession, bootstrap: str) -> None:
+    """No range to read: pyspark still runs one task, with a partition of None (it failed with
+    TypeError: 'NoneType' object is not iterable)."""
+    assert batch_read(spark, bootstrap, create_topic(bootstrap, unique("empty"), partitions=2)) == []
 
 
 def test_ending_offsets_and_partition_json(spark: SparkSession, bootstrap: str, topic: str) -> None:
