@@ -21,6 +21,7 @@ from outbox._core.committed import read_committed
 from outbox._core.errors import ConfigError
 from outbox._core.kafka import client_settings
 from outbox.errors import error
+from outbox.relay.outcomes import TIMED_OUT_CODES
 from outbox.relay.position import Identity, Position, latest_position
 
 log = logging.getLogger("outbox.relay")
@@ -85,11 +86,14 @@ class PositionStore:
             try:
                 answer(future, self.timeout)
             except KafkaException as exc:
-                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                failure = exc.args[0]
+                if failure.retriable() or failure.code() in TIMED_OUT_CODES:
+                    raise  # Kafka not answering now: the session ends, and the next one asks again
+                if failure.code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise error(
                         "RELAY_POSITIONS_TOPIC_NOT_CREATED",
                         topic=self.topic,
-                        reason=exc.args[0].str(),
+                        reason=failure.str(),
                         replicas=factor,
                     ) from None
         log.info("created positions topic", extra={"topic": self.topic, "replicas": factor, **config})
