@@ -15,7 +15,15 @@ import uuid
 from collections.abc import Mapping
 from typing import cast
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
 from outbox._core.errors import error
 from outbox._core.kafka import client_settings
@@ -54,8 +62,7 @@ def read_committed(
                 raise error("KAFKA_TOPIC_MISSING", topic=topic, servers=servers)
             time.sleep(0.2)
         ends = {p: _end(ends_of, topic, p, str(servers), deadline) for p in found.partitions}
-        _check_start(topic, start or {}, ends)
-        first = {p: (start or {}).get(p, OFFSET_BEGINNING) for p in ends}
+        first = _first(topic, start or {}, ends)
         pending = {p for p, end in ends.items() if end > max(first[p], 0)}
         consumer.assign([TopicPartition(topic, p, first[p]) for p in pending])
         out: list[Message] = []
@@ -83,7 +90,8 @@ def read_committed(
             elif failure.code() == KafkaError._PARTITION_EOF:
                 if offset >= ends[partition]:
                     pending.discard(partition)
-            elif failure.code() == KafkaError._AUTO_OFFSET_RESET:  # a start below the log's
+            elif failure.code() == KafkaError._AUTO_OFFSET_RESET and first[partition] >= 0:
+                # A start below the log's (the beginning's own lookup failing is no such loss).
                 raise error("KAFKA_START_GONE", topic=topic, partition=partition, offset=first[partition])
             else:
                 raise error("KAFKA_READ_FAILED", topic=topic, servers=servers, reason=failure.str())
@@ -93,8 +101,9 @@ def read_committed(
         ends_of.close()
 
 
-def _check_start(topic: str, start: Mapping[int, int], ends: Mapping[int, int]) -> None:
-    """A start the topic does not have would skip its partition without a word: refused."""
+def _first(topic: str, start: Mapping[int, int], ends: Mapping[int, int]) -> dict[int, int]:
+    """Each partition's first offset: as given (OFFSET_END: its end now), else its beginning. A start
+    the topic does not have would skip its partition without a word: refused."""
     for partition, offset in sorted(start.items()):
         if partition not in ends:
             raise error("KAFKA_START_NO_PARTITION", topic=topic, partition=partition, count=len(ends))
@@ -102,6 +111,8 @@ def _check_start(topic: str, start: Mapping[int, int], ends: Mapping[int, int]) 
             raise error(
                 "KAFKA_START_OUTSIDE", topic=topic, partition=partition, offset=offset, end=ends[partition]
             )
+    given = {p: ends[p] if offset == OFFSET_END else offset for p, offset in start.items()}
+    return {p: given.get(p, OFFSET_BEGINNING) for p in ends}
 
 
 def _consumer(config: Mapping[str, object], isolation: str) -> Consumer:

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
 from psycopg import sql
 
 from outbox._core import tables
@@ -202,10 +202,8 @@ def _offsets_at(servers: str, topic: str, millis: float, timeout: float) -> dict
         raise error("KAFKA_READ_UNREACHABLE", servers=servers, reason=exc.args[0].str()) from None
     finally:
         consumer.close()
-    # -1: no record that late; read_committed's start then is the end, and nothing is read.
-    return {tp.partition: tp.offset for tp in answered if tp.offset >= 0} | {
-        tp.partition: 1 << 62 for tp in answered if tp.offset < 0
-    }
+    # -1 (OFFSET_END): no record that late; read_committed then starts at the end, and reads nothing.
+    return {tp.partition: tp.offset if tp.offset >= 0 else OFFSET_END for tp in answered}
 
 
 def prune(conn: psycopg.Connection[Any], schema: str, days: float, batch: int = 50_000) -> Iterable[int]:

@@ -68,7 +68,7 @@ def test_a_tracing_sink_records_each_records_outcome_with_the_rows(spark, db, pg
 def test_outbox_trace_follows_events_from_input_record_to_output_topic(  # type: ignore[no-untyped-def]
     spark, bootstrap, topic, db, pg, checkpoint, tmp_path, env
 ) -> None:
-    out = create_topic(bootstrap, unique("out"))
+    out = create_topic(bootstrap, unique("out"), partitions=3)  # some with nothing after the event
     a, b, d, never = (str(uuid.uuid4()) for _ in range(4))
     refused = (d.encode(), json.dumps({"event_id": d, "n": None, "amount": "1.00", "version": 1}).encode())
     produce_transaction(
@@ -128,7 +128,7 @@ def test_outbox_trace_follows_events_from_input_record_to_output_topic(  # type:
     try:
         job.wait_for_output(ACTIVE, 60)
         [(partition, offset, _, published_id)] = [
-            r for r in wait_published(bootstrap, out, 1, 2) if r[3] == a_box
+            r for r in wait_published(bootstrap, out, 3, 2) if r[3] == a_box
         ]
         found = json.loads(
             outbox(
