@@ -21,11 +21,25 @@ from outbox._core.committed import read_committed
 from outbox._core.errors import ConfigError
 from outbox._core.kafka import client_settings
 from outbox.errors import error
-from outbox.relay.outcomes import TIMED_OUT_CODES
 from outbox.relay.position import Identity, Position, latest_position
 
 log = logging.getLogger("outbox.relay")
 T = TypeVar("T")
+# Refusals of the topic's creation that no retry changes: the operator creates it (or grants the right).
+_REFUSED = frozenset(
+    {
+        KafkaError.POLICY_VIOLATION,
+        KafkaError.INVALID_REPLICATION_FACTOR,
+        KafkaError.INVALID_REPLICA_ASSIGNMENT,
+        KafkaError.INVALID_CONFIG,
+        KafkaError.INVALID_PARTITIONS,
+        KafkaError.TOPIC_EXCEPTION,  # a name Kafka does not take
+        KafkaError.INVALID_REQUEST,
+        KafkaError.UNSUPPORTED_VERSION,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    }
+)
 
 
 def replication(brokers: int) -> tuple[int, dict[str, str]]:
@@ -87,15 +101,16 @@ class PositionStore:
                 answer(future, self.timeout)
             except KafkaException as exc:
                 failure = exc.args[0]
-                if failure.retriable() or failure.code() in TIMED_OUT_CODES:
-                    raise  # Kafka not answering now: the session ends, and the next one asks again
-                if failure.code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                    raise error(
-                        "RELAY_POSITIONS_TOPIC_NOT_CREATED",
-                        topic=self.topic,
-                        reason=failure.str(),
-                        replicas=factor,
-                    ) from None
+                if failure.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                    continue
+                if not refused(failure):
+                    raise  # Kafka not answering now (a timeout, a broker leaving): asked again
+                raise error(
+                    "RELAY_POSITIONS_TOPIC_NOT_CREATED",
+                    topic=self.topic,
+                    reason=failure.str(),
+                    replicas=factor,
+                ) from None
         log.info("created positions topic", extra={"topic": self.topic, "replicas": factor, **config})
         self._wait_for_leader(admin)
 
@@ -130,6 +145,11 @@ class PositionStore:
             # ensure_topic has just seen it: the broker asked has not caught up with the cluster yet
             raise error("RELAY_POSITIONS_TOPIC_UNKNOWN", topic=self.topic) from None
         return [(m.key(), m.value()) for m in messages]
+
+
+def refused(failure: KafkaError) -> bool:
+    """Whether a failed creation is a refusal no retry changes; else Kafka is not answering now."""
+    return failure.code() in _REFUSED
 
 
 def answer(future: Future[T], timeout: float) -> T:

@@ -212,3 +212,20 @@ def test_a_setting_the_broker_refuses_stops_the_relay_at_once_with_its_reason(da
     assert last.startswith("outbox: error: [RELAY_KAFKA_SETTING_REFUSED] "), result.err
     assert "transaction.timeout.ms" in last and bootstrap in last, last
     assert "session ended, retrying" not in result.err, result.err
+
+
+def test_a_positions_topic_kafka_cannot_create_stops_the_relay_with_one_line(database, bootstrap) -> None:  # type: ignore[no-untyped-def]
+    """A refusal of the creation (here a name Kafka does not take) is said at once; a creation Kafka
+    does not answer (a timeout, a broker leaving in a restart) ends the session only, and is asked
+    again (tests/unit/test_relay_unit.py)."""
+    from outbox import migrate
+
+    migrate.upgrade(database, "public")
+    result = outbox(
+        "relay", "--name", "r", "--url", database.raw, "--bootstrap-servers", bootstrap,
+        "--positions-topic", "no/slash", "--metrics-address", "off",
+    )  # fmt: skip
+    assert result.code == 2, result
+    last = result.err.strip().splitlines()[-1]
+    assert last.startswith("outbox: error: [RELAY_POSITIONS_TOPIC_NOT_CREATED] "), result.err
+    assert "no/slash" in last and "session ended, retrying" not in result.err, result.err

@@ -281,4 +281,3 @@ def test_packing_keeps_each_range_whole_and_once_in_tasks_of_about_the_size(
             assert held - (task[-1].end - task[-1].start) < records
         if i < len(tasks) - 1 and len(task) > 1:
             assert held >= records
-

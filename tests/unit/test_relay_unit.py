@@ -23,7 +23,7 @@ from outbox.relay.position import (
     halt,
     latest_position,
 )
-from outbox.relay.positions import answer, problems, replication
+from outbox.relay.positions import answer, problems, refused, replication
 from outbox.relay.relay import backoff
 from outbox.relay.settings import RelaySettings, relay_name
 
@@ -236,3 +236,16 @@ def test_an_admin_answer_that_does_not_come_in_time_is_a_kafka_timeout_the_relay
     done: Future[int] = Future()
     done.set_result(7)
     assert answer(done, 0.01) == 7
+
+
+def test_a_creation_kafka_refuses_is_said_one_it_did_not_answer_is_asked_again() -> None:
+    """A timeout or a broker leaving in a rolling restart was RELAY_POSITIONS_TOPIC_NOT_CREATED, a
+    ConfigError that ended the relay's process on its first start."""
+    for passing in (KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._DESTROY_BROKER):
+        assert not refused(KafkaError(passing)), passing
+    for final in (
+        KafkaError.TOPIC_EXCEPTION,
+        KafkaError.POLICY_VIOLATION,
+        KafkaError.INVALID_REPLICATION_FACTOR,
+    ):
+        assert refused(KafkaError(final)), final
