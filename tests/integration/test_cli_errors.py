@@ -197,35 +197,33 @@ def catches(pid: int, sig: int) -> bool:
     return bool(int(caught, 16) >> (sig - 1) & 1)
 
 
-def test_a_setting_the_broker_refuses_stops_the_relay_at_once_with_its_reason(database, bootstrap) -> None:  # type: ignore[no-untyped-def]
-    """The broker refuses a transaction timeout above its transaction.max.timeout.ms (15 minutes by
-    default) at init_transactions: no retry can change that, so the relay exits with one line."""
+def refused_at_once(database, bootstrap: str, code: str, *flags: str) -> str:  # type: ignore[no-untyped-def]
+    """Run a relay on a migrated database; it must exit with `code` in one line, not retry. The line."""
     from outbox import migrate
 
     migrate.upgrade(database, "public")
     result = outbox(
         "relay", "--name", "r", "--url", database.raw, "--bootstrap-servers", bootstrap,
-        "-X", "transaction.timeout.ms=3600000", "--metrics-address", "off",
+        "--metrics-address", "off", *flags,
     )  # fmt: skip
     assert result.code == 2, result
     last = result.err.strip().splitlines()[-1]
-    assert last.startswith("outbox: error: [RELAY_KAFKA_SETTING_REFUSED] "), result.err
-    assert "transaction.timeout.ms" in last and bootstrap in last, last
+    assert last.startswith(f"outbox: error: [{code}] "), result.err
     assert "session ended, retrying" not in result.err, result.err
+    return last
+
+
+def test_a_setting_the_broker_refuses_stops_the_relay_at_once_with_its_reason(database, bootstrap) -> None:  # type: ignore[no-untyped-def]
+    """The broker refuses a transaction timeout above its transaction.max.timeout.ms (15 minutes by
+    default) at init_transactions: no retry can change that, so the relay exits with one line."""
+    flags = ("-X", "transaction.timeout.ms=3600000")
+    last = refused_at_once(database, bootstrap, "RELAY_KAFKA_SETTING_REFUSED", *flags)
+    assert "transaction.timeout.ms" in last and bootstrap in last, last
 
 
 def test_a_positions_topic_kafka_cannot_create_stops_the_relay_with_one_line(database, bootstrap) -> None:  # type: ignore[no-untyped-def]
     """A refusal of the creation (here a name Kafka does not take) is said at once; a creation Kafka
     does not answer (a timeout, a broker leaving in a restart) ends the session only, and is asked
     again (tests/unit/test_relay_unit.py)."""
-    from outbox import migrate
-
-    migrate.upgrade(database, "public")
-    result = outbox(
-        "relay", "--name", "r", "--url", database.raw, "--bootstrap-servers", bootstrap,
-        "--positions-topic", "no/slash", "--metrics-address", "off",
-    )  # fmt: skip
-    assert result.code == 2, result
-    last = result.err.strip().splitlines()[-1]
-    assert last.startswith("outbox: error: [RELAY_POSITIONS_TOPIC_NOT_CREATED] "), result.err
-    assert "no/slash" in last and "session ended, retrying" not in result.err, result.err
+    flags = ("--positions-topic", "no/slash")
+    assert "no/slash" in refused_at_once(database, bootstrap, "RELAY_POSITIONS_TOPIC_NOT_CREATED", *flags)
