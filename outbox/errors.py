@@ -127,6 +127,11 @@ CONDITIONS = Conditions(
     RELAY_POSITIONS_TOPIC_NO_LEADER=Condition(
         ServiceUnavailable, "the positions topic {topic!r} has no leader {timeout:.0f}s after its creation"
     ),
+    RELAY_POSITIONS_TOPIC_WAITING=Condition(
+        ServiceUnavailable,
+        "the positions topic {topic!r} is to have {replicas} replicas, and {live} of the cluster's {brokers}"
+        " brokers are up: waiting for them to create it (or create it yourself: compacted, 1 partition)",
+    ),
     RELAY_POSITIONS_TOPIC_UNKNOWN=Condition(
         ServiceUnavailable, "the positions topic {topic!r} exists, but the broker asked does not know it yet"
     ),

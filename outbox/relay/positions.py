@@ -15,7 +15,7 @@ from concurrent.futures import Future
 from typing import TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from confluent_kafka.admin import AdminClient, ClusterMetadata, ConfigResource, NewTopic
 
 from outbox._core.committed import read_committed
 from outbox._core.errors import ConfigError
@@ -53,6 +53,13 @@ def replication(brokers: int) -> tuple[int, dict[str, str]]:
     return factor, {"cleanup.policy": "compact", "min.insync.replicas": str(in_sync)}
 
 
+def cluster_size(metadata: ClusterMetadata) -> int:
+    """The cluster's brokers, up or down. Kafka's metadata lists the live ones only, so a relay first
+    started during a restart took two for three; but it names every replica of every partition."""
+    named = {r for t in metadata.topics.values() for p in t.partitions.values() for r in p.replicas}
+    return len(named | set(metadata.brokers))
+
+
 def problems(topic: str, replicas: int, brokers: int, policy: str) -> list[str]:
     """What is wrong with an existing positions topic, as lines an operator can act on."""
     found = []
@@ -84,7 +91,7 @@ class PositionStore:
         """Create the topic, replicated as `replication` says; or warn about an existing one."""
         admin = AdminClient(client_settings(self.settings, "admin", bootstrap=self.bootstrap))
         metadata = admin.list_topics(timeout=self.timeout)
-        brokers = len(metadata.brokers)
+        live, brokers = len(metadata.brokers), cluster_size(metadata)
         existing = metadata.topics.get(self.topic)
         if existing is not None and existing.error is None:
             replicas = min((len(p.replicas) for p in existing.partitions.values()), default=0)
@@ -95,6 +102,10 @@ class PositionStore:
                 log.warning(problem)
             return
         factor, config = replication(brokers)
+        if live < factor:  # as Kafka waits to make its own internal topics: made short, it stays short
+            raise error(
+                "RELAY_POSITIONS_TOPIC_WAITING", topic=self.topic, replicas=factor, live=live, brokers=brokers
+            )
         topic = NewTopic(self.topic, 1, factor, config=config)
         for future in admin.create_topics([topic]).values():
             try:

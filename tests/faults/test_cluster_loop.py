@@ -295,6 +295,38 @@ def test_the_positions_outlive_the_broker_that_led_them(
     assert terminate(job) == 0
 
 
+def test_a_relay_first_started_with_a_broker_down_waits_to_make_its_positions_topic_whole(
+    tmp_path: Path, outbox_db: DatabaseUrl, healthy: Cluster, sink: Sink
+) -> None:
+    """Kafka's metadata lists the live brokers only: with one of three down, the positions topic was
+    created with 2 replicas and min.insync 1, for good (later starts only warned), so one more
+    broker lost could lose every position, and the relay would publish its outbox again."""
+    bootstrap, name, positions_topic = healthy.bootstrap, unique("relay"), unique("positions")
+    topic = create_topic(bootstrap, unique(MODULE), partitions=PARTITIONS)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    down = sorted(healthy.services)[-1]
+    healthy.stop(down)
+    wait_for(lambda: down not in admin.list_topics(timeout=30).brokers, 60, f"node {down} gone from metadata")
+    writers = Writers(outbox_db, topic).start(transactions=20)
+    writers.join()
+    env = {"DATABASE_URL": outbox_db.raw, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
+    job, _ = relay_job(tmp_path, env, name, *FAST, "--positions-topic", positions_topic)
+    wait_for(lambda: RELAY_STALL in job.output() or ACTIVE in job.output(), 120, "the relay's first line")
+    assert ACTIVE not in job.output(), (
+        f"published with a broker down, its positions topic short of it:\n{job.output()}"
+    )
+    healthy.start(down)
+    wait_resumed(job, 180)
+    check_every_record(bootstrap, topic, writers.committed, outbox_db, sink)
+    assert terminate(job) == 0
+    [partition] = admin.list_topics(positions_topic, timeout=30).topics[positions_topic].partitions.values()
+    resource = ConfigResource(ConfigResource.Type.TOPIC, positions_topic)
+    config = admin.describe_configs([resource])[resource].result(30)
+    assert (len(partition.replicas), config["min.insync.replicas"].value) == (3, "2"), job.output()
+    said = [line for line in job.output().splitlines() if RELAY_STALL in line]
+    assert len(said) == 1 and "2 of the cluster's 3 brokers are up" in said[0], said
+
+
 @dataclass(frozen=True)
 class Load:
     topic: str

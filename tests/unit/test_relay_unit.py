@@ -6,6 +6,7 @@ from concurrent.futures import Future
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import BrokerMetadata, ClusterMetadata, PartitionMetadata, TopicMetadata
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -23,7 +24,7 @@ from outbox.relay.position import (
     halt,
     latest_position,
 )
-from outbox.relay.positions import answer, problems, refused, replication
+from outbox.relay.positions import answer, cluster_size, problems, refused, replication
 from outbox.relay.relay import backoff
 from outbox.relay.settings import RelaySettings, relay_name
 
@@ -216,6 +217,24 @@ def test_the_positions_topic_is_replicated_as_the_cluster_allows(
     brokers: int, factor: int, in_sync: str
 ) -> None:
     assert replication(brokers) == (factor, {"cleanup.policy": "compact", "min.insync.replicas": in_sync})
+
+
+@given(
+    live=st.sets(st.integers(0, 9), min_size=1),
+    topics=st.lists(st.lists(st.sets(st.integers(0, 9), min_size=1), max_size=4), max_size=4),
+)
+def test_the_cluster_counts_its_brokers_that_are_down_too(
+    live: set[int], topics: list[list[set[int]]]
+) -> None:
+    """Kafka lists live brokers only; every broker a partition's replicas name is the cluster's too."""
+    metadata = ClusterMetadata()
+    metadata.brokers = {b: BrokerMetadata() for b in live}
+    for t, partitions in enumerate(topics):
+        metadata.topics[f"t{t}"] = TopicMetadata()
+        for p, replicas in enumerate(partitions):
+            metadata.topics[f"t{t}"].partitions[p] = PartitionMetadata()
+            metadata.topics[f"t{t}"].partitions[p].replicas = sorted(replicas)
+    assert cluster_size(metadata) == len(live.union(*(r for t in topics for r in t)))
 
 
 def test_an_under_replicated_or_uncompacted_positions_topic_is_named_with_the_remedy() -> None:
