@@ -63,10 +63,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         record(m, **ids, order_field=args.order_field)
         for m in committed(servers, args.topic, start, args.timeout)
     ]
-    expected = None
+    expected: list[str | None] | None = None
     if args.source_topic:
         source = committed(servers, args.source_topic, None, args.timeout)
-        expected = {r.event_id for r in (record(m, **ids, order_field=None) for m in source) if r.event_id}
+        expected = [record(m, **ids, order_field=None).event_id for m in source]
     elif args.source_sql:
         expected = _ids_from_sql(args.url, args.source_sql)
     report = check(records, expected)
@@ -94,10 +94,10 @@ def _offsets(text: str | None) -> dict[int, int] | None:
     return offsets
 
 
-def _ids_from_sql(url_flag: str | None, query: str) -> set[str]:
+def _ids_from_sql(url_flag: str | None, query: str) -> list[str | None]:
     url = database_url(url_flag)
     try:
         with connect(url) as conn:
-            return {str(row[0]) for row in conn.execute(query.encode()) if row[0] is not None}
+            return [None if row[0] is None else str(row[0]) for row in conn.execute(query.encode())]
     except psycopg.Error as exc:
         raise error("VERIFY_SOURCE_SQL_FAILED", reason=str(exc).strip().splitlines()[0]) from None

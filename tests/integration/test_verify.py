@@ -136,3 +136,20 @@ def test_the_source_can_be_a_query(bootstrap: str, database, pg) -> None:  # typ
     sql = "SELECT event_id FROM applied"
     code, text = verify(bootstrap, out, "--source-sql", sql, "--url", database.raw)
     assert code == 1 and "missing: event e2 was never published" in text, text
+
+
+def test_source_events_without_an_id_are_said_not_passed_over(bootstrap: str, database, pg) -> None:  # type: ignore[no-untyped-def]
+    """A source event with no id (a header left off, a NULL in the query) was dropped from what must
+    appear: the event could be missing from the topic, and verify said "no findings"."""
+    source, out = create_topic(bootstrap, unique("src"), 1), create_topic(bootstrap, unique("out"), 1)
+    publish(bootstrap, source, [("e1", "k", 1)])
+    producer = transactional_producer(bootstrap)
+    producer.begin_transaction()
+    producer.produce(source, key=b"k", value=json.dumps({"seq": 2}).encode())  # no event_id header
+    producer.commit_transaction(30)
+    publish(bootstrap, out, [("e1", "k", 1)])
+    code, text = verify(bootstrap, out, "--source-topic", source)
+    assert code == 1 and "source-no-id: 1 source event has no id" in text, text
+    pg.execute("CREATE TABLE applied (event_id text); INSERT INTO applied VALUES ('e1'), (NULL)")
+    code, text = verify(bootstrap, out, "--source-sql", "SELECT event_id FROM applied", "--url", database.raw)
+    assert code == 1 and "source-no-id: 1 source event has no id" in text, text

@@ -57,3 +57,10 @@ def test_only_finite_numbers_are_sequences() -> None:
         None,
         None,
     ]
+
+
+def test_a_source_event_without_an_id_is_a_finding_a_repeated_one_is_not() -> None:
+    records = [Record(0, 0, "k", "e1"), Record(0, 1, "k", "e2")]
+    assert check(records, ["e1", "e2", "e2"]).ok  # a source repeat: what an idempotent sink absorbs
+    [finding] = check(records, ["e1", None, "e2", None]).findings
+    assert (finding.kind, finding.detail.split(":")[0]) == ("source-no-id", "2 source events have no id")
