@@ -24,13 +24,25 @@ CONDITIONS = Conditions(
     CORE,
     # writer: add_event(s) and the outbox table
     OUTBOX_EVENT_TOPIC_MISSING=Condition(OutboxError, "an outbox event needs a topic"),
+    OUTBOX_EVENT_TOPIC_INVALID=Condition(
+        OutboxError,
+        "{topic!r} is no name Kafka takes for a topic: give 1 to 249 ASCII letters, digits,"
+        " '.', '_' or '-' (not '.' or '..')",
+    ),
+    OUTBOX_EVENT_ID_INVALID=Condition(OutboxError, "the event id {event_id!r} is not a UUID"),
     OUTBOX_HEADER_NAME_NOT_STR=Condition(OutboxError, "header names must be str, not {kind}"),
+    OUTBOX_HEADER_NAME_INVALID=Condition(
+        OutboxError, "the header name {name!r} has a NUL or a lone surrogate: PostgreSQL text holds neither"
+    ),
     OUTBOX_HEADER_RESERVED=Condition(
         OutboxError,
         "the header {name!r} is the relay's own: it stamps every record with the event's id there;"
         " name yours otherwise",
     ),
     OUTBOX_FIELD_NOT_BYTES=Condition(OutboxError, "the {what} must be bytes or str, not {kind}"),
+    OUTBOX_FIELD_NOT_UTF8=Condition(
+        OutboxError, "the {what} is a str with a lone surrogate, which UTF-8 cannot encode: pass bytes"
+    ),
     OUTBOX_VALUE_NOT_SERIALISABLE=Condition(
         OutboxError, "the event value is neither bytes, str nor JSON-serialisable: {reason}"
     ),

@@ -15,6 +15,7 @@ commit) pass notify=False: PostgreSQL refuses to prepare one that sent a NOTIFY.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from outbox._core.config import schema_name
 from outbox.errors import error
 
 Headers = Mapping[str, bytes | str] | Sequence[tuple[str, bytes | str]]
+_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")  # Kafka's own rule for a topic's name
 
 
 @dataclass(frozen=True)
@@ -42,16 +44,23 @@ class Event:
     event_id: uuid.UUID = field(default_factory=uuid.uuid4)
 
     def row(self) -> tuple[object, ...]:
+        """The event as the outbox stores it; refused here, with one line, whatever Kafka or the
+        table would refuse later (a topic Kafka cannot have halts the relay at that event)."""
         if not self.topic:
             raise error("OUTBOX_EVENT_TOPIC_MISSING")
-        pairs = list(self.headers.items() if isinstance(self.headers, Mapping) else self.headers)
+        if not (isinstance(self.topic, str) and _TOPIC.fullmatch(self.topic)) or self.topic in (".", ".."):
+            raise error("OUTBOX_EVENT_TOPIC_INVALID", topic=self.topic)
+        headers = self.headers or {}
+        pairs = list(headers.items() if isinstance(headers, Mapping) else headers)
         for name, _ in pairs:
             if not isinstance(name, str):
                 raise error("OUTBOX_HEADER_NAME_NOT_STR", kind=type(name).__name__)
+            if "\x00" in name or not _utf8(name):  # PostgreSQL text holds neither
+                raise error("OUTBOX_HEADER_NAME_INVALID", name=name)
             if name == tables.EVENT_ID_HEADER:  # a second one: consumers would take either
                 raise error("OUTBOX_HEADER_RESERVED", name=name)
         return (
-            self.event_id,
+            _event_id(self.event_id),
             self.topic,
             _bytes(self.key, "key"),
             _value(self.value),
@@ -125,6 +134,10 @@ def _driver(conn: Any) -> psycopg.Connection:
     """The psycopg connection under a SQLAlchemy Session or Connection."""
     try:  # a Session gives its Connection; a Connection its DBAPI connection.
         connection = conn.connection() if callable(getattr(conn, "connection", None)) else conn
+        # As a statement would: SQLAlchemy begins a transaction at a Connection's first one, and
+        # only commits one it began. Without, commit() did nothing and the pool rolled the event back.
+        if not connection.in_transaction():
+            connection.begin()
         driver = connection.connection.driver_connection
     except AttributeError:
         raise error("OUTBOX_CONNECTION_UNSUPPORTED", kind=type(conn).__name__) from None
@@ -133,20 +146,38 @@ def _driver(conn: Any) -> psycopg.Connection:
     return driver
 
 
+def _event_id(given: object) -> uuid.UUID:
+    if isinstance(given, uuid.UUID):
+        return given
+    try:
+        return uuid.UUID(str(given)) if isinstance(given, str) else uuid.UUID(bytes=given)  # type: ignore[arg-type]
+    except (ValueError, TypeError):
+        raise error("OUTBOX_EVENT_ID_INVALID", event_id=given) from None
+
+
+def _utf8(text: str) -> bytes | None:
+    """The text as UTF-8; None for a str that has none (a lone surrogate)."""
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return None
+
+
 def _bytes(value: bytes | str | None, what: str) -> bytes | None:
     if value is None or isinstance(value, bytes):
         return value
     if isinstance(value, str):
-        return value.encode()
+        if (encoded := _utf8(value)) is None:
+            raise error("OUTBOX_FIELD_NOT_UTF8", what=what)
+        return encoded
     raise error("OUTBOX_FIELD_NOT_BYTES", what=what, kind=type(value).__name__)
 
 
 def _value(value: Any) -> bytes | None:
-    if value is None or isinstance(value, bytes):
-        return value
-    if isinstance(value, str):
-        return value.encode()
-    try:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    if value is None or isinstance(value, bytes | str):
+        return _bytes(value, "value")
+    try:  # NaN and Infinity are no JSON: a consumer's parser refuses them
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise error("OUTBOX_VALUE_NOT_SERIALISABLE", reason=exc) from None
+    return _bytes(text, "value")

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import uuid
 
+import hypothesis.strategies as st
 import psycopg
 import pytest
 import sqlalchemy as sa
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+from hypothesis import HealthCheck, given, settings
 from sqlalchemy.orm import Session
 
 from outbox._core.config import DatabaseUrl
@@ -96,6 +100,35 @@ def test_sqlalchemy_connection_and_session(db: DatabaseUrl, pg: psycopg.Connecti
     assert b not in {r[0] for r in outbox_rows(pg)}
 
 
+def test_a_sqlalchemy_connection_that_commits_as_it_goes_keeps_the_event(
+    db: DatabaseUrl, pg: psycopg.Connection
+) -> None:
+    """SQLAlchemy begins a transaction at a Connection's first statement; add_event reached the
+    driver under it, so with nothing else before it SQLAlchemy had begun none: its commit() did
+    nothing, and the pool rolled the event back when the connection went back to it."""
+    engine = sa.create_engine(db.sqlalchemy)
+    try:
+        with engine.connect() as conn:
+            first = add_event(conn, "orders", "one")
+            conn.commit()
+        with engine.connect() as conn:
+            second = add_event(conn, "orders", "two")
+            conn.execute(sa.text("INSERT INTO orders VALUES (1, 'new')"))
+            conn.commit()
+            dropped = add_event(conn, "orders", "three")
+            conn.rollback()
+    finally:
+        engine.dispose()
+    assert [r[0] for r in outbox_rows(pg)] == [first, second]
+    assert dropped not in {r[0] for r in outbox_rows(pg)}
+
+
+def test_an_event_without_headers_is_taken(db: DatabaseUrl, pg: psycopg.Connection) -> None:
+    with psycopg.connect(db.libpq) as conn, conn.transaction():
+        [event] = add_events(conn, [Event("orders", "x", headers=None)])  # type: ignore[arg-type]
+    assert outbox_rows(pg) == [(event, "orders", None, b"x", [], [])]
+
+
 def test_bulk_keeps_order_ids_and_headers(db: DatabaseUrl, pg: psycopg.Connection) -> None:
     given = uuid.uuid4()
     events = [Event("t", {"n": n}, key=str(n % 3)) for n in range(500)]
@@ -178,6 +211,23 @@ def test_an_unknown_notify_setting_is_refused_not_taken_for_on(db: DatabaseUrl, 
         ({"topic": "t", "value": "x", "key": 5}, "OUTBOX_FIELD_NOT_BYTES", "the key "),
         ({"topic": "t", "value": "x", "headers": {"h": 1}}, "OUTBOX_FIELD_NOT_BYTES", "the header 'h' "),
         ({"topic": "t", "value": "x", "headers": {"event_id": "e"}}, "OUTBOX_HEADER_RESERVED", "'event_id'"),
+        # Stored, these halted the relay (a topic that can never exist, its poison) or aborted the
+        # caller's transaction with a raw error, instead of one line here.
+        ({"topic": b"orders", "value": "x"}, "OUTBOX_EVENT_TOPIC_INVALID", "b'orders'"),
+        ({"topic": "or ders", "value": "x"}, "OUTBOX_EVENT_TOPIC_INVALID", "'or ders'"),
+        ({"topic": "ord\x00ers", "value": "x"}, "OUTBOX_EVENT_TOPIC_INVALID", "'ord\\x00ers'"),
+        ({"topic": "t" * 250, "value": "x"}, "OUTBOX_EVENT_TOPIC_INVALID", "249"),
+        ({"topic": "..", "value": "x"}, "OUTBOX_EVENT_TOPIC_INVALID", "'..'"),
+        ({"topic": "t", "value": {"x": float("nan")}}, "OUTBOX_VALUE_NOT_SERIALISABLE", "float"),
+        ({"topic": "t", "value": "x", "key": "k\udc80"}, "OUTBOX_FIELD_NOT_UTF8", "the key "),
+        ({"topic": "t", "value": "\udc80"}, "OUTBOX_FIELD_NOT_UTF8", "the value "),
+        ({"topic": "t", "value": "x", "headers": {"h\x00": "v"}}, "OUTBOX_HEADER_NAME_INVALID", "'h\\x00'"),
+        (
+            {"topic": "t", "value": "x", "headers": {"h\udc80": "v"}},
+            "OUTBOX_HEADER_NAME_INVALID",
+            "'h\\udc80'",
+        ),
+        ({"topic": "t", "value": "x", "event_id": "not-a-uuid"}, "OUTBOX_EVENT_ID_INVALID", "'not-a-uuid'"),
     ],
 )
 def test_bad_events_are_refused_before_anything_is_written(
@@ -197,3 +247,36 @@ def test_missing_table_names_the_fix(database: DatabaseUrl) -> None:
         add_event(conn, "t", "x")
     assert missing.value.code == "TABLES_MISSING"
     assert "outbox db upgrade" in missing.value.message  # the fix
+
+
+NAMES = st.one_of(
+    st.text(st.sampled_from("aZ09._-"), min_size=0, max_size=260),
+    st.text(st.characters(codec="utf-8"), max_size=12),
+    st.sampled_from([".", "..", "...", "a" * 249, "a" * 250, "orders\x00", "ordérs", "a/b", "a b"]),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=NAMES)
+def test_the_writer_takes_every_topic_name_kafka_takes_and_no_other(bootstrap: str, name: str) -> None:
+    """Kafka itself is the oracle: a create it validates, and nothing is created."""
+    try:
+        Event(name, "x").row()
+        taken = True
+    except OutboxError as refused:
+        assert refused.code in ("OUTBOX_EVENT_TOPIC_INVALID", "OUTBOX_EVENT_TOPIC_MISSING"), refused
+        taken = False
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    try:
+        # librdkafka sends a C string: a NUL would cut the name there, and say nothing
+        if "\x00" in name:
+            raise ValueError("a NUL in a name")
+        [future] = admin.create_topics([NewTopic(name, 1, 1)], validate_only=True).values()
+        future.result(30)
+        valid = True
+    except KafkaException as exc:
+        why = exc.args[0].str()
+        valid = "already exists" in why or "collides" in why  # a valid name, taken by another topic
+    except (ValueError, UnicodeError):  # the client cannot send it at all
+        valid = False
+    assert taken == valid, (name, taken)
