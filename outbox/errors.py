@@ -170,6 +170,12 @@ CONDITIONS = Conditions(
         ConfigError, '--from-offsets must be JSON like {{"0": 42, "1": 7}}, no number below 0, got {text!r}'
     ),
     VERIFY_SOURCE_SQL_FAILED=Condition(ConfigError, "--source-sql failed: {reason}"),
+    VERIFY_FLAG_EMPTY=Condition(ConfigError, "{flag} is empty: give it, or leave the flag out"),
+    VERIFY_FROM_OFFSETS_WITH_SOURCE=Condition(
+        ConfigError,
+        "--from-offsets checks part of the topic, a source names every event: every event before the"
+        " offsets would be missing. Leave one out",
+    ),
     # status: `outbox status`
     STATUS_DATABASE_ERROR=Condition(OutboxError, "outbox status in {url}: {reason}"),
     # migrations: `outbox db`, `outbox check`

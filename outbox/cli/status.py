@@ -51,7 +51,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="seconds after which an open transaction is LONG-OPEN (default 60)",
     )
     p.add_argument(
-        "--timeout", type=float, default=10.0, help="seconds Kafka may take to answer (default 10)"
+        "--timeout", type=options.seconds, default=10.0, help="seconds Kafka may take to answer (default 10)"
     )
     p.add_argument("--json", action="store_true", help="one JSON object instead of the screen")
     p.set_defaults(handler=cmd_status)

@@ -49,7 +49,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--bootstrap-servers",
         help="Kafka host:port list, to find published events in their topic (env KAFKA_BOOTSTRAP_SERVERS)",
     )
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds to search a topic (default 30)")
+    p.add_argument(
+        "--timeout", type=options.seconds, default=30.0, help="seconds to search a topic (default 30)"
+    )
     p.add_argument("--json", action="store_true", help="one JSON object instead of lines")
     p.add_argument("--prune", type=float, metavar="DAYS", help="delete trace rows older than DAYS, then stop")
     p.set_defaults(handler=cmd_trace)

@@ -16,6 +16,7 @@ import psycopg
 from outbox._core.config import bootstrap_servers, database_url
 from outbox._core.postgres import connect
 from outbox._core.tables import EVENT_ID_HEADER
+from outbox.cli import options
 from outbox.errors import error
 from outbox.verify.findings import check
 from outbox.verify.topic import committed, record
@@ -49,7 +50,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     source.add_argument("--source-sql", help="query whose first column lists the event ids that must appear")
     p.add_argument("--url", help="PostgreSQL URL for --source-sql (env DATABASE_URL)")
     p.add_argument(
-        "--timeout", type=float, default=60.0, help="seconds to read a topic to its end (default 60)"
+        "--timeout",
+        type=options.seconds,
+        default=60.0,
+        help="seconds to read a topic to its end (default 60)",
     )
     p.add_argument("--json", action="store_true", help="end with one JSON object")
     p.set_defaults(handler=cmd_verify)
@@ -58,16 +62,22 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 def cmd_verify(args: argparse.Namespace) -> int:
     servers = bootstrap_servers(args.bootstrap_servers)
     ids = {"id_header": None if args.id_field else args.id_header, "id_field": args.id_field}
+    for flag, given in (("--source-topic", args.source_topic), ("--source-sql", args.source_sql)):
+        if given is not None and not given.strip():  # an unset shell variable: the check would be skipped
+            raise error("VERIFY_FLAG_EMPTY", flag=flag)
     start = _offsets(args.from_offsets)
+    if start is not None and (args.source_topic or args.source_sql):
+        # The source is whole; the topic's part before the offsets would all be "missing".
+        raise error("VERIFY_FROM_OFFSETS_WITH_SOURCE")
     records = [
         record(m, **ids, order_field=args.order_field)
         for m in committed(servers, args.topic, start, args.timeout)
     ]
     expected: list[str | None] | None = None
-    if args.source_topic:
+    if args.source_topic is not None:
         source = committed(servers, args.source_topic, None, args.timeout)
         expected = [record(m, **ids, order_field=None).event_id for m in source]
-    elif args.source_sql:
+    elif args.source_sql is not None:
         expected = _ids_from_sql(args.url, args.source_sql)
     report = check(records, expected)
     for finding in report.findings:
@@ -87,7 +97,7 @@ def _offsets(text: str | None) -> dict[int, int] | None:
         return None
     try:
         offsets = {int(p): int(o) for p, o in json.loads(text).items()}
-    except (ValueError, AttributeError, TypeError):
+    except (ValueError, AttributeError, TypeError, OverflowError):  # Overflow: 1e400, Infinity
         raise error("VERIFY_FROM_OFFSETS_MALFORMED", text=text) from None
     if min((*offsets, *offsets.values()), default=0) < 0:  # librdkafka reads -1 as the end, -2 the start
         raise error("VERIFY_FROM_OFFSETS_MALFORMED", text=text)
@@ -98,6 +108,9 @@ def _ids_from_sql(url_flag: str | None, query: str) -> list[str | None]:
     url = database_url(url_flag)
     try:
         with connect(url) as conn:
-            return [None if row[0] is None else str(row[0]) for row in conn.execute(query.encode())]
+            cursor = conn.execute(query.encode())
+            if not cursor.description:
+                raise error("VERIFY_SOURCE_SQL_FAILED", reason="the query returns no column of event ids")
+            return [None if row[0] is None else str(row[0]) for row in cursor]
     except psycopg.Error as exc:
         raise error("VERIFY_SOURCE_SQL_FAILED", reason=str(exc).strip().splitlines()[0]) from None

@@ -100,7 +100,8 @@ def _ends(
     asked = {TopicPartition(t, p): OffsetSpec.latest() for t, p in wanted}
     ends, unanswered = {}, {}
     try:
-        futures = admin.list_offsets(asked, isolation_level=isolation, request_timeout=timeout)
+        # librdkafka takes at most an hour here
+        futures = admin.list_offsets(asked, isolation_level=isolation, request_timeout=min(timeout, 3600))
     except KafkaException as exc:
         return {}, {"every partition": exc.args[0].str()}
     for tp, future in futures.items():

@@ -153,3 +153,43 @@ def test_source_events_without_an_id_are_said_not_passed_over(bootstrap: str, da
     pg.execute("CREATE TABLE applied (event_id text); INSERT INTO applied VALUES ('e1'), (NULL)")
     code, text = verify(bootstrap, out, "--source-sql", "SELECT event_id FROM applied", "--url", database.raw)
     assert code == 1 and "source-no-id: 1 source event has no id" in text, text
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        # An empty flag (an unset shell variable) skipped the check of missing and leaked events.
+        (["--source-topic", ""], "--source-topic is empty"),
+        (["--source-sql", ""], "--source-sql is empty"),
+        # The source is read whole, the topic from these offsets: what came before was "missing".
+        (["--from-offsets", '{"0": 1}', "--source-topic", "t"], "--from-offsets"),
+        (["--from-offsets", '{"0": 1e400}'], "no number below 0"),  # a traceback (OverflowError)
+        (["--from-offsets", '{"0": Infinity}'], "no number below 0"),
+    ],
+)
+def test_flags_that_checked_nothing_or_failed_with_a_traceback_are_one_line(
+    bootstrap: str, flags: list[str], said: str
+) -> None:
+    out = create_topic(bootstrap, unique("out"), 1)
+    publish(bootstrap, out, [("e1", "k", 1), ("e2", "k", 2)])
+    result = outbox("verify", out, "--bootstrap-servers", bootstrap, *flags)
+    assert_one_line_error(result, said)
+
+
+def test_a_source_query_with_no_column_is_one_line(bootstrap: str, database) -> None:  # type: ignore[no-untyped-def]
+    out = create_topic(bootstrap, unique("out"), 1)
+    result = outbox(
+        "verify", out, "--bootstrap-servers", bootstrap, "--source-sql", "SELECT", "--url", database.raw
+    )
+    assert_one_line_error(result, "--source-sql", "no column")
+
+
+@pytest.mark.parametrize(
+    "command", [["verify", "t"], ["trace", "00000000-0000-0000-0000-000000000000"], ["status"]]
+)
+@pytest.mark.parametrize("seconds", ["-1", "0", "nan", "inf"])
+def test_a_timeout_that_is_no_positive_number_of_seconds_is_refused(command: list[str], seconds: str) -> None:
+    """A negative or NaN timeout waited forever on a broker that is down; status failed with a traceback."""
+    result = outbox(*command, "--timeout", seconds)
+    assert result.code == 2 and "Traceback" not in result.err, result
+    assert f"--timeout: {seconds!r} is not a positive number of seconds" in result.err, result.err
