@@ -8,9 +8,10 @@ without either seeing the other's revisions.
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import create_engine, pool, text
+from sqlalchemy import text
 
 from outbox._core import config as settings
+from outbox.migrate import sqlalchemy_engine
 from outbox.migrations import VERSION_TABLE
 
 config = context.config
@@ -25,15 +26,14 @@ options = {"version_table": VERSION_TABLE, "version_table_schema": schema, "targ
 
 def run_offline() -> None:
     """Emit SQL for a DBA to review instead of running it (`outbox db upgrade --sql`)."""
-    context.configure(url=url.sqlalchemy, literal_binds=True, **options)
+    context.configure(dialect_name="postgresql", literal_binds=True, **options)
     with context.begin_transaction():
         context.execute(text(f"CREATE SCHEMA IF NOT EXISTS {_quote(schema)}"))
         context.run_migrations()
 
 
 def run_online() -> None:
-    engine = create_engine(url.sqlalchemy, poolclass=pool.NullPool)
-    with engine.connect() as connection:
+    with sqlalchemy_engine(url).connect() as connection:
         context.configure(connection=connection, **options)
         with context.begin_transaction():
             if not connection.dialect.has_schema(connection, schema):

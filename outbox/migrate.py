@@ -17,10 +17,10 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
-from sqlalchemy import create_engine, pool
+from sqlalchemy import Engine, create_engine, pool
 
 from outbox._core.config import DatabaseUrl
-from outbox._core.postgres import reason
+from outbox._core.postgres import connect, reason
 from outbox._core.probe import check_postgres
 from outbox.errors import error
 from outbox.migrations import VERSION_TABLE
@@ -58,10 +58,16 @@ def downgrade(url: DatabaseUrl, schema: str, revision: str, *, sql: bool = False
     _run(command.downgrade, url, schema, revision, sql=sql)
 
 
+def sqlalchemy_engine(url: DatabaseUrl) -> Engine:
+    """SQLAlchemy over libpq's own connection: libpq reads the URL (several hosts for a failover
+    setup, a socket directory), where SQLAlchemy's reading of it differs."""
+    return create_engine("postgresql+psycopg://", creator=lambda: connect(url), poolclass=pool.NullPool)
+
+
 def revisions(url: DatabaseUrl, schema: str) -> Revisions:
     check_postgres(url)
     head = ScriptDirectory.from_config(alembic_config(url, schema)).get_current_head()
-    engine = create_engine(url.sqlalchemy, poolclass=pool.NullPool)
+    engine = sqlalchemy_engine(url)
     try:
         with engine.connect() as conn:
             ctx = MigrationContext.configure(

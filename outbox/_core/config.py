@@ -11,7 +11,7 @@ import os
 import re
 from dataclasses import dataclass
 from typing import NamedTuple
-from urllib.parse import parse_qsl, quote, unquote, urlencode
+from urllib.parse import quote, unquote, urlencode
 
 from outbox._core.errors import error
 
@@ -62,28 +62,30 @@ class DatabaseUrl:
             code = "CONFIG_DATABASE_URL_NO_DATABASE"
         elif (key := _unknown_parameter(uri.query)) is not None:
             code, problem = "CONFIG_DATABASE_URL_PARAMETER_UNKNOWN", {"key": key}
-        else:
+        elif _libpq_reads(value):
             return cls(value)
+        else:
+            code = ""  # a raw '%' that starts no escape, or '=' in a setting; libpq's words show the password
         if not code or "@" in uri.query:
-            # An '@' libpq did not read as the end of the user info: the password holds a raw '@',
-            # '/', '?' or '#', which libpq and every other URL reader split differently.
+            # An '@' libpq did not read as the end of the user info (the password holds a raw '@'
+            # or '/'), or a URL libpq's own parser refuses.
             code, problem = "CONFIG_DATABASE_URL_UNENCODED", {}
         raise error(code, source=source, url=redact_url(value), **problem)
 
     @property
     def parameters(self) -> set[str]:
         """The libpq settings the URL's query gives (its own win over any default of ours)."""
-        return {key for key, _ in parse_qsl(_split(self.raw).query, keep_blank_values=True)}
+        return {key for key, _ in _pairs(_split(self.raw).query)}
 
     @property
     def libpq(self) -> str:
         """The URL as libpq and psycopg take it, with the session settings every connection of
         the framework needs (SESSION): UTF-8 is what it sends, UTC what its times without a
         zone mean, whatever the database's encoding and time zone."""
-        base, _, query = ("postgresql" + self.raw[self.raw.index("://") :]).partition("?")
-        pairs = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k not in SESSION]
-        given = dict(parse_qsl(query)).get("options", "")
-        pairs = [(k, v) for k, v in pairs if k != "options"]
+        uri = _split(self.raw)  # not at the first '?': a password may hold one, as libpq reads it
+        base = f"postgresql://{'' if uri.userinfo is None else uri.userinfo + '@'}{uri.hosts}{uri.path}"
+        given = dict(_pairs(uri.query)).get("options", "")
+        pairs = [(k, v) for k, v in _pairs(uri.query) if k not in SESSION]
         pairs += [
             ("client_encoding", SESSION["client_encoding"]),
             ("options", f"{given} {SESSION['options']}".strip()),
@@ -109,7 +111,7 @@ class DatabaseUrl:
         """Every secret the URL carries, as written and decoded: its password, ?password=, ?sslpassword=."""
         found = {self._written_password, self.password or ""}
         query = _split(self.raw).query
-        for key, value in parse_qsl(query, keep_blank_values=True):
+        for key, value in _pairs(query):
             if key.lower() in SECRET_PARAMETERS:
                 found |= {value, *re.findall(rf"(?i)(?:^|&){key}=([^&]*)", query)}
         return {secret for secret in found if secret}
@@ -140,6 +142,25 @@ def _unknown_parameter(query: str) -> str | None:
     known = {option.keyword.decode() for option in pq.Conninfo.get_defaults()}
     keys = (item.partition("=")[0] for item in query.split("&") if item)
     return next((key for key in keys if key not in known), None)
+
+
+def _libpq_reads(url: str) -> bool:
+    """Whether libpq's own parser takes the URL (else no connection will)."""
+    import psycopg
+    from psycopg import pq
+
+    try:
+        pq.Conninfo.parse(url.encode())
+    except psycopg.Error:
+        return False
+    return True
+
+
+def _pairs(query: str) -> list[tuple[str, str]]:
+    """A URL query's settings as libpq reads them: percent-decoded, and a '+' is a plus (parse_qsl
+    makes it a space, and a password with one failed to authenticate)."""
+    items = (item.partition("=") for item in query.split("&") if item)
+    return [(unquote(key), unquote(value)) for key, _, value in items]
 
 
 class _Uri(NamedTuple):

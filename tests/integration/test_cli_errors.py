@@ -31,6 +31,26 @@ def test_unreachable_database_hides_the_password() -> None:
     assert "hunter2" not in result.err
 
 
+def test_a_password_with_a_raw_question_mark_connects_and_is_never_shown(database: DatabaseUrl) -> None:
+    """libpq reads a raw '?' in a password as part of it; our rewrite of the URL cut it there, and
+    libpq's refusal of the cut printed the password's tail."""
+    user, rest = database.raw.split("://", 1)[1].split("@", 1)
+    raw = f"postgresql://{user.partition(':')[0]}:Zq9?Secret!Kw7@{rest}"
+    for command in (["db", "upgrade"], ["db", "current"]):
+        result = outbox(*command, env={"DATABASE_URL": raw})
+        assert result.code == 0, result
+        assert "Secret" not in result.out + result.err, result
+
+
+def test_migrations_take_the_several_hosts_an_ha_url_names(database: DatabaseUrl) -> None:
+    """libpq tries each host in turn; SQLAlchemy read the list as one host with port '1,127...'."""
+    user, rest = database.raw.split("://", 1)[1].split("@", 1)
+    raw = f"postgresql://{user}@127.0.0.1:1,{rest}"
+    for command in (["db", "upgrade"], ["db", "current"]):
+        result = outbox(*command, env={"DATABASE_URL": raw})
+        assert result.code == 0 and "Traceback" not in result.err, result
+
+
 def test_missing_database_url() -> None:
     result = outbox("db", "current")
     assert_one_line_error(result, "DATABASE_URL")

@@ -3,6 +3,7 @@ from urllib.parse import quote
 import hypothesis.strategies as st
 import pytest
 from hypothesis import given
+from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 
 from outbox._core.config import DatabaseUrl, parse_bootstrap, redact_url, schema_name
@@ -137,3 +138,33 @@ def test_a_raw_password_is_refused_or_masked_never_shown(secret: str) -> None:
         shown = [url.safe, str(url), repr(url), url.scrub(f"connection to {text} failed for {url.password}")]
     for line in shown:
         assert "Zq9" not in line and "Kw7" not in line, line
+
+
+SESSION_KEYS = ("client_encoding", "options")  # set on every connection (config.SESSION)
+
+
+@given(
+    secret=raw_secret_text,
+    where=st.sampled_from(["userinfo", "query"]),
+    hosts=st.sampled_from(["db:5432", "db1:5432,db2:5433", "[::1]:5432"]),
+)
+def test_the_url_libpq_is_given_means_what_the_url_says(secret: str, where: str, hosts: str) -> None:
+    """libpq's own parser is the oracle: the URL rewritten with the session settings must connect
+    where, as whom and with what password the URL given does. A raw '?' in a password cut the
+    rewrite there (the password's tail went into an error line), and a '+' became a space."""
+    raw = {
+        "userinfo": f"postgresql://app:{secret}@{hosts}/shop",
+        "query": f"postgresql://app@{hosts}/shop?sslmode=disable&password={secret}",
+    }[where]
+    try:
+        url = DatabaseUrl.parse(raw)
+    except ConfigError:
+        return  # refused in one line (the test above)
+    meant, rewritten = libpq_reads(raw), libpq_reads(url.libpq)
+    assert {k: v for k, v in rewritten.items() if k not in SESSION_KEYS} == meant
+    assert rewritten["client_encoding"] == b"UTF8"
+
+
+def libpq_reads(url: str) -> dict[str, bytes]:
+    """libpq's own reading of a URL, in bytes (a password may decode to bytes UTF-8 has no text for)."""
+    return {o.keyword.decode(): o.val for o in pq.Conninfo.parse(url.encode()) if o.val is not None}
