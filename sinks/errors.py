@@ -158,8 +158,9 @@ CONDITIONS = Conditions(
     ),
     SINK_NO_UNIQUE_INDEX=Condition(
         ConfigError,
-        "table {table} has no unique index on exactly {key}: the sink upserts ON CONFLICT over"
-        " the key; add one, e.g. CREATE UNIQUE INDEX ON {name} ({columns})",
+        "table {table} has no unique index on exactly {key} that ON CONFLICT can use (a deferrable"
+        " one, or one left invalid, is none): the sink upserts ON CONFLICT over the key; add one,"
+        " e.g. CREATE UNIQUE INDEX ON {name} ({columns})",
     ),
     SINK_VERSION_COLUMN_ABSENT=Condition(
         ConfigError, "version column {version!r} is not both in the DataFrame and in table {table}"

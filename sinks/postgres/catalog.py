@@ -46,13 +46,16 @@ WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p') AND a.attnum
 ORDER BY a.attnum
 """
 
+# The unique indexes ON CONFLICT can infer: immediate (not deferrable) and valid; over their key
+# columns only (an INCLUDE column is no part of the key).
 _UNIQUE = """
 SELECT array_agg(a.attname::text)
 FROM pg_index i
 JOIN pg_class c ON c.oid = i.indrelid
 JOIN pg_namespace n ON n.oid = c.relnamespace
-JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = ANY(i.indkey)
-WHERE n.nspname = %s AND c.relname = %s AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL
+JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = ANY((i.indkey::int2[])[0:i.indnkeyatts - 1])
+WHERE n.nspname = %s AND c.relname = %s AND i.indisunique AND i.indimmediate AND i.indisvalid
+  AND i.indpred IS NULL AND i.indexprs IS NULL
 GROUP BY i.indexrelid
 """
 

@@ -477,9 +477,11 @@ def staged_columns(plan: Plan, delete: Column) -> list[Column]:
 
 
 # Spark's to_json writes times to the millisecond unless told: microseconds, as Spark holds them.
-_JSON_TIMES = {
+# And it leaves a null field out unless told: {"a": null} is no {}.
+_TO_JSON = {
     "timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX",
     "timestampNTZFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSS",
+    "ignoreNullFields": "false",
 }
 
 
@@ -491,7 +493,7 @@ def _convert(column: Column, how: Conversion) -> Column:
     if how == "hex":
         return F.concat(F.lit("\\x"), F.hex(column))
     if how == "json":
-        return F.to_json(column, _JSON_TIMES)
+        return F.to_json(column, _TO_JSON)
     if how == "integral":  # 3.00 is written as 3; 2.5 stays as it is, and the table refuses it
         return F.when(column == F.floor(column), column.cast("decimal(38,0)").cast("string")).otherwise(
             column.cast("string")

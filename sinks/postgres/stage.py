@@ -144,7 +144,7 @@ def write_dead(
                     partition[i].as_py(),
                     offset[i].as_py(),
                     False,
-                    why,
+                    why.replace("\x00", "\\u0000"),  # quoting the value: PostgreSQL text holds no NUL
                     raw_key[i].as_py(),
                     raw_value[i].as_py(),
                 )

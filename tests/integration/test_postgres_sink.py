@@ -757,3 +757,54 @@ def test_times_inside_json_keep_their_microseconds(spark, db, pg, tasks: bool) -
     ).fetchone()
     assert at == dt.datetime(2024, 3, 4, 5, 6, 7, 123456, tzinfo=dt.UTC)
     assert local == dt.datetime(2024, 3, 4, 5, 6, 7, 654321)
+
+
+@pytest.mark.parametrize("tasks", [True, False], ids=["in-tasks", "on-driver"])
+def test_a_null_field_of_a_struct_into_jsonb_stays_in_the_document(spark, db, pg, tasks: bool) -> None:  # type: ignore[no-untyped-def]
+    """Spark's to_json leaves null fields out unless told: {"a": null, "b": 1} landed as {"b": 1}."""
+    pg.execute("CREATE TABLE docs (event_id uuid PRIMARY KEY, doc jsonb)")
+    i = str(uuid.uuid4())
+    body = {"event_id": i, "doc": {"a": None, "b": 1}}
+    schema = "event_id string, doc struct<a: string, b: int>"
+    apply_batches(
+        spark, PostgresSink("docs", url=db.raw), [[(i.encode(), json.dumps(body).encode())]], schema, tasks
+    )
+    assert pg.execute("SELECT doc FROM docs").fetchone()[0] == {"a": None, "b": 1}
+
+
+@pytest.mark.parametrize("tasks", [True, False], ids=["in-tasks", "on-driver"])
+def test_a_value_whose_unreadable_field_holds_a_nul_is_a_dead_letter(spark, db, pg, tasks: bool) -> None:  # type: ignore[no-untyped-def]
+    """The parse error quotes the field; PostgreSQL text holds no NUL, so writing the dead letter
+    failed the task, and every replay of the batch: the query stood still."""
+    good, bad = str(uuid.uuid4()), str(uuid.uuid4())
+    batch = [
+        (good.encode(), json.dumps({"event_id": good, "n": 1, "amount": "2.50"}).encode()),
+        (bad.encode(), json.dumps({"event_id": bad, "n": 2, "amount": "x\u0000y"}).encode()),
+    ]
+    apply_batches(spark, PostgresSink("orders", url=db.raw), [batch], SCHEMA, tasks)
+    assert set(table(pg)) == {good}
+    [(error,)] = pg.execute("SELECT error FROM sink_dead_letters").fetchall()
+    assert "field 'amount': x\\u0000y is not a valid decimal(12,2)" in error, error
+
+
+@pytest.mark.parametrize(
+    ("index", "refused"),
+    [
+        # ON CONFLICT takes no deferrable constraint, nor an index a failed CREATE INDEX
+        # CONCURRENTLY left invalid: every batch failed, after the query had started.
+        ("ALTER TABLE orders2 ADD UNIQUE (event_id) DEFERRABLE", True),
+        ("CREATE UNIQUE INDEX ON orders2 (event_id) INCLUDE (n)", False),  # INCLUDE: no key column
+    ],
+)
+def test_only_a_unique_index_on_conflict_can_use_makes_the_key(
+    spark, db, pg, index: str, refused: bool
+) -> None:  # type: ignore[no-untyped-def]
+    pg.execute("CREATE TABLE orders2 (event_id uuid NOT NULL, n int)")
+    pg.execute(index)
+    frame = spark.createDataFrame([], f"event_id string, n long, {KAFKA}")
+    if refused:
+        with pytest.raises(ConfigError) as caught:
+            PostgresSink("orders2", url=db.raw).writer(frame)
+        assert caught.value.code == "SINK_NO_UNIQUE_INDEX"
+    else:
+        PostgresSink("orders2", url=db.raw).writer(frame)
