@@ -12,7 +12,7 @@ from sqlalchemy import text
 
 from outbox._core import config as settings
 from outbox.migrate import sqlalchemy_engine
-from outbox.migrations import VERSION_TABLE
+from outbox.migrations import FORCE, VERSION_TABLE
 
 config = context.config
 url = config.attributes.get("url") or settings.database_url(
@@ -21,7 +21,12 @@ url = config.attributes.get("url") or settings.database_url(
 schema = config.attributes.get("schema") or settings.schema_name(
     context.get_x_argument(as_dictionary=True).get("schema")
 )
-options = {"version_table": VERSION_TABLE, "version_table_schema": schema, "target_metadata": None}
+options = {
+    "version_table": VERSION_TABLE,
+    "version_table_schema": schema,
+    "target_metadata": None,
+    FORCE: bool(config.attributes.get("force")),
+}
 
 
 def run_offline() -> None:

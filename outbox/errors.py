@@ -182,6 +182,11 @@ CONDITIONS = Conditions(
     DB_DOWNGRADE_SQL_NEEDS_RANGE=Condition(
         OutboxError, "downgrade --sql needs a range FROM:TO, e.g. 0001:base"
     ),
+    DB_DOWNGRADE_WOULD_DROP_ROWS=Condition(
+        OutboxError,
+        "the downgrade drops {table}, which holds rows (events not yet published, a ledger, positions"
+        " or dead letters): nothing was dropped; keep a copy, then run it again with --force",
+    ),
     DB_MIGRATION_FAILED=Condition(OutboxError, "migration failed: {reason}"),
     DB_REVISION_FAILED=Condition(
         OutboxError, "migration to {revision} failed in schema {schema!r}: {reason}"

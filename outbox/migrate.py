@@ -30,11 +30,15 @@ def script_location() -> Path:
     return Path(str(files("outbox.migrations")))
 
 
-def alembic_config(url: DatabaseUrl, schema: str, stdout: TextIO | None = None) -> Config:
+def alembic_config(
+    url: DatabaseUrl, schema: str, stdout: TextIO | None = None, *, force: bool = False
+) -> Config:
+    """force: a downgrade drops tables that hold rows too (outbox.migrations.drop_table)."""
     cfg = Config(stdout=stdout) if stdout else Config()
     cfg.set_main_option("script_location", str(script_location()).replace("%", "%%"))
     cfg.attributes["url"] = url
     cfg.attributes["schema"] = schema
+    cfg.attributes["force"] = force
     return cfg
 
 
@@ -52,10 +56,13 @@ def upgrade(url: DatabaseUrl, schema: str, revision: str = "head", *, sql: bool 
     _run(command.upgrade, url, schema, revision, sql=sql)
 
 
-def downgrade(url: DatabaseUrl, schema: str, revision: str, *, sql: bool = False) -> None:
+def downgrade(
+    url: DatabaseUrl, schema: str, revision: str, *, sql: bool = False, force: bool = False
+) -> None:
+    """force: drop tables that hold rows too; else such a downgrade is refused, and drops nothing."""
     if sql and ":" not in revision:
         raise error("DB_DOWNGRADE_SQL_NEEDS_RANGE")
-    _run(command.downgrade, url, schema, revision, sql=sql)
+    _run(command.downgrade, url, schema, revision, sql=sql, force=force)
 
 
 def sqlalchemy_engine(url: DatabaseUrl) -> Engine:
@@ -79,11 +86,13 @@ def revisions(url: DatabaseUrl, schema: str) -> Revisions:
     return Revisions(current=current, head=str(head))
 
 
-def _run(fn: Callable[..., None], url: DatabaseUrl, schema: str, revision: str, *, sql: bool) -> None:
+def _run(
+    fn: Callable[..., None], url: DatabaseUrl, schema: str, revision: str, *, sql: bool, force: bool = False
+) -> None:
     if not sql:
         check_postgres(url)
     try:
-        fn(alembic_config(url, schema), revision, sql=sql)
+        fn(alembic_config(url, schema, force=force), revision, sql=sql)
     except CommandError as exc:
         raise error("DB_MIGRATION_FAILED", reason=url.scrub(str(exc))) from None
     except Exception as exc:  # a database error inside a revision

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-from outbox.migrations import target_schema
+from outbox.migrations import drop_table, target_schema
 
 revision: str = "0001"
 down_revision: str | None = None
@@ -81,7 +81,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    schema = target_schema()
-    op.drop_table("sink_dead_letters", schema=schema)
-    op.drop_table("sink_progress", schema=schema)
-    op.drop_table("outbox_events", schema=schema)
+    drop_table("sink_dead_letters")
+    drop_table("sink_progress")
+    drop_table("outbox_events")

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-from outbox.migrations import target_schema
+from outbox.migrations import drop_table, target_schema
 
 revision: str = "0004"
 down_revision: str | None = "0003"
@@ -39,4 +39,4 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.drop_table("outbox_identity", schema=target_schema())
+    drop_table("outbox_identity")

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from outbox.migrations import target_schema
+from outbox.migrations import drop_table, target_schema
 
 revision: str = "0005"
 down_revision: str | None = "0004"
@@ -44,4 +44,4 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.drop_table("relay_positions", schema=target_schema())
+    drop_table("relay_positions")

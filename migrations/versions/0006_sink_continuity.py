@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from outbox.migrations import target_schema
+from outbox.migrations import drop_table, target_schema
 
 revision: str = "0006"
 down_revision: str | None = "0005"
@@ -49,5 +49,5 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.drop_table("sink_topics", schema=target_schema())
-    op.drop_table("sink_batches", schema=target_schema())
+    drop_table("sink_topics")
+    drop_table("sink_batches")

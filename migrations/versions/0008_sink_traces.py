@@ -23,7 +23,7 @@ from alembic import op
 from psycopg import sql
 from sqlalchemy.dialects import postgresql
 
-from outbox.migrations import target_schema
+from outbox.migrations import drop_table, target_schema
 
 revision: str = "0008"
 down_revision: str | None = "0007"
@@ -67,4 +67,4 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.drop_table("sink_traces", schema=target_schema())
+    drop_table("sink_traces")

@@ -21,6 +21,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     down = options.database(actions.add_parser("downgrade", help="migrate down to REV (`base`: drop all)"))
     down.add_argument("revision")
     down.add_argument("--sql", action="store_true", help="print the SQL (REV must be FROM:TO)")
+    down.add_argument(
+        "--force",
+        action="store_true",
+        help="drop tables that hold rows too (events not yet published, ledgers, dead letters)",
+    )
     down.set_defaults(handler=cmd_downgrade)
 
     options.database(actions.add_parser("current", help="show the applied revision")).set_defaults(
@@ -38,7 +43,7 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
 
 def cmd_downgrade(args: argparse.Namespace) -> int:
     url, schema = database_url(args.url), schema_name(args.schema)
-    migrate.downgrade(url, schema, args.revision, sql=args.sql)
+    migrate.downgrade(url, schema, args.revision, sql=args.sql, force=args.force)
     if not args.sql:
         current = migrate.revisions(url, schema).current
         print(f"# {url.safe} schema {schema!r}: at {', '.join(current) or 'base (no tables)'}")

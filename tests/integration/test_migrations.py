@@ -4,7 +4,7 @@ import psycopg
 from psycopg import sql
 
 from outbox._core.config import DatabaseUrl
-from tests.cli import outbox
+from tests.cli import assert_one_line_error, outbox
 
 TABLES = {
     "outbox_events",
@@ -65,7 +65,8 @@ def test_schema_names_are_quoted_not_injected(database: DatabaseUrl, pg: psycopg
     )
     txid = pg.execute(sql.SQL("select txid from {}.outbox_events").format(sql.Identifier(schema))).fetchone()
     assert txid is not None and int(str(txid[0])) > 0
-    assert outbox("db", "downgrade", "base", "--url", database.raw, "--schema", schema).code == 0
+    down = outbox("db", "downgrade", "base", "--url", database.raw, "--schema", schema, "--force")
+    assert down.code == 0, down
     assert tables(pg, schema) == {"outbox_alembic_version"}
 
 
@@ -75,3 +76,21 @@ def test_offline_sql_for_review(database: DatabaseUrl, pg: psycopg.Connection) -
     assert "CREATE TABLE public.outbox_events" in result.out
     assert "pg_current_xact_id()" in result.out
     assert tables(pg, "public") == set(), "--sql must not touch the database"
+
+
+def test_a_downgrade_that_would_drop_rows_is_refused_unless_forced(
+    database: DatabaseUrl, pg: psycopg.Connection
+) -> None:
+    """`downgrade base` dropped the outbox with its unpublished events, the ledger and the dead
+    letters (their only copy) without a word."""
+    env = {"DATABASE_URL": database.raw}
+    assert outbox("db", "upgrade", env=env).code == 0
+    pg.execute("insert into outbox_events (event_id, topic) values (gen_random_uuid(), 't')")
+    refused = outbox("db", "downgrade", "base", env=env)
+    assert_one_line_error(refused, "public.outbox_events", "--force")
+    assert tables(pg, "public") == TABLES  # nothing dropped: the whole downgrade is one transaction
+    assert outbox("db", "current", env=env).out.strip() == "0009 (head)"
+    assert outbox("db", "downgrade", "0008", env=env).code == 0  # sink_traces is empty: dropped
+    forced = outbox("db", "downgrade", "base", "--force", env=env)
+    assert forced.code == 0, forced
+    assert tables(pg, "public") == {"outbox_alembic_version"}

@@ -15,6 +15,7 @@ from tests.helpers import REPO
 LIBRARY = [
     *REPO.glob("outbox/**/*.py"),
     *REPO.glob("sinks/**/*.py"),
+    *REPO.glob("migrations/**/*.py"),  # installed as outbox.migrations
     *REPO.glob("devtools/outbox_dev/**/*.py"),
 ]
 CODE = re.compile(r"^[A-Z][A-Z0-9_]+$")
