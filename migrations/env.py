@@ -41,6 +41,10 @@ def run_online() -> None:
     with sqlalchemy_engine(url).connect() as connection:
         context.configure(connection=connection, **options)
         with context.begin_transaction():
+            # Replicas of an app may all upgrade as they deploy: one at a time, the others then
+            # find the schema at head. The lock ends with the transaction.
+            lock = text("SELECT pg_advisory_xact_lock(hashtextextended(:name, 0))")
+            connection.execute(lock, {"name": f"outbox-migrate:{schema}"})
             if not connection.dialect.has_schema(connection, schema):
                 connection.execute(text(f"CREATE SCHEMA {_quote(schema)}"))
             context.run_migrations()

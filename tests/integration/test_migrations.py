@@ -1,10 +1,15 @@
 """`outbox db`: upgrade, downgrade and current, beside an application's own Alembic history."""
 
+import os
+import subprocess
+import sys
+
 import psycopg
 from psycopg import sql
 
 from outbox._core.config import DatabaseUrl
 from tests.cli import assert_one_line_error, outbox
+from tests.helpers import REPO
 
 TABLES = {
     "outbox_events",
@@ -94,3 +99,24 @@ def test_a_downgrade_that_would_drop_rows_is_refused_unless_forced(
     forced = outbox("db", "downgrade", "base", "--force", env=env)
     assert forced.code == 0, forced
     assert tables(pg, "public") == {"outbox_alembic_version"}
+
+
+def test_upgrades_started_at_once_all_succeed(database: DatabaseUrl, pg: psycopg.Connection) -> None:
+    """Every replica of an app may run `outbox db upgrade` as it deploys: the ones that lost the race
+    failed (a duplicate type, "already exists") and the pods crash-looped."""
+    env = {**os.environ, "DATABASE_URL": database.raw, "PYTHONPATH": str(REPO)}
+    env.pop("KAFKA_BOOTSTRAP_SERVERS", None)
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "outbox", "db", "upgrade"],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    results = [(run.wait(120), *run.communicate()) for run in runs]
+    assert all(code == 0 for code, _, _ in results), results
+    assert tables(pg, "public") == TABLES
