@@ -6,7 +6,28 @@ Revisions create tables in the schema chosen at run time (`outbox db upgrade
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from psycopg.sql import Composable
+
+if TYPE_CHECKING:
+    from sqlalchemy import TextClause
+
 VERSION_TABLE = "outbox_alembic_version"
+
+
+def sql_text(statement: Composable) -> TextClause:
+    """SQL composed with psycopg.sql (names quoted there) as SQLAlchemy runs it. SQLAlchemy reads a
+    ':' in a name (a schema called ':x') as a bind parameter; escaped, each one stays a ':'."""
+    from sqlalchemy import text
+
+    return text(statement.as_string(None).replace(":", "\\:"))
+
+
+def execute(statement: Composable) -> None:
+    from alembic import op
+
+    op.execute(sql_text(statement))
 
 
 def target_schema() -> str:
@@ -37,14 +58,13 @@ def drop_table(name: str) -> None:
     """op.drop_table, refused while a KEPT table holds rows and the run is not forced. The
     revisions of one run share a transaction, so a refusal drops nothing at all."""
     from alembic import op
-    from sqlalchemy import text
+    from psycopg import sql
 
     from outbox.errors import error
 
     schema, context = target_schema(), op.get_context()
     if name in KEPT and not context.as_sql and not context.opts.get(FORCE):
-        preparer = context.dialect.identifier_preparer
-        table = f"{preparer.quote_identifier(schema)}.{preparer.quote_identifier(name)}"
-        if op.get_bind().execute(text(f"SELECT EXISTS (SELECT 1 FROM {table})")).scalar():
+        rows = sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(sql.Identifier(schema, name))
+        if op.get_bind().execute(sql_text(rows)).scalar():
             raise error("DB_DOWNGRADE_WOULD_DROP_ROWS", table=f"{schema}.{name}")
     op.drop_table(name, schema=schema)

@@ -8,11 +8,12 @@ without either seeing the other's revisions.
 from __future__ import annotations
 
 from alembic import context
+from psycopg import sql
 from sqlalchemy import text
 
 from outbox._core import config as settings
 from outbox.migrate import sqlalchemy_engine
-from outbox.migrations import FORCE, VERSION_TABLE
+from outbox.migrations import FORCE, VERSION_TABLE, sql_text
 
 config = context.config
 url = config.attributes.get("url") or settings.database_url(
@@ -33,7 +34,7 @@ def run_offline() -> None:
     """Emit SQL for a DBA to review instead of running it (`outbox db upgrade --sql`)."""
     context.configure(dialect_name="postgresql", literal_binds=True, **options)
     with context.begin_transaction():
-        context.execute(text(f"CREATE SCHEMA IF NOT EXISTS {_quote(schema)}"))
+        context.execute(sql_text(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema))))
         context.run_migrations()
 
 
@@ -46,14 +47,8 @@ def run_online() -> None:
             lock = text("SELECT pg_advisory_xact_lock(hashtextextended(:name, 0))")
             connection.execute(lock, {"name": f"outbox-migrate:{schema}"})
             if not connection.dialect.has_schema(connection, schema):
-                connection.execute(text(f"CREATE SCHEMA {_quote(schema)}"))
+                connection.execute(sql_text(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema))))
             context.run_migrations()
-
-
-def _quote(name: str) -> str:
-    from sqlalchemy.dialects import postgresql
-
-    return postgresql.dialect().identifier_preparer.quote_identifier(name)
 
 
 if context.is_offline_mode():

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from alembic import op
 from psycopg import sql
 
-from outbox.migrations import target_schema
+from outbox.migrations import execute, target_schema
 
 revision: str = "0002"
 down_revision: str | None = "0001"
@@ -23,10 +22,6 @@ depends_on: str | Sequence[str] | None = None
 CHANNEL = "outbox_events"
 
 
-def _run(statement: sql.Composed) -> None:
-    op.execute(statement.as_string(None))
-
-
 def upgrade() -> None:
     names = {
         "table": sql.Identifier(target_schema(), "outbox_events"),
@@ -35,27 +30,27 @@ def upgrade() -> None:
         "channel": sql.Literal(CHANNEL),
     }
     # One notification per inserting statement, delivered at commit (none for a rollback).
-    _run(
+    execute(
         sql.SQL(
             "CREATE FUNCTION {notify}() RETURNS trigger LANGUAGE plpgsql AS $$"
             " BEGIN PERFORM pg_notify({channel}, TG_TABLE_SCHEMA); RETURN NULL; END $$"
         ).format(**names)
     )
-    _run(
+    execute(
         sql.SQL(
             "CREATE TRIGGER outbox_events_notify AFTER INSERT ON {table}"
             " FOR EACH STATEMENT EXECUTE FUNCTION {notify}()"
         ).format(**names)
     )
     # Published rows are only ever deleted (cleanup); an update would rewrite history.
-    _run(
+    execute(
         sql.SQL(
             "CREATE FUNCTION {frozen}() RETURNS trigger LANGUAGE plpgsql AS $$"
             " BEGIN RAISE EXCEPTION 'outbox_events is insert-only: add a new event instead of updating one';"
             " END $$"
         ).format(**names)
     )
-    _run(
+    execute(
         sql.SQL(
             "CREATE TRIGGER outbox_events_insert_only BEFORE UPDATE ON {table}"
             " FOR EACH STATEMENT EXECUTE FUNCTION {frozen}()"
@@ -66,5 +61,5 @@ def upgrade() -> None:
 def downgrade() -> None:
     table = sql.Identifier(target_schema(), "outbox_events")
     for trigger in ("outbox_events_insert_only", "outbox_events_notify"):
-        _run(sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(sql.Identifier(trigger), table))
-        _run(sql.SQL("DROP FUNCTION IF EXISTS {}()").format(sql.Identifier(target_schema(), trigger)))
+        execute(sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(sql.Identifier(trigger), table))
+        execute(sql.SQL("DROP FUNCTION IF EXISTS {}()").format(sql.Identifier(target_schema(), trigger)))

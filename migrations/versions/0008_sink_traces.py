@@ -23,7 +23,7 @@ from alembic import op
 from psycopg import sql
 from sqlalchemy.dialects import postgresql
 
-from outbox.migrations import drop_table, target_schema
+from outbox.migrations import drop_table, execute, target_schema
 
 revision: str = "0008"
 down_revision: str | None = "0007"
@@ -63,7 +63,7 @@ def upgrade() -> None:
         statement = sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET STORAGE EXTERNAL").format(
             sql.Identifier(schema, "sink_traces"), sql.Identifier(column)
         )
-        op.execute(statement.as_string(None))
+        execute(statement)
 
 
 def downgrade() -> None:

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from alembic import op
 from psycopg import sql
 
 from outbox._core.tables import NOTIFY_SETTING
-from outbox.migrations import target_schema
+from outbox.migrations import execute, target_schema
 
 revision: str = "0009"
 down_revision: str | None = "0008"
@@ -36,7 +35,7 @@ def _notify(body: str) -> None:
     statement = sql.SQL(
         "CREATE OR REPLACE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql AS $$ {} $$"
     ).format(function, sql.SQL(body))
-    op.execute(statement.as_string(None))
+    execute(statement)
 
 
 def upgrade() -> None:

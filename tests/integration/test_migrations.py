@@ -4,7 +4,9 @@ import os
 import subprocess
 import sys
 
+import hypothesis.strategies as st
 import psycopg
+from hypothesis import HealthCheck, given, settings
 from psycopg import sql
 
 from outbox._core.config import DatabaseUrl
@@ -120,3 +122,20 @@ def test_upgrades_started_at_once_all_succeed(database: DatabaseUrl, pg: psycopg
     results = [(run.wait(120), *run.communicate()) for run in runs]
     assert all(code == 0 for code, _, _ in results), results
     assert tables(pg, "public") == TABLES
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    name=st.one_of(
+        st.text(st.characters(codec="utf-8", exclude_characters="\x00"), min_size=1, max_size=20),
+        st.sampled_from(["team :ops", "50%", "a%%s", ":x", "Upper Case", "ünï"]),
+    ).filter(lambda n: len(n.encode()) <= 63)
+)
+def test_any_schema_name_is_a_name(database: DatabaseUrl, pg: psycopg.Connection, name: str) -> None:
+    """The docs say any name works: a ':' after a non-word character became a bind parameter, a '%'
+    was escaped twice."""
+    result = outbox("db", "upgrade", "--url", database.raw, "--schema", name)
+    assert result.code == 0, (name, result)
+    assert tables(pg, name) == TABLES
+    assert outbox("db", "downgrade", "base", "--url", database.raw, "--schema", name).code == 0
+    pg.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(name)))
