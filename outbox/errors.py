@@ -188,6 +188,9 @@ CONDITIONS = Conditions(
         " or dead letters): nothing was dropped; keep a copy, then run it again with --force",
     ),
     DB_MIGRATION_FAILED=Condition(OutboxError, "migration failed: {reason}"),
+    DB_REVISION_UNREADABLE=Condition(
+        OutboxError, "cannot read the applied revision in schema {schema!r}: {reason}"
+    ),
     DB_REVISION_FAILED=Condition(
         OutboxError, "migration to {revision} failed in schema {schema!r}: {reason}"
     ),

@@ -6,7 +6,8 @@ they migrate exactly the same way.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
@@ -76,7 +77,7 @@ def revisions(url: DatabaseUrl, schema: str) -> Revisions:
     head = ScriptDirectory.from_config(alembic_config(url, schema)).get_current_head()
     engine = sqlalchemy_engine(url)
     try:
-        with engine.connect() as conn:
+        with _reported(url, "DB_REVISION_UNREADABLE", schema=schema), engine.connect() as conn:
             ctx = MigrationContext.configure(
                 conn, opts={"version_table": VERSION_TABLE, "version_table_schema": schema}
             )
@@ -91,13 +92,18 @@ def _run(
 ) -> None:
     if not sql:
         check_postgres(url)
-    try:
+    with _reported(url, "DB_REVISION_FAILED", revision=revision, schema=schema):
         fn(alembic_config(url, schema, force=force), revision, sql=sql)
+
+
+@contextmanager
+def _reported(url: DatabaseUrl, code: str, **fields: object) -> Iterator[None]:
+    """Alembic's and the database's errors as one line: `code`, with the database's reason."""
+    try:
+        yield
     except CommandError as exc:
         raise error("DB_MIGRATION_FAILED", reason=url.scrub(str(exc))) from None
-    except Exception as exc:  # a database error inside a revision
+    except Exception as exc:  # a database error (a revision's, or reading the version table)
         if type(exc).__module__.startswith(("sqlalchemy", "psycopg")):
-            raise error(
-                "DB_REVISION_FAILED", revision=revision, schema=schema, reason=reason(exc, url)
-            ) from None
+            raise error(code, reason=reason(exc, url), **fields) from None
         raise

@@ -6,9 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
+
 from outbox._core.config import DatabaseUrl
 from tests.cli import assert_one_line_error, outbox
-from tests.helpers import REPO
+from tests.helpers import REPO, unique
 
 
 def test_malformed_database_url() -> None:
@@ -247,3 +249,19 @@ def test_a_positions_topic_kafka_cannot_create_stops_the_relay_with_one_line(dat
     again (tests/unit/test_relay_unit.py)."""
     flags = ("--positions-topic", "no/slash")
     assert "no/slash" in refused_at_once(database, bootstrap, "RELAY_POSITIONS_TOPIC_NOT_CREATED", *flags)
+
+
+def test_a_role_without_rights_on_the_schema_gets_one_line(database: DatabaseUrl) -> None:
+    """Reading the applied revision was outside the one-line errors: a traceback from SQLAlchemy."""
+    role = unique("reader")
+    with psycopg.connect(database.libpq, autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "{role}" LOGIN')
+    try:
+        assert outbox("db", "upgrade", "--schema", "locked", env={"DATABASE_URL": database.raw}).code == 0
+        as_reader = f"postgresql://{role}@{database.raw.split('@', 1)[1]}"
+        for command in (["db", "current"], ["db", "upgrade"]):
+            result = outbox(*command, "--schema", "locked", env={"DATABASE_URL": as_reader})
+            assert_one_line_error(result, "permission denied for schema locked")
+    finally:
+        with psycopg.connect(database.libpq, autocommit=True) as conn:
+            conn.execute(f'DROP OWNED BY "{role}"; DROP ROLE "{role}"')
