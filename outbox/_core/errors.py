@@ -157,6 +157,11 @@ CORE = Conditions(
     SETTING_NOT_POSITIVE=Condition(ConfigError, "{setting} must be positive, got {value!r}"),
     SETTING_NOT_A_CHOICE=Condition(ConfigError, "{setting} must be one of {choices}, got {value!r}"),
     # Reaching and using PostgreSQL (outbox/_core/postgres.py).
+    POSTGRES_STANDBY=Condition(
+        ConfigError,
+        "PostgreSQL at {url} is a read-only standby: the relay and the sink write to the primary;"
+        " name it, or list every host with target_session_attrs=read-write",
+    ),
     POSTGRES_UNREACHABLE=Condition(
         ServiceUnavailable,
         "cannot reach PostgreSQL at {url}: {reason}."

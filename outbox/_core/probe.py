@@ -15,10 +15,16 @@ from outbox._core.kafka import client_settings
 from outbox._core.postgres import connect
 
 
-def check_postgres(url: DatabaseUrl, timeout: float = 5.0) -> str:
-    """Connect once; return the server version string."""
+def check_postgres(url: DatabaseUrl, timeout: float = 5.0, *, writable: bool = False) -> str:
+    """Connect once; return the server version string. writable: a standby (in recovery) is an
+    error, as the relay and the sink write."""
     with connect(url, timeout=timeout) as conn:
-        return str(conn.execute("show server_version").fetchone()[0])  # type: ignore[index]  # a query that always returns one row
+        version, standby = conn.execute(
+            "SELECT current_setting('server_version'), pg_is_in_recovery()"
+        ).fetchone()  # type: ignore[misc]  # a query that always returns one row
+    if writable and standby:
+        raise error("POSTGRES_STANDBY", url=url.safe)
+    return str(version)
 
 
 def check_kafka(bootstrap: str, timeout: float = 10.0, config: dict[str, object] | None = None) -> int:

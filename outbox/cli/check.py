@@ -47,7 +47,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 def cmd_check(args: argparse.Namespace) -> int:
     def postgres() -> str:
         url = database_url(args.url)
-        return f"PostgreSQL {check_postgres(url)} at {url.safe}"
+        return f"PostgreSQL {check_postgres(url, writable=True)} at {url.safe}"
 
     def migrations() -> str:
         url, schema = database_url(args.url), schema_name(args.schema)
