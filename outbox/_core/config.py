@@ -84,13 +84,16 @@ class DatabaseUrl:
         zone mean, whatever the database's encoding and time zone."""
         uri = _split(self.raw)  # not at the first '?': a password may hold one, as libpq reads it
         base = f"postgresql://{'' if uri.userinfo is None else uri.userinfo + '@'}{uri.hosts}{uri.path}"
+        # The URL's own settings as written (a value may decode to bytes UTF-8 has no text for),
+        # then ours; its options go before ours.
+        written = [item for item in uri.query.split("&") if item]
+        kept = [item for item in written if unquote(item.partition("=")[0]) not in SESSION]
         given = dict(_pairs(uri.query)).get("options", "")
-        pairs = [(k, v) for k, v in _pairs(uri.query) if k not in SESSION]
-        pairs += [
+        ours = [
             ("client_encoding", SESSION["client_encoding"]),
             ("options", f"{given} {SESSION['options']}".strip()),
         ]
-        return f"{base}?{urlencode(pairs, quote_via=quote)}"
+        return f"{base}?{'&'.join([*kept, urlencode(ours, quote_via=quote)])}"
 
     @property
     def sqlalchemy(self) -> str:
