@@ -53,10 +53,16 @@ CONDITIONS = Conditions(
     ),
     KAFKA_RC_OFFSETS_INVALID=Condition(
         ConfigError,
-        'option {option} must be earliest, latest or JSON like {{"topic":{{"0":23,"1":-2}}}}'
-        " (-2 earliest, -1 latest), got {value!r}",
+        "option {option}: {why}; give earliest, latest or JSON like"
+        ' {{"topic":{{"0":23,"1":-2}}}} (-2 earliest, -1 latest), got {value!r}',
+    ),
+    KAFKA_RC_OFFSETS_TOPIC_NOT_READ=Condition(
+        ConfigError, "option {option} names topics {topics}, which the query does not read ({subscription})"
     ),
     # -- kafka_rc ranges (sinks/kafka_source/ranges.py): offsets given, offsets lost --------------------
+    KAFKA_RC_OFFSETS_END_BEFORE_START=Condition(
+        ConfigError, "option endingOffsets ends before startingOffsets starts: {partitions}"
+    ),
     KAFKA_RC_OFFSETS_INCOMPLETE=Condition(
         ConfigError, "option {option} gives no offset for {partitions}: list every partition"
     ),

@@ -23,6 +23,12 @@ EARLIEST = -2
 LATEST = -1
 
 
+ENDING_NAME = "endingOffsets"
+# Kafka's own (org.apache.kafka.common.internals.Topic): a pattern never reads them, as Kafka's own
+# consumers leave them out (exclude.internal.topics); named in subscribe, they are read.
+INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state", "__share_group_state"})
+
+
 def _offsets(name: str) -> Callable[[str], Offsets]:
     return lambda text: _offsets_option(name, text)
 
@@ -38,10 +44,10 @@ STARTING: Setting[Offsets] = Setting(
     _offsets("startingOffsets"),
 )
 ENDING: Setting[Offsets] = Setting(
-    "endingOffsets",
+    ENDING_NAME,
     "latest",
     "where a batch query ends (never past the last stable offset): latest or JSON",
-    _offsets("endingOffsets"),
+    _offsets(ENDING_NAME),
 )
 MAX_OFFSETS_PER_TRIGGER: Setting[int | None] = Setting(
     "maxOffsetsPerTrigger", None, "records per micro-batch at most, over all partitions", int, positive=True
@@ -124,6 +130,9 @@ _REJECTED = {
     "kafka.group.id": "offsets are tracked in the checkpoint, not in a consumer group",
     "kafka.enable.auto.commit": "offsets are tracked in the checkpoint, not in a consumer group",
     "assign": "use subscribe or subscribePattern",
+    "kafka.auto.offset.reset": "the source starts where startingOffsets or its checkpoint says",
+    "kafka.enable.partition.eof": "the source sets it itself",
+    "kafka.enable.auto.offset.store": "offsets are tracked in the checkpoint, not in a consumer group",
 }
 
 
@@ -175,7 +184,7 @@ class SourceOptions:
 
     def matches(self, topic: str) -> bool:
         if self.pattern is not None:
-            return re.fullmatch(self.pattern, topic) is not None
+            return topic not in INTERNAL_TOPICS and re.fullmatch(self.pattern, topic) is not None
         return topic in self.topics
 
 
@@ -199,8 +208,10 @@ def parse(options: Mapping[str, str]) -> SourceOptions:
     if "isolation.level" in kafka:
         raise error("KAFKA_RC_ISOLATION_LEVEL_SET", opt_in=READ_UNCOMMITTED.name)
     subscribe, pattern = read(SUBSCRIBE), read(SUBSCRIBE_PATTERN)
-    if bool(subscribe) == bool(pattern):
+    if (subscribe is None) == (pattern is None):  # an empty one given is given: it won, and read nothing
         raise error("KAFKA_RC_SUBSCRIPTION_NOT_ONE")
+    if pattern is not None and not pattern.strip():
+        raise error("KAFKA_RC_PATTERN_INVALID", reason="it is empty")
     topics = tuple(t.strip() for t in (subscribe or "").split(",") if t.strip())
     if subscribe is not None and not topics:
         raise error("KAFKA_RC_SUBSCRIBE_EMPTY")
@@ -213,7 +224,7 @@ def parse(options: Mapping[str, str]) -> SourceOptions:
     if (url is not None or schema is not None) and not sink:
         raise error("KAFKA_RC_LEDGER_SINK_MISSING")
     ledger = Ledger(database_url(url), schema_name(schema), sink) if sink else None
-    return SourceOptions(
+    parsed = SourceOptions(
         bootstrap_servers=bootstrap,
         topics=topics,
         pattern=pattern,
@@ -230,16 +241,59 @@ def parse(options: Mapping[str, str]) -> SourceOptions:
         ledger=ledger,
         kafka=kafka,
     )
+    for option, offsets in ((STARTING.name, parsed.starting), (ENDING.name, parsed.ending)):
+        unread = sorted(t for t in offsets if not parsed.matches(t)) if isinstance(offsets, dict) else []
+        if unread:
+            raise error(
+                "KAFKA_RC_OFFSETS_TOPIC_NOT_READ",
+                option=option,
+                topics=unread,
+                subscription=parsed.subscription,
+            )
+    return parsed
+
+
+class _Object(list[tuple[str, Any]]):
+    """A JSON object's members in order, repeats kept (json's hook), to refuse a repeat."""
 
 
 def _offsets_option(name: str, value: str) -> Offsets:
-    value = value.strip()
-    if value in ("earliest", "latest"):
-        return value
+    """Spark's forms, read strictly: what Python would bend (1.9 as 1, true as 1, a partition given
+    twice, the last one winning) is refused, as is a position no offset means."""
+    text = value.strip()
+    ending = name == ENDING_NAME
+
+    def invalid(why: str) -> Exception:
+        return error("KAFKA_RC_OFFSETS_INVALID", option=name, why=why, value=text[:200])
+
+    if text.lower() in ("earliest", "latest"):
+        if ending and text.lower() == "earliest":
+            raise invalid("a query does not end at the earliest offsets")
+        return text.lower()
     try:
-        parsed = json.loads(value)
-        return {
-            str(topic): {str(int(p)): int(o) for p, o in parts.items()} for topic, parts in parsed.items()
-        }
-    except (ValueError, AttributeError, TypeError):
-        raise error("KAFKA_RC_OFFSETS_INVALID", option=name, value=value) from None
+        topics = json.loads(text, object_pairs_hook=_Object)
+    except (ValueError, RecursionError):
+        raise invalid("this is neither a keyword nor JSON") from None
+    if not isinstance(topics, _Object):
+        raise invalid("the JSON is no object of topics")
+    lowest = LATEST if ending else EARLIEST
+    offsets: dict[str, dict[str, int]] = {}
+    for topic, partitions in topics:
+        if topic in offsets:
+            raise invalid(f"topic {topic!r} is given twice")
+        if not isinstance(partitions, _Object):
+            raise invalid(f"topic {topic!r} needs an object of partitions")
+        offsets[topic] = {}
+        for partition, offset in partitions:
+            number = partition.strip()
+            if not number.isdigit():
+                raise invalid(f"partition {partition!r} of {topic!r} is no partition number")
+            if str(int(number)) in offsets[topic]:
+                raise invalid(f"partition {int(number)} of {topic!r} is given twice")
+            if type(offset) is not int or offset < lowest:
+                raise invalid(
+                    f"the offset {json.dumps(offset)} of {topic}-{int(number)} is no offset"
+                    f" ({'-1 latest' if ending else '-2 earliest, -1 latest'}, or 0 and up)"
+                )
+            offsets[topic][str(int(number))] = offset
+    return offsets

@@ -121,6 +121,17 @@ def resolve(
     return resolved
 
 
+def check_ends(start: Mapping[TopicPartitionKey, int], ending: str | Offsets) -> None:
+    """An offset endingOffsets names before the batch query's start is refused, as Spark's is, not
+    read as nothing. (`latest`, the last stable offset, may rightly lie before a start given inside
+    a transaction still open: that reads nothing yet.)"""
+    end = from_offsets(ending) if isinstance(ending, dict) else {}
+    behind = sorted(tp for tp, offset in end.items() if tp in start and 0 <= offset < start[tp])
+    if behind:
+        names = ", ".join(f"{t}-{p} ({start[(t, p)]} > {end[(t, p)]})" for t, p in behind)
+        raise error("KAFKA_RC_OFFSETS_END_BEFORE_START", partitions=names)
+
+
 def cap(
     start: Mapping[TopicPartitionKey, int],
     latest: Mapping[TopicPartitionKey, int],

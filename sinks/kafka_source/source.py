@@ -30,7 +30,7 @@ from outbox._core.errors import OutboxError, ServiceUnavailable
 from sinks.errors import KAFKA_RC_LOSS_ADVICE, error
 from sinks.kafka_source import ranges
 from sinks.kafka_source.cluster import Cluster
-from sinks.kafka_source.options import SourceOptions, parse
+from sinks.kafka_source.options import ENDING, SourceOptions, parse
 from sinks.kafka_source.reader import read_range
 from sinks.kafka_source.stalls import Leaderless, Stall, gaps, leaderless, names, watch
 from sinks.ledger import recreated, recreated_error
@@ -60,6 +60,8 @@ class KafkaSource(DataSource):
         return KafkaBatchReader(parse(self.options))
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        if any(k.lower() == ENDING.name.lower() for k in self.options):  # Spark's refuses it too
+            raise error("KAFKA_RC_OPTION_UNSUPPORTED", option=ENDING.name, why="a stream does not end")
         return KafkaStreamReader(parse(self.options))
 
 
@@ -138,6 +140,7 @@ class KafkaBatchReader(DataSourceReader):
         ids = cluster.topic_ids(t for t, _ in tps)
         start = starting_positions(cluster, self.options, tps, earliest, latest, ids)
         end = ranges.resolve(self.options.ending, tps, earliest, latest, option="endingOffsets")
+        ranges.check_ends(start, self.options.ending)
         # Never past the Last Stable Offset, whatever endingOffsets says.
         end = {tp: min(offset, latest[tp]) for tp, offset in end.items()}
         return _input_partitions(self.options, start, end)

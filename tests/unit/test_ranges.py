@@ -121,6 +121,30 @@ def test_options_mirror_sparks_kafka_source() -> None:
             "KAFKA_RC_OPTION_UNKNOWN",
             "",
         ),
+        # Read silently otherwise: a float or a bool taken for an offset, a partition given twice
+        # (the last won), an offset no position means, a topic the query does not read, an empty
+        # pattern beside subscribe (it won, and every topic was "missing"), settings the source
+        # sets itself; or a traceback.
+        *(
+            ({"kafka.bootstrap.servers": "h:1", "subscribe": "a", option: value}, code, named)
+            for option, value, code, named in [
+                ("startingOffsets", '{"a":{"0":1.9}}', "KAFKA_RC_OFFSETS_INVALID", "1.9"),
+                ("startingOffsets", '{"a":{"0":true}}', "KAFKA_RC_OFFSETS_INVALID", "true"),
+                ("startingOffsets", '{"a":{"0":5,"00":7}}', "KAFKA_RC_OFFSETS_INVALID", "twice"),
+                ("startingOffsets", '{"a":{"0":5,"0":7}}', "KAFKA_RC_OFFSETS_INVALID", "twice"),
+                ("startingOffsets", '{"a":{"0":-3}}', "KAFKA_RC_OFFSETS_INVALID", "-3"),
+                ("startingOffsets", '{"a":{"-1":0}}', "KAFKA_RC_OFFSETS_INVALID", "-1"),
+                ("startingOffsets", '{"a":{"0":Infinity}}', "KAFKA_RC_OFFSETS_INVALID", "Infinity"),
+                ("startingOffsets", '{"a":{"0":1e400}}', "KAFKA_RC_OFFSETS_INVALID", "1e400"),
+                ("startingOffsets", "[" * 100000, "KAFKA_RC_OFFSETS_INVALID", "startingOffsets"),
+                ("startingOffsets", '{"b":{"0":0}}', "KAFKA_RC_OFFSETS_TOPIC_NOT_READ", "'b'"),
+                ("endingOffsets", "earliest", "KAFKA_RC_OFFSETS_INVALID", "endingOffsets"),
+                ("endingOffsets", '{"a":{"0":-2}}', "KAFKA_RC_OFFSETS_INVALID", "-2"),
+                ("subscribePattern", "", "KAFKA_RC_SUBSCRIPTION_NOT_ONE", ""),
+                ("kafka.auto.offset.reset", "latest", "KAFKA_RC_OPTION_UNSUPPORTED", "auto.offset.reset"),
+                ("kafka.enable.partition.eof", "true", "KAFKA_RC_OPTION_UNSUPPORTED", "partition.eof"),
+            ]
+        ),
     ],
 )
 def test_bad_options_fail_before_anything_runs(options: dict[str, str], code: str, named: str) -> None:
@@ -281,3 +305,41 @@ def test_packing_keeps_each_range_whole_and_once_in_tasks_of_about_the_size(
             assert held - (task[-1].end - task[-1].start) < records
         if i < len(tasks) - 1 and len(task) > 1:
             assert held >= records
+
+
+def test_offsets_as_spark_takes_them() -> None:
+    base = {"kafka.bootstrap.servers": "h:1", "subscribe": "a"}
+    assert parse({**base, "startingOffsets": "Earliest"}).starting == "earliest"  # Spark lowercases it
+    assert parse({**base, "startingOffsets": '{"a":{"0":-2,"1":7}}'}).starting == {"a": {"0": -2, "1": 7}}
+    assert parse({**base, "endingOffsets": '{"a":{"0":-1}}'}).ending == {"a": {"0": -1}}
+
+
+def test_a_pattern_reads_no_internal_topic() -> None:
+    """Kafka's own consumers leave them out of a pattern (exclude.internal.topics): `.*` read the
+    offsets and transaction logs, and every record of theirs became a dead letter."""
+    opts = parse({"kafka.bootstrap.servers": "h:1", "subscribePattern": ".*"})
+    assert opts.matches("orders") and not opts.matches("__consumer_offsets")
+    assert not opts.matches("__transaction_state")
+    assert parse({"kafka.bootstrap.servers": "h:1", "subscribe": "__consumer_offsets"}).matches(
+        "__consumer_offsets"
+    )  # named, it is read
+
+
+def test_a_batch_query_that_ends_before_it_starts_is_refused_not_empty() -> None:
+    """Spark's batch refuses it; the ranges were dropped as empty, and the query read nothing."""
+    start = {("a", 0): 5, ("a", 1): 0}
+    ranges.check_ends(start, {"a": {"0": 5, "1": 3}})  # equal: nothing to read
+    ranges.check_ends(start, {"a": {"0": -1, "1": 3}})  # latest: decided by Kafka, maybe before
+    ranges.check_ends(start, "latest")
+    with pytest.raises(ConfigError) as caught:
+        ranges.check_ends(start, {"a": {"0": 4, "1": 3}})
+    assert caught.value.code == "KAFKA_RC_OFFSETS_END_BEFORE_START" and "a-0" in caught.value.message
+
+
+def test_a_stream_refuses_ending_offsets_as_sparks_does() -> None:
+    from sinks.kafka_source.source import KafkaSource
+
+    given = {"kafka.bootstrap.servers": "h:1", "subscribe": "a", "endingOffsets": "latest"}
+    with pytest.raises(ConfigError) as caught:
+        KafkaSource(given).streamReader(None)
+    assert caught.value.code == "KAFKA_RC_OPTION_UNSUPPORTED" and "endingOffsets" in caught.value.message
