@@ -14,8 +14,8 @@ commit) pass notify=False: PostgreSQL refuses to prepare one that sent a NOTIFY.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,10 +27,10 @@ from psycopg.pq import TransactionStatus
 
 from outbox._core import tables
 from outbox._core.config import schema_name
+from outbox._core.kafka import topic_name_valid
 from outbox.errors import error
 
 Headers = Mapping[str, bytes | str] | Sequence[tuple[str, bytes | str]]
-_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")  # Kafka's own rule for a topic's name
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class Event:
         table would refuse later (a topic Kafka cannot have halts the relay at that event)."""
         if not self.topic:
             raise error("OUTBOX_EVENT_TOPIC_MISSING")
-        if not (isinstance(self.topic, str) and _TOPIC.fullmatch(self.topic)) or self.topic in (".", ".."):
+        if not topic_name_valid(self.topic):
             raise error("OUTBOX_EVENT_TOPIC_INVALID", topic=self.topic)
         headers = self.headers or {}
         pairs = list(headers.items() if isinstance(headers, Mapping) else headers)
@@ -147,12 +147,13 @@ def _driver(conn: Any) -> psycopg.Connection:
 
 
 def _event_id(given: object) -> uuid.UUID:
+    """A UUID, or its text; anything else the table would refuse, aborting the caller's transaction."""
     if isinstance(given, uuid.UUID):
         return given
-    try:
-        return uuid.UUID(str(given)) if isinstance(given, str) else uuid.UUID(bytes=given)  # type: ignore[arg-type]
-    except (ValueError, TypeError):
-        raise error("OUTBOX_EVENT_ID_INVALID", event_id=given) from None
+    if isinstance(given, str):
+        with contextlib.suppress(ValueError):
+            return uuid.UUID(given)
+    raise error("OUTBOX_EVENT_ID_INVALID", event_id=given)
 
 
 def _utf8(text: str) -> bytes | None:

@@ -15,12 +15,19 @@ the user in the error of the call that failed.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
 Role = Literal["producer", "consumer", "admin"]
 
 CLIENT_LOG = "outbox.kafka"
+_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+
+
+def topic_name_valid(name: object) -> bool:
+    """Kafka's own rule for a topic's name (org.apache.kafka.common.internals.Topic)."""
+    return isinstance(name, str) and _TOPIC_NAME.fullmatch(name) is not None and name not in (".", "..")
 
 
 class ClientLog:

@@ -28,7 +28,15 @@ from outbox._core.tables import EVENT_ID_HEADER
 from outbox.errors import error
 from outbox.relay.outcomes import FENCED_CODES, Action, Call, classify, outcome
 from outbox.relay.pause import BEFORE_COMMIT, BEFORE_POSITION, BEFORE_PRODUCE, MID_TRANSACTION, Pause
-from outbox.relay.poison import SIZE_CODES, Poison, explain, is_poison, missing_topic
+from outbox.relay.poison import (
+    SIZE_CODES,
+    Poison,
+    explain,
+    is_poison,
+    missing_topic,
+    record_size,
+    unpublishable,
+)
 from outbox.relay.position import Identity, Position
 from outbox.relay.positions import PositionStore
 from outbox.relay.row import Row
@@ -140,8 +148,12 @@ class Publisher:
 
     # -- publish -------------------------------------------------------------
 
-    def check_topics(self, rows: Sequence[Row]) -> None:
-        """Raise Poison for the first row whose topic does not exist (checked before producing)."""
+    def check_rows(self, rows: Sequence[Row]) -> None:
+        """Raise Poison for the first row that cannot go out as written, or whose topic does not
+        exist (checked before producing)."""
+        for row in rows:
+            if (why := unpublishable(row, self.positions.topic)) is not None:
+                raise Poison(row.id, why)
         wanted = {row.topic for row in rows} - self._known_topics
         if not wanted:
             return
@@ -241,7 +253,7 @@ class Publisher:
                 except KafkaException as exc:
                     error = exc.args[0]
                     if is_poison(error):
-                        raise Poison(row.id, explain(error, row.topic, len(row.value or b""))) from None
+                        raise Poison(row.id, explain(error, row.topic, record_size(row))) from None
                     raise
 
     def _flush(self, producer: Producer, rows: Sequence[Row]) -> None:
@@ -270,7 +282,7 @@ class Publisher:
             sent = (message.topic(), message.key(), message.value())
             row = next((r for r in rows if (r.topic, r.key, r.value) == sent), None)
             if row is not None:
-                refused.append((row.id, explain(failure, row.topic, len(row.value or b"")), failure.code()))
+                refused.append((row.id, explain(failure, row.topic, record_size(row)), failure.code()))
         if refused:
             row_id, reason, code = min(refused)
             too_large = {r for r, _, c in refused if c in SIZE_CODES}

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError
 
 from outbox._core.errors import OutboxError
+from outbox._core.kafka import topic_name_valid
+from outbox._core.tables import EVENT_ID_HEADER
+from outbox.relay.row import Row
 
 POISON_CODES = frozenset(
     {
@@ -81,3 +84,42 @@ def explain(error: KafkaError, topic: str, size: int) -> str:
 
 def missing_topic(topic: str) -> str:
     return f"topic {topic!r} does not exist (create it; the relay never auto-creates topics)"
+
+
+def unpublishable(row: Row, positions_topic: str) -> str | None:
+    """Why a row can never go out as written, or None. Rows written by hand (other languages INSERT
+    them) can hold what add_event refuses; published, they would end the relay's process at every
+    start, or go out other than they read."""
+    names, values = row.header_keys or [], row.header_values or []
+    if len(names) != len(values):
+        return f"its header_keys and header_values differ in length ({len(names)} and {len(values)})"
+    if any(not isinstance(n, str | None) for n in names) or any(
+        not isinstance(v, bytes | None) for v in values
+    ):
+        return "header_keys and header_values must be one-dimensional arrays"
+    if None in names:
+        return "a header name is NULL"
+    if EVENT_ID_HEADER in names:
+        return f"a header named {EVENT_ID_HEADER!r}: the relay stamps every record with the event's id there"
+    if not topic_name_valid(row.topic):
+        return (
+            f"topic {row.topic!r} is no name Kafka takes (ASCII letters, digits, '.', '_', '-'; at most 249)"
+        )
+    if row.topic == positions_topic:
+        return f"topic {row.topic!r} is the relay's own positions topic"
+    return None
+
+
+def record_size(row: Row) -> int:
+    """The bytes of a row's record that count against Kafka's limits: key, value and headers (the
+    relay's event id among them), not the value alone."""
+    headers = [
+        (EVENT_ID_HEADER, row.event_id),
+        *zip(row.header_keys or (), row.header_values or (), strict=False),
+    ]
+    named = sum(
+        len(n.encode()) + len(v or b"")
+        for n, v in headers
+        if isinstance(n, str) and isinstance(v, bytes | None)
+    )
+    return len(row.key or b"") + len(row.value or b"") + named

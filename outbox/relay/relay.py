@@ -208,7 +208,7 @@ class Relay:
                     if step.count == s.batch_size and step.position.target is not None:
                         ahead = reader.submit(self._fetch, table, step.position)
                     try:
-                        publisher.check_topics(batch)
+                        publisher.check_rows(batch)
                         started = time.perf_counter()
                         publisher.publish(batch, step.position)
                     except Poison as poison:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -158,6 +159,56 @@ def test_poison_rows_halt_by_default_and_dead_letter_on_request(
     assert terminate(job) == 0
 
 
+def test_rows_written_by_hand_that_kafka_cannot_take_as_written_are_poison_rows(
+    tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, events_topic: str
+) -> None:
+    """Applications in other languages INSERT rows by hand. Header arrays of two lengths, or of two
+    dimensions, ended the relay's process with a traceback, again at every start (a stuck relay);
+    a NULL header name went out as the header "None"; names without values dropped the values;
+    a header named event_id went out beside the relay's own, and readers that take the last one
+    took the application's; a row for the relay's own positions topic went into it."""
+    bad = [
+        ("{a,b}", "{x}", events_topic),  # two names, one value
+        ("{{a},{b}}", "{{x},{y}}", events_topic),  # two dimensions
+        ("{NULL}", "{x}", events_topic),
+        ("{}", "{x}", events_topic),
+        ("{event_id}", "{x}", events_topic),
+        ("{}", "{}", "outbox-relay-positions"),
+        ("{}", "{}", "no such name"),
+    ]
+    with psycopg.connect(outbox_db.libpq) as conn:
+        first = add_event(conn, events_topic, {"n": 0}, key="a")
+        for keys, values, topic in bad:
+            conn.execute(
+                "INSERT INTO outbox_events (event_id, topic, key, value, header_keys, header_values)"
+                " VALUES (gen_random_uuid(), %s, 'a', 'v', %s::text[], %s::bytea[])",
+                [topic, keys, values],
+            )
+        last = add_event(conn, events_topic, {"n": 9}, key="a", headers={"h": "v"})
+    job, _ = relay_job(tmp_path, env, unique("relay"), "--on-poison", "dead-letter")
+    wait_for(lambda: len(published(bootstrap, events_topic, 3)) == 2, 60, "the two good rows")
+    assert [e for *_, e in published(bootstrap, events_topic, 3)] == [str(first), str(last)]
+    with psycopg.connect(outbox_db.libpq) as conn:
+        dead = [r[0] for r in conn.execute("SELECT error FROM relay_dead_letters ORDER BY outbox_id")]
+    assert len(dead) == len(bad), dead
+    for said, why in zip(
+        dead,
+        [
+            "differ in length (2 and 1)",
+            "one-dimensional",
+            "a header name is NULL",
+            "differ in length (0 and 1)",
+            "event_id",
+            "positions topic",
+            "no name Kafka takes",
+        ],
+        strict=True,
+    ):
+        assert why in said, (why, said)
+    assert "Traceback" not in job.output(), job.output()
+    assert terminate(job) == 0
+
+
 @pytest.mark.parametrize("policy", ["dead-letter", "halt"])
 def test_a_record_over_the_topics_limit_is_the_only_one_refused_and_at_once(
     tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, policy: str
@@ -187,7 +238,10 @@ def test_a_record_over_the_topics_limit_is_the_only_one_refused_and_at_once(
     assert dead == ([(events[2],)] if policy == "dead-letter" else [])
     if policy == "halt":
         job.wait_for_output("halted on a poison row", 30)
-        assert "10000 bytes is larger than Kafka accepts" in job.output()
+        # The record's size: its value, key and headers
+        halted = [line for line in job.output().splitlines() if "halted on a poison row" in line]
+        sizes = re.findall(r"record of (\d+) bytes is larger than Kafka accepts", "\n".join(halted))
+        assert sizes and all(10_000 < int(size) < 10_100 for size in sizes), sizes  # value, key, headers
     assert terminate(job) == 0
     print(f"the rows around the refused record went out {took:.1f} s after the relay became active")
 

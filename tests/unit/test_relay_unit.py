@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from outbox._core.errors import ConfigError, OutboxError
 from outbox.cli.relay import kafka_settings, redacted
 from outbox.relay.kafka import Publisher
-from outbox.relay.poison import explain, is_poison
+from outbox.relay.poison import explain, is_poison, unpublishable
 from outbox.relay.position import (
     Identity,
     Position,
@@ -26,6 +26,7 @@ from outbox.relay.position import (
 )
 from outbox.relay.positions import answer, cluster_size, problems, refused, replication
 from outbox.relay.relay import backoff
+from outbox.relay.row import Row
 from outbox.relay.settings import RelaySettings, relay_name
 
 SNAP = "100:105:101,103"
@@ -268,3 +269,23 @@ def test_a_creation_kafka_refuses_is_said_one_it_did_not_answer_is_asked_again()
         KafkaError.INVALID_REPLICATION_FACTOR,
     ):
         assert refused(KafkaError(final)), final
+
+
+def test_a_row_written_by_hand_that_cannot_go_out_as_written_is_named() -> None:
+    def row(topic: str = "t", keys: list | None = None, values: list | None = None) -> Row:
+        return Row(1, b"e", topic, None, b"v", keys, values, 0.0)
+
+    assert unpublishable(row(), "positions") is None
+    assert (
+        unpublishable(row(keys=["h", "h"], values=[b"1", None]), "positions") is None
+    )  # repeats, NULL values
+    said = {
+        "differ in length (1 and 0)": row(keys=["h"]),
+        "one-dimensional": row(keys=[["a"]], values=[[b"x"]]),
+        "NULL": row(keys=[None], values=[b"x"]),
+        "'event_id'": row(keys=["event_id"], values=[b"x"]),
+        "no name Kafka takes": row(topic="a b"),
+        "positions topic": row(topic="positions"),
+    }
+    for why, bad in said.items():
+        assert why in (unpublishable(bad, "positions") or ""), why
