@@ -151,9 +151,8 @@ class Publisher:
     def check_rows(self, rows: Sequence[Row]) -> None:
         """Raise Poison for the first row that cannot go out as written, or whose topic does not
         exist (checked before producing)."""
-        for row in rows:
-            if (why := unpublishable(row, self.positions.topic)) is not None:
-                raise Poison(row.id, why)
+        if (bad := unpublishable(rows, self.positions.topic)) is not None:
+            raise Poison(*bad)
         wanted = {row.topic for row in rows} - self._known_topics
         if not wanted:
             return

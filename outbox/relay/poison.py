@@ -7,6 +7,7 @@ when asked to, dead-letters it. Everything else is retried with backoff.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError
@@ -86,10 +87,20 @@ def missing_topic(topic: str) -> str:
     return f"topic {topic!r} does not exist (create it; the relay never auto-creates topics)"
 
 
-def unpublishable(row: Row, positions_topic: str) -> str | None:
-    """Why a row can never go out as written, or None. Rows written by hand (other languages INSERT
-    them) can hold what add_event refuses; published, they would end the relay's process at every
-    start, or go out other than they read."""
+def unpublishable(rows: Sequence[Row], positions_topic: str) -> tuple[int, str] | None:
+    """The first row that can never go out as written, and why; None when every row can. Rows
+    written by hand (other languages INSERT them) can hold what add_event refuses; published, they
+    would end the relay's process at every start, or go out other than they read. On the publishing
+    path: headers are looked at only where a row has some, each topic once."""
+    found = [(r.id, why) for r in rows if (r.header_keys or r.header_values) and (why := _headers(r))]
+    first: dict[str, int] = {}
+    for r in rows:
+        first.setdefault(r.topic, r.id)
+    found += [(first[t], why) for t in first if (why := _topic(t, positions_topic))]
+    return min(found) if found else None
+
+
+def _headers(row: Row) -> str | None:
     names, values = row.header_keys or [], row.header_values or []
     if len(names) != len(values):
         return f"its header_keys and header_values differ in length ({len(names)} and {len(values)})"
@@ -101,25 +112,23 @@ def unpublishable(row: Row, positions_topic: str) -> str | None:
         return "a header name is NULL"
     if EVENT_ID_HEADER in names:
         return f"a header named {EVENT_ID_HEADER!r}: the relay stamps every record with the event's id there"
-    if not topic_name_valid(row.topic):
-        return (
-            f"topic {row.topic!r} is no name Kafka takes (ASCII letters, digits, '.', '_', '-'; at most 249)"
-        )
-    if row.topic == positions_topic:
-        return f"topic {row.topic!r} is the relay's own positions topic"
+    return None
+
+
+def _topic(topic: str, positions_topic: str) -> str | None:
+    if not topic_name_valid(topic):
+        return f"topic {topic!r} is no name Kafka takes (ASCII letters, digits, '.', '_', '-'; at most 249)"
+    if topic == positions_topic:
+        return f"topic {topic!r} is the relay's own positions topic"
     return None
 
 
 def record_size(row: Row) -> int:
     """The bytes of a row's record that count against Kafka's limits: key, value and headers (the
-    relay's event id among them), not the value alone."""
+    relay's event id among them), not the value alone. For a row `unpublishable` passed."""
     headers = [
         (EVENT_ID_HEADER, row.event_id),
-        *zip(row.header_keys or (), row.header_values or (), strict=False),
+        *zip(row.header_keys or (), row.header_values or (), strict=True),
     ]
-    named = sum(
-        len(n.encode()) + len(v or b"")
-        for n, v in headers
-        if isinstance(n, str) and isinstance(v, bytes | None)
-    )
+    named = sum(len(n.encode()) + len(v or b"") for n, v in headers)
     return len(row.key or b"") + len(row.value or b"") + named

@@ -272,13 +272,11 @@ def test_a_creation_kafka_refuses_is_said_one_it_did_not_answer_is_asked_again()
 
 
 def test_a_row_written_by_hand_that_cannot_go_out_as_written_is_named() -> None:
-    def row(topic: str = "t", keys: list | None = None, values: list | None = None) -> Row:
-        return Row(1, b"e", topic, None, b"v", keys, values, 0.0)
+    def row(topic: str = "t", keys: list | None = None, values: list | None = None, id: int = 1) -> Row:
+        return Row(id, b"e", topic, None, b"v", keys, values, 0.0)
 
-    assert unpublishable(row(), "positions") is None
-    assert (
-        unpublishable(row(keys=["h", "h"], values=[b"1", None]), "positions") is None
-    )  # repeats, NULL values
+    assert unpublishable([row()], "positions") is None
+    assert unpublishable([row(keys=["h", "h"], values=[b"1", None])], "positions") is None  # repeats, NULLs
     said = {
         "differ in length (1 and 0)": row(keys=["h"]),
         "one-dimensional": row(keys=[["a"]], values=[[b"x"]]),
@@ -288,4 +286,8 @@ def test_a_row_written_by_hand_that_cannot_go_out_as_written_is_named() -> None:
         "positions topic": row(topic="positions"),
     }
     for why, bad in said.items():
-        assert why in (unpublishable(bad, "positions") or ""), why
+        assert why in (unpublishable([bad], "positions") or (0, ""))[1], why
+    # The first bad row in the batch, whichever its fault: a topic's is found once, at its first row.
+    batch = [row(id=1), row(topic="a b", id=2), row(keys=["h"], id=3), row(topic="a b", id=4)]
+    assert unpublishable(batch, "positions") == (2, unpublishable([batch[1]], "positions")[1])  # type: ignore[index]
+    assert unpublishable(batch[2:], "positions")[0] == 3  # type: ignore[index]
