@@ -209,6 +209,31 @@ def test_rows_written_by_hand_that_kafka_cannot_take_as_written_are_poison_rows(
     assert terminate(job) == 0
 
 
+def test_a_row_written_by_hand_with_a_transaction_id_of_its_own_is_published(
+    tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, events_topic: str
+) -> None:
+    """The relay reads rows by the id of the transaction that wrote them (`txid`). An INSERT that
+    sets it (a copy of another row, an ORM that writes every column) gave a row the relay took for
+    published long ago, or one it would not read for a billion transactions: lost, and nothing said."""
+    job, _ = relay_job(tmp_path, env, unique("relay"))
+    with psycopg.connect(outbox_db.libpq) as conn:
+        first = add_event(conn, events_topic, {"n": 0}, key="a")
+    wait_for(lambda: len(published(bootstrap, events_topic, 3)) == 1, 60, "the first row")
+    with psycopg.connect(outbox_db.libpq) as conn:
+        hand = [
+            conn.execute(
+                "INSERT INTO outbox_events (txid, event_id, topic, key, value)"
+                " VALUES (%s::xid8, gen_random_uuid(), %s, 'a', 'v') RETURNING event_id::text",
+                [txid, events_topic],
+            ).fetchone()[0]  # type: ignore[index]
+            for txid in ("3", str(2**40))
+        ]
+        last = add_event(conn, events_topic, {"n": 9}, key="a")
+    wait_for(lambda: len(published(bootstrap, events_topic, 3)) >= 4, 60, "the rows written by hand")
+    assert [e for *_, e in published(bootstrap, events_topic, 3)] == [str(first), *hand, str(last)]
+    assert terminate(job) == 0
+
+
 @pytest.mark.parametrize("policy", ["dead-letter", "halt"])
 def test_a_record_over_the_topics_limit_is_the_only_one_refused_and_at_once(
     tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, policy: str
