@@ -141,6 +141,10 @@ CONDITIONS = Conditions(
     SINK_KEY_COLUMN_NOT_IN_SCHEMA=Condition(
         ConfigError, "key_column {key_column!r} is not a field of the schema {schema}"
     ),
+    SINK_KEY_FORMAT_UNKNOWN=Condition(
+        ConfigError,
+        "key_format {key_format!r}: give 'text' or 'json', how a tombstone's Kafka key is written",
+    ),
     # -- catalog (sinks/postgres/catalog.py) -----------------------------------------------------------
     SINK_TABLE_NOT_FOUND=Condition(
         ConfigError,

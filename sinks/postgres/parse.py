@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, get_args
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -12,6 +12,7 @@ from sinks.errors import error
 from sinks.postgres.plan import ERROR_COLUMN
 
 KEEP = ("key", "value", "topic", "partition", "offset")
+KeyFormat = Literal["text", "json"]  # how a tombstone's Kafka key is read
 _CORRUPT = "_corrupt_record"
 
 
@@ -20,6 +21,7 @@ def parse_json(
     schema: str | T.StructType,
     *,
     key_column: str | None = None,
+    key_format: KeyFormat = "text",
     options: dict[str, Any] | None = None,
 ) -> DataFrame:
     """Parse the Kafka value as JSON into the schema's columns.
@@ -27,7 +29,10 @@ def parse_json(
     Keeps the raw key and value (for tombstones and dead letters) and the
     position (topic, partition, offset) that makes the sink exactly-once.
     In a tombstone (null value) `key_column` comes from the Kafka key, so the
-    sink knows which row to delete.
+    sink knows which row to delete: the key's text (`key_format="text"`), or
+    (`"json"`, as Kafka Connect's JsonConverter and Debezium write keys) a JSON
+    string or number, or the field `key_column` of a JSON object, also inside
+    Connect's {"schema": ..., "payload": {...}} envelope.
 
     A top-level field that is present but cannot be read as its type
     (`"amount": "not-a-number"` for a decimal) never becomes NULL: the row gets
@@ -39,6 +44,8 @@ def parse_json(
         raise error("SINK_SCHEMA_FIELDS_CLASH", fields=clash)
     if key_column is not None and key_column not in event.fieldNames():
         raise error("SINK_KEY_COLUMN_NOT_IN_SCHEMA", key_column=key_column, schema=event.simpleString())
+    if key_format not in get_args(KeyFormat):
+        raise error("SINK_KEY_FORMAT_UNKNOWN", key_format=key_format)
     text = F.col("value").cast("string")
     # PERMISSIVE parsing keeps the fields it could read and, when any field (or the
     # whole value) could not be, the record's text in the corrupt-record column:
@@ -51,7 +58,7 @@ def parse_json(
     # mode (Spark's default) a key that does not read (Java's LongSerializer's 8 bytes for a bigint)
     # failed the task, and every replay of the batch; it is a dead letter instead.
     tombstone = F.col("value").isNull()
-    key = F.col("key").cast("string").try_cast(event[key_column].dataType) if key_column else None
+    key = _tombstone_key(event[key_column], key_format) if key_column else None
 
     def field(f: T.StructField) -> Column:
         column = F.col("_event").getField(f.name)
@@ -63,11 +70,32 @@ def parse_json(
     unreadable = F.when(corrupt.isNotNull(), _unreadable_fields(text, event, options or None))
     if key is not None:
         kind = event[key_column].dataType.simpleString()  # type: ignore[index]
-        why = f"the Kafka key of this tombstone is not a valid {kind} for key column {key_column!r}"
+        why = (
+            f"the Kafka key of this tombstone is not a valid {kind} for key column {key_column!r}"
+            if key_format == "text"
+            else f"the Kafka key of this tombstone, read as JSON, is no {kind} for key column {key_column!r}"
+            " (a JSON string or number, or an object with that field)"
+        )
         unreadable = F.when(tombstone & F.col("key").isNotNull() & key.isNull(), F.lit(why)).otherwise(
             unreadable
         )
     return parsed.select(*(field(f) for f in event.fields), *KEEP, unreadable.alias(ERROR_COLUMN))
+
+
+def _tombstone_key(field: T.StructField, key_format: KeyFormat) -> Column:
+    """The key column of a tombstone, from its Kafka key; null where the key does not give one."""
+    text = F.col("key").cast("string")
+    if key_format == "text":
+        return text.try_cast(field.dataType)
+    first = F.regexp_extract(text, r"^[ \t\n\r]*(.)", 1)  # JSON's own whitespace
+    bare = T.StructType([field])
+    enveloped = T.StructType([T.StructField("payload", bare)])
+    member = F.coalesce(
+        F.from_json(text, bare).getField(field.name),
+        F.from_json(text, enveloped).getField("payload").getField(field.name),
+    )
+    scalar = F.get_json_object(text, "$").try_cast(field.dataType)
+    return F.when(first == "{", member).when(first.rlike(r'["0-9tf-]'), scalar)
 
 
 def _struct(frame: DataFrame, schema: str | T.StructType) -> T.StructType:

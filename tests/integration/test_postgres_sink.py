@@ -679,6 +679,43 @@ def test_a_tombstone_whose_kafka_key_is_not_of_the_key_columns_type_is_a_dead_le
 
 
 @pytest.mark.parametrize("tasks", [True, False], ids=["in-tasks", "on-driver"])
+def test_a_tombstone_keyed_in_json_deletes_its_row(spark, db, pg, tasks: bool) -> None:  # type: ignore[no-untyped-def]
+    """Kafka Connect's JsonConverter and Debezium write keys as JSON: "a", {"id": "b"}, or with
+    schemas.enable the {"schema": .., "payload": {"id": "c"}} envelope. Read as text, such a
+    tombstone's key was '"a"': it deleted nothing, and nothing was said. key_format="json" reads it."""
+    pg.execute("CREATE TABLE accounts (id text PRIMARY KEY, n bigint)")
+    envelope = {
+        "schema": {"type": "struct", "fields": [{"field": "id", "type": "string"}]},
+        "payload": {"id": "c"},
+    }
+    keys = [b'"a"', b'{"id": "b"}', json.dumps(envelope).encode(), b"d", b"[1]", b'\t"e\\"" ', b"null"]
+    records = [(None, {"id": i, "n": n}) for n, i in enumerate(["a", "b", "c", "d", 'e"', "f"])]
+    records += [(k, None) for k in keys]
+    rows = [(k, json.dumps(v).encode() if v else None, "t", 0, o) for o, (k, v) in enumerate(records)]
+    raw = spark.createDataFrame(rows, KAFKA)
+    events = parse_json(
+        raw.coalesce(1) if tasks else raw.repartition(2),
+        "id string, n long",
+        key_column="id",
+        key_format="json",
+    )
+    writer = PostgresSink("accounts", url=db.raw, key="id").writer(events)
+    assert writer.route.tasks == tasks
+    writer(events, 0)
+
+    assert pg.execute("SELECT id, n FROM accounts ORDER BY id").fetchall() == [("d", 3), ("f", 5)]
+    dead = pg.execute("SELECT kafka_offset, error FROM sink_dead_letters ORDER BY 1").fetchall()
+    why = "the Kafka key of this tombstone, read as JSON, is no string for key column 'id'"
+    assert [o for o, _ in dead] == [9, 10, 12] and all(why in e for _, e in dead), dead
+
+
+def test_a_key_format_parse_json_does_not_know_is_refused_in_one_line(spark) -> None:  # type: ignore[no-untyped-def]
+    raw = spark.createDataFrame([], KAFKA)
+    with pytest.raises(ConfigError, match="key_format 'avro': give 'text' or 'json'"):
+        parse_json(raw, "id string", key_column="id", key_format="avro")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("tasks", [True, False], ids=["in-tasks", "on-driver"])
 def test_a_row_the_tables_trigger_refuses_is_a_dead_letter(spark, db, pg, tasks: bool) -> None:  # type: ignore[no-untyped-def]
     """A validation trigger's RAISE EXCEPTION (SQLSTATE P0001) refuses a row, as a CHECK does: the
     row is a dead letter and the rest applied, where it failed the batch and every replay of it."""
