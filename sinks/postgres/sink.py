@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, replace
+from decimal import Decimal
 from typing import Any, Literal
 
 import psycopg
@@ -476,9 +477,12 @@ def staged_columns(plan: Plan, delete: Column) -> list[Column]:
     ]
 
 
-# Spark's to_json writes times to the millisecond unless told: microseconds, as Spark holds them.
-# And it leaves a null field out unless told: {"a": null} is no {}.
+# Spark's to_json writes times to the millisecond unless told: microseconds, as Spark holds them;
+# in UTC, for in the session's zone an offset with seconds (most zones before 1900) lost them to
+# the format's minutes, and the instant moved. And it leaves a null field out unless told:
+# {"a": null} is no {}.
 _TO_JSON = {
+    "timeZone": "UTC",
     "timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX",
     "timestampNTZFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSS",
     "ignoreNullFields": "false",
@@ -495,7 +499,12 @@ def _convert(column: Column, how: Conversion) -> Column:
     if how == "json":
         return F.to_json(column, _TO_JSON)
     if how == "integral":  # 3.00 is written as 3; 2.5 stays as it is, and the table refuses it
-        return F.when(column == F.floor(column), column.cast("decimal(38,0)").cast("string")).otherwise(
+        # Through a long: exact for a double too (Spark's cast to decimal goes through its shortest
+        # text: 2**60 became ...980). Past a long's range (floor() overflowed there, failing the batch
+        # and every replay of it; try_cast gives 2**63 as 2**63 - 1) the value goes as text, and the
+        # table refuses it. Decimal bounds: compared exactly with a decimal, and as doubles with a double.
+        in_range = (column >= F.lit(Decimal(-(2**63)))) & (column < F.lit(Decimal(2**63)))
+        return F.when((column % 1 == 0) & in_range, column.cast("long").cast("string")).otherwise(
             column.cast("string")
         )
     if how == "array":  # a PostgreSQL array literal: {"a","b\"c",NULL}

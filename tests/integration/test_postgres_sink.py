@@ -656,6 +656,31 @@ def test_fractions_into_integer_columns_write_their_integral_values_and_dead_let
 
 
 @pytest.mark.parametrize("tasks", [True, False], ids=["in-tasks", "on-driver"])
+def test_a_whole_double_into_a_bigint_keeps_its_exact_value(spark, db, pg, tasks: bool) -> None:  # type: ignore[no-untyped-def]
+    """Spark's cast of a double to decimal goes through its shortest text: 2**60 became
+    1152921504606846980 in the table, another number, and nothing was said."""
+    pg.execute("CREATE TABLE totals (event_id text PRIMARY KEY, qty bigint)")
+    values = {"2^60": 2**60, "-2^63": -(2**63), "3": 3.0, "over": 9.3e18, "2^63": 2.0**63}
+    rows = [
+        (k.encode(), json.dumps({"event_id": k, "qty": v}).encode(), "t", 0, o)
+        for o, (k, v) in enumerate(values.items())
+    ]
+    raw = spark.createDataFrame(rows, KAFKA)
+    events = parse_json(raw.coalesce(1) if tasks else raw.repartition(2), "event_id string, qty double")
+    writer = PostgresSink("totals", url=db.raw).writer(events)
+    assert writer.route.tasks == tasks
+    writer(events, 0)
+
+    assert dict(pg.execute("SELECT event_id, qty FROM totals").fetchall()) == {
+        "2^60": 2**60,
+        "-2^63": -(2**63),
+        "3": 3,
+    }
+    dead = dict(pg.execute("SELECT kafka_offset, error FROM sink_dead_letters").fetchall())
+    assert sorted(dead) == [3, 4] and all("bigint" in e for e in dead.values()), dead
+
+
+@pytest.mark.parametrize("tasks", [True, False], ids=["in-tasks", "on-driver"])
 def test_a_tombstone_whose_kafka_key_is_not_of_the_key_columns_type_is_a_dead_letter(  # type: ignore[no-untyped-def]
     spark, db, pg, tasks: bool
 ) -> None:
@@ -794,6 +819,24 @@ def test_times_inside_json_keep_their_microseconds(spark, db, pg, tasks: bool) -
     ).fetchone()
     assert at == dt.datetime(2024, 3, 4, 5, 6, 7, 123456, tzinfo=dt.UTC)
     assert local == dt.datetime(2024, 3, 4, 5, 6, 7, 654321)
+
+
+def test_times_inside_json_are_the_instants_sent_in_any_session_time_zone(spark, db, pg) -> None:  # type: ignore[no-untyped-def]
+    """to_json writes a time in the session's zone, its offset to the minute: where a zone's offset
+    had seconds (Monrovia until 1972, most zones before 1900) the instant moved by them."""
+    pg.execute("CREATE TABLE docs (event_id uuid PRIMARY KEY, doc jsonb)")
+    sent = {str(uuid.uuid4()): at for at in ("1971-01-01T12:00:00Z", "1890-06-01T00:00:00.5Z")}
+    batch = [(i.encode(), json.dumps({"event_id": i, "doc": {"at": at}}).encode()) for i, at in sent.items()]
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "Africa/Monrovia")
+    try:
+        apply_batches(
+            spark, PostgresSink("docs", url=db.raw), [batch], "event_id string, doc struct<at: timestamp>"
+        )
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", zone)
+    got = dict(pg.execute("SELECT event_id::text, (doc->>'at')::timestamptz FROM docs").fetchall())
+    assert got == {i: dt.datetime.fromisoformat(at) for i, at in sent.items()}
 
 
 @pytest.mark.parametrize("tasks", [True, False], ids=["in-tasks", "on-driver"])
