@@ -77,7 +77,10 @@ def starting_positions(
 
     The ledger's offsets of a topic created again since count for nothing: its
     new records are read from the earliest (failOnDataLoss=false), or the query
-    stops with the line that says so.
+    stops with the line that says so. A partition of a topic the ledger knows,
+    with no row of its own (added while the query was down, or empty while it
+    ran), holds nothing the sink applied: it is read from its earliest offset,
+    whatever startingOffsets says (`latest` skipped its records).
     """
     start = ranges.resolve(options.starting, tps, earliest, latest, option="startingOffsets")
     if options.ledger is not None:
@@ -87,7 +90,8 @@ def starting_positions(
             if options.fail_on_data_loss:
                 raise lost
             log.warning("%s; reading it from its earliest offset", lost.message.split(": the sink")[0])
-        start = {tp: earliest[tp] if tp[0] in new else offset for tp, offset in start.items()}
+        known = {tp[0] for tp in recorded} - set(new)
+        start = {tp: earliest[tp] if tp[0] in new or tp[0] in known else o for tp, o in start.items()}
         start = ranges.overlay(start, {tp: o for tp, o in recorded.items() if tp[0] not in new})
     start, losses = ranges.reconcile(start, {}, {}, earliest, cluster.log_ends(start, latest))
     judge(losses, options, warn=True)
