@@ -84,7 +84,7 @@ def read_range(
     it moves again. A stream waits (a cluster below quorum has no leader to read from for a while);
     a batch query fails at `poll_timeout_s`."""
     # Records gone from the broker (retention) stop the read, or are skipped: librdkafka
-    # moves to the earliest offset left, and what lies before the range is dropped.
+    # moves to the earliest offset left, and what lies before the read's position is dropped.
     reset = "error" if fail_on_data_loss else "earliest"
     fetched = FetchPosition(rng)
     settings = client_settings(
@@ -124,8 +124,8 @@ def _drain(
             failed = [m for m in messages if m.error() is not None]
             if failed:
                 _raise(failed, rng, position)
-        if messages and _offset(messages[0]) < rng.start:  # after a reset to the earliest offset
-            messages = [m for m in messages if _offset(m) >= rng.start]
+        if messages and _offset(messages[0]) < position:  # after a reset to the earliest offset
+            messages = [m for m in messages if _offset(m) >= position]  # what was read, read once
         if messages:
             # One partition's messages arrive in offset order: only the last one can cross `end`.
             last = _offset(messages[-1])
