@@ -155,6 +155,10 @@ CORE = Conditions(
     # A declared setting's value (outbox/_core/settings.py): a flag, a variable, a Spark option.
     SETTING_MALFORMED=Condition(ConfigError, "{setting} must be {kind}, got {value!r}"),
     SETTING_NOT_POSITIVE=Condition(ConfigError, "{setting} must be positive, got {value!r}"),
+    SETTING_NOT_FINITE=Condition(ConfigError, "{setting} must be a finite number, got {value!r}"),
+    SETTING_OUT_OF_RANGE=Condition(
+        ConfigError, "{setting} must be from {least:g} to {most:g}, got {value!r}"
+    ),
     SETTING_NOT_A_CHOICE=Condition(ConfigError, "{setting} must be one of {choices}, got {value!r}"),
     # Reaching and using PostgreSQL (outbox/_core/postgres.py).
     POSTGRES_STANDBY=Condition(

@@ -11,6 +11,7 @@ A bad value is one line with a code (`SETTING_*`), the same in every component.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -36,8 +37,8 @@ class Setting(Generic[T]):
     """One setting: name, default, doc, environment variable, parser and checks.
 
     `parse` turns the text given (a flag, a variable, a Spark option) into the
-    value, raising ValueError when it cannot; `choices` and `positive` say what a
-    value must be, whether it came as text or from Python.
+    value, raising ValueError when it cannot; `choices`, `positive` and `limits` say
+    what a value must be (a float, finite), whether it came as text or from Python.
     """
 
     name: str
@@ -47,6 +48,7 @@ class Setting(Generic[T]):
     env: str | None = None
     choices: tuple[Any, ...] | None = None
     positive: bool = False
+    limits: tuple[float, float] | None = None  # the least and most a number may be
     called: str | None = None  # how a message names it, when not as a flag or an option
 
     @property
@@ -88,8 +90,13 @@ class Setting(Generic[T]):
         if self.choices is not None and value not in self.choices:
             choices = ", ".join(str(c) for c in self.choices)
             raise CORE.error("SETTING_NOT_A_CHOICE", setting=self.label, choices=choices, value=value)
+        if isinstance(value, float) and not math.isfinite(value):  # an interval PostgreSQL cannot hold
+            raise CORE.error("SETTING_NOT_FINITE", setting=self.label, value=value)
         if self.positive and not value > 0:  # type: ignore[operator]  # positive is declared on numbers only
             raise CORE.error("SETTING_NOT_POSITIVE", setting=self.label, value=value)
+        if self.limits is not None and not self.limits[0] <= value <= self.limits[1]:  # type: ignore[operator]
+            least, most = self.limits
+            raise CORE.error("SETTING_OUT_OF_RANGE", setting=self.label, least=least, most=most, value=value)
         return value
 
 

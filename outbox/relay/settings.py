@@ -59,9 +59,11 @@ POSITIONS = Setting(
 RETENTION = Setting(
     "--retention",
     0.0,
-    "keep published rows this many seconds before deleting them",
+    "keep published rows this many seconds before deleting them (at most 1e9, 31 years;"
+    " --no-cleanup keeps them for good)",
     float,
     "OUTBOX_RELAY_RETENTION",
+    limits=(0.0, 1e9),  # past ~6,000 years the cutoff is before year 1, and every cleanup failed
 )
 DELIVERY = Setting(
     "--delivery",

@@ -53,11 +53,14 @@ def test_a_sink_derives_its_silence_and_retries_from_its_timeout(timeout: float)
     assert timeout < spec.silence < spec.retry_for
 
 
-@pytest.mark.parametrize("value", [0, -1, float("nan")])
-def test_a_sinks_timeout_that_is_not_positive_is_one_line(value: float) -> None:
+@pytest.mark.parametrize(
+    ("value", "code"),
+    [(0, "SETTING_NOT_POSITIVE"), (-1, "SETTING_NOT_POSITIVE"), (float("nan"), "SETTING_NOT_FINITE")],
+)
+def test_a_sinks_timeout_that_is_not_positive_is_one_line(value: float, code: str) -> None:
     with pytest.raises(OutboxError) as caught:
         SinkSpec(url=DatabaseUrl.parse("postgresql://u@h/d"), table="t", database_timeout=value)
-    assert caught.value.code == "SETTING_NOT_POSITIVE"
+    assert caught.value.code == code
 
 
 @given(seconds, seconds, st.floats(min_value=0.01, max_value=3600))
@@ -80,14 +83,19 @@ def test_the_server_waits_out_a_relays_longest_healthy_silence(
 
 
 @pytest.mark.parametrize("setting", [s for s in SETTINGS if s.positive], ids=lambda s: s.name)
-@pytest.mark.parametrize("value", [0, -1, float("nan")])
-def test_a_setting_that_must_be_positive_and_is_not_is_one_line(setting: Setting[Any], value: float) -> None:
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [(0, "positive"), (-1, "positive"), (float("nan"), "a finite number"), (float("inf"), "a finite number")],
+)
+def test_a_setting_that_must_be_positive_and_is_not_is_one_line(
+    setting: Setting[Any], value: float, said: str
+) -> None:
     with pytest.raises(ConfigError) as caught:
         RelaySettings(
             url=DatabaseUrl.parse("postgresql://u@h/d"), bootstrap="h:9092", name="r", **{setting.key: value}
         )
-    assert caught.value.code == "SETTING_NOT_POSITIVE"
-    assert caught.value.message.startswith(f"{setting.name} must be positive")  # names the flag
+    assert caught.value.code == ("SETTING_NOT_POSITIVE" if said == "positive" else "SETTING_NOT_FINITE")
+    assert caught.value.message.startswith(f"{setting.name} must be {said}")  # names the flag
 
 
 def test_the_urls_own_libpq_settings_are_known_so_they_win() -> None:

@@ -77,6 +77,13 @@ def test_without_flag_or_variable_the_declared_default_holds(monkeypatch) -> Non
         ("--kafka-timeout", "-1", "SETTING_NOT_POSITIVE"),
         ("--on-poison", "skip", "SETTING_NOT_A_CHOICE"),
         ("--shard", "4/4", "RELAY_SHARD_OUT_OF_RANGE"),
+        # Each crashed the relay at every start once active, or (-1) deleted rows as soon as published.
+        ("--retention", "inf", "SETTING_NOT_FINITE"),
+        ("--retention", "nan", "SETTING_NOT_FINITE"),
+        ("--retention", "-1", "SETTING_OUT_OF_RANGE"),
+        ("--retention", "1e12", "SETTING_OUT_OF_RANGE"),
+        ("--database-timeout", "inf", "SETTING_NOT_FINITE"),
+        ("--kafka-timeout", "Infinity", "SETTING_NOT_FINITE"),
     ],
 )
 def test_a_bad_flag_or_variable_is_one_usage_line_with_its_code(
