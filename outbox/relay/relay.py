@@ -71,13 +71,16 @@ class Relay:
         while not self.stop.is_set():
             try:
                 self._session()
-            except Standby as exc:
-                # A failover under way: not a failure, and not worth more than one line.
+            except (Standby, psycopg.errors.ReadOnlySqlTransaction) as exc:
+                # A failover under way, or a primary whose writes are frozen (default_transaction_
+                # read_only: a cutover, a disk-full guard): not a failure, and not worth more than
+                # one line. The relay cannot record what it publishes until it can write again.
+                wanted = "a primary" if isinstance(exc, Standby) else "a writable primary"
                 if not waiting:
-                    log.warning("waiting for a primary", extra={**self._context, "error": str(exc)})
+                    log.warning(f"waiting for {wanted}", extra={**self._context, "error": str(exc)})
                     waiting = True
                 self._failures = 0
-                self.metrics.health(False, f"waiting for a primary: {exc}")
+                self.metrics.health(False, f"waiting for {wanted}: {exc}")
                 self.stop.wait(self.settings.poll_interval)
                 continue
             except (

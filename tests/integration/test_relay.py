@@ -234,6 +234,39 @@ def test_a_row_written_by_hand_with_a_transaction_id_of_its_own_is_published(
     assert terminate(job) == 0
 
 
+def test_a_primary_that_turned_read_only_is_waited_for_not_a_crash(
+    tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, events_topic: str
+) -> None:
+    """A write freeze (default_transaction_read_only=on: a cutover, a provider's disk-full guard)
+    failed the relay's cleanup and base record with an error it did not retry: the process exited
+    with a traceback, at each restart, until writes came back."""
+    database = outbox_db.libpq
+    with psycopg.connect(database, autocommit=True) as admin:
+        name = admin.execute("SELECT current_database()").fetchone()[0]  # type: ignore[index]
+        admin.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+    try:
+        with psycopg.connect(database) as conn:
+            conn.execute("SET TRANSACTION READ WRITE")  # an application still allowed to write
+            first = add_event(conn, events_topic, {"n": 0}, key="a")
+        job, _ = relay_job(tmp_path, env, unique("relay"))
+        try:
+            wait_for(lambda: "waiting for a writable primary" in job.output(), 30, "the relay to wait")
+        except AssertionError:
+            raise AssertionError(job.output()) from None
+        time.sleep(3)
+        assert job.process.poll() is None, job.output()
+    finally:
+        with psycopg.connect(database, autocommit=True) as admin:
+            admin.execute("SET default_transaction_read_only = off")
+            admin.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+    with psycopg.connect(database) as conn:
+        last = add_event(conn, events_topic, {"n": 1}, key="a")
+    wait_for(lambda: len(published(bootstrap, events_topic, 3)) >= 2, 60, "both events")
+    assert [e for *_, e in published(bootstrap, events_topic, 3)] == [str(first), str(last)]
+    assert "Traceback" not in job.output(), job.output()
+    assert terminate(job) == 0
+
+
 @pytest.mark.parametrize("policy", ["dead-letter", "halt"])
 def test_a_record_over_the_topics_limit_is_the_only_one_refused_and_at_once(
     tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, policy: str
