@@ -31,10 +31,13 @@ def execute(statement: Composable) -> None:
 
 
 def target_schema() -> str:
-    """The schema this run migrates; the version table lives there too."""
+    """The schema this run migrates; the version table lives there too. A name Alembic quotes
+    whole: as a plain str it splits one at each '.' (for database.schema), and a schema called
+    '.' or 'a.b' failed at the first add_column."""
     from alembic import op
+    from sqlalchemy.sql.elements import quoted_name
 
-    return str(op.get_context().opts["version_table_schema"])
+    return quoted_name(str(op.get_context().opts["version_table_schema"]), quote=True)
 
 
 # Tables whose rows a downgrade must not drop unasked: events not yet published, ledgers, positions,

@@ -129,7 +129,8 @@ class OutboxTable:
         wanted = sql.SQL(
             " AND pg_visible_in_snapshot(e.txid, %(target)s::pg_snapshot)"
             " AND e.id > %(after)s{shard}"
-            " AND NOT EXISTS (SELECT FROM {dead} d WHERE d.relay = %(relay)s AND d.outbox_id = e.id)"
+            " AND NOT EXISTS (SELECT FROM {dead} d WHERE d.relay = %(relay)s AND d.outbox_id = e.id"
+            " AND d.event_id = e.event_id)"
             " ORDER BY e.id LIMIT %(limit)s"
         ).format(**names)
         self._start_delta = bindable(

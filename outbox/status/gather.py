@@ -36,7 +36,8 @@ def from_database(conn: psycopg.Connection[Any], schema: str) -> Status:
         "  OR e.txid = ANY(ARRAY(SELECT pg_snapshot_xip(%(base)s::pg_snapshot))))"
         " AND NOT pg_visible_in_snapshot(e.txid, %(base)s::pg_snapshot)"
         " AND mod({hash}, %(count)s) = %(index)s"
-        " AND NOT EXISTS (SELECT FROM {dead} d WHERE d.relay = %(relay)s AND d.outbox_id = e.id)"
+        " AND NOT EXISTS (SELECT FROM {dead} d WHERE d.relay = %(relay)s AND d.outbox_id = e.id"
+        " AND d.event_id = e.event_id)"
         " GROUP BY e.topic ORDER BY e.topic"
     ).format(events=events, hash=sql.SQL(KEY_HASH), dead=names[tables.RELAY_DEAD_LETTERS])
     relays = []
