@@ -142,7 +142,8 @@ def conversion(name: str, kind: T.DataType, table: Table) -> Conversion:
         return "native"
     if isinstance(kind, T.BooleanType) and column.category in "BS":
         return "native"
-    if isinstance(kind, _DATETIME) and column.category in "DS":
+    time_of_day = isinstance(kind, T.DateType) and column.base in ("time", "timetz")  # a date has none
+    if isinstance(kind, _DATETIME) and column.category in "DS" and not time_of_day:
         return "native"
     if isinstance(kind, T.BinaryType) and column.base == "bytea":
         return "hex"

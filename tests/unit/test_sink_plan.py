@@ -140,6 +140,21 @@ def test_mistakes_are_named(fields: list, kw: dict, code: str, message: str) -> 
     assert caught.value.code == code
 
 
+@pytest.mark.parametrize("base", ["time", "timetz"])
+def test_a_date_into_a_time_of_day_is_refused_at_start(base: str) -> None:
+    """A date has no time of day: each row failed at COPY, after the query had started."""
+    table = Table(
+        "public",
+        "orders",
+        {"event_id": column("event_id", "uuid", "U", "uuid"), "at": column("at", base, "D", base)},
+        (frozenset({"event_id"}),),
+    )
+    with pytest.raises(ConfigError) as caught:
+        plan(frame(("event_id", T.StringType()), ("at", T.DateType())), table, spec())
+    assert caught.value.code == "SINK_COLUMN_TYPE_MISMATCH"
+    assert plan(frame(("event_id", T.StringType()), ("at", T.TimestampType())), table, spec())
+
+
 def test_position_columns_are_required() -> None:
     with pytest.raises(ConfigError) as caught:
         plan(frame(("event_id", T.StringType()), kafka=False), TABLE, spec())
