@@ -77,6 +77,12 @@ def lock_key(schema: str, relay: str, shard: Shard) -> str:
     return f"outbox-relay/{schema}/{relay}/{shard.index}-of-{shard.count}"
 
 
+def cleanup_key(schema: str) -> str:
+    """The advisory lock each cleanup holds shared, and a relay shard new to the database takes
+    once, alone, to wait out the cleanups that began before they could know of it."""
+    return f"outbox-cleanup/{schema}"
+
+
 class OutboxTable:
     def __init__(
         self,
@@ -268,6 +274,34 @@ class OutboxTable:
         assert horizon is not None
         return (Mark(row[0], row[1], int(row[2]), row[3]) if row else None), int(horizon[0])
 
+    @round_trip("recording the relay")
+    def register(self, position: Position) -> None:
+        """Record this shard, which the database has no row of, before its first snapshot.
+
+        Other relays' cleanup deletes only rows every recorded relay has published. A
+        shard recorded with its first delta's mark was unknown to them while it read
+        that delta, and a cleanup then deleted rows of it the shard had yet to read.
+        Recorded first, and once the cleanups that began before were over (their lock,
+        `cleanup_key`), it is known to every cleanup that can meet its first snapshot.
+        """
+        conn = self.conn
+        with conn.transaction():
+            conn.execute("SELECT set_config('synchronous_commit', %s, true)", [self.synchronous_commit])
+            conn.execute(
+                self._mark,
+                {
+                    "relay": self.relay,
+                    "index": self.shard.index,
+                    "count": self.shard.count,
+                    "base": position.base,
+                    "target": position.base,
+                    "floor": position.mark or 0,
+                    "system": self.system,
+                },
+            )
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [cleanup_key(self.schema)])
+
     # -- reads ---------------------------------------------------------------
 
     @round_trip("reading a batch")
@@ -348,10 +382,16 @@ class OutboxTable:
 
     @round_trip("deleting published rows")
     def cleanup(self, base: str, limit: int, retention: float) -> int:
-        """Delete up to `limit` published rows (visible in `base`) older than `retention` seconds."""
-        cur = self.conn.execute(
-            self._cleanup, {"base": base, "limit": limit, "retention": retention, "relay": self.relay}
-        )
+        """Delete up to `limit` published rows (visible in `base`) older than `retention` seconds.
+        Under `cleanup_key`, taken before the DELETE's snapshot: a relay shard recorded after it
+        waits for this one to end (`register`)."""
+        with self.conn.transaction():
+            self.conn.execute(
+                "SELECT pg_advisory_xact_lock_shared(hashtextextended(%s, 0))", [cleanup_key(self.schema)]
+            )
+            cur = self.conn.execute(
+                self._cleanup, {"base": base, "limit": limit, "retention": retention, "relay": self.relay}
+            )
         return cur.rowcount
 
     @round_trip("dead-lettering a row")

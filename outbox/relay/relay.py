@@ -147,6 +147,8 @@ class Relay:
                 position = resumed.position
                 if resumed.warning:
                     log.warning(resumed.warning, extra=self._context)
+                if mark is None:  # new to the database: known to the other relays' cleanup first
+                    table.register(position)
                 log.info(
                     "active",
                     extra={**self._context, "position": position.base, "after_id": position.after_id},

@@ -375,6 +375,51 @@ def test_cleanup_leaves_what_a_slower_relay_of_the_same_outbox_has_not_published
     assert [line.split("\t")[2] for line in listed.out.splitlines()] == ["stopped"], listed
 
 
+def test_a_relay_name_added_beside_a_cleaning_one_publishes_its_whole_first_delta(
+    tmp_path: Path, outbox_db: DatabaseUrl, bootstrap: str, own_broker: Broker
+) -> None:
+    """A relay new to the database recorded itself with its first delta's mark, after reading the
+    delta's first batch: until that commit the other relays' cleanup did not know it, and deleted
+    rows of the delta it had yet to read. Its cluster never got them, and nothing was said."""
+    topic = unique("events")
+    for cluster in (bootstrap, own_broker.bootstrap):
+        create_topic(cluster, topic)
+    with psycopg.connect(outbox_db.libpq) as conn:
+        sent = add_events(conn, [Event(topic, {"n": n}, key=str(n % 7)) for n in range(2000)])
+    first_env = {"DATABASE_URL": outbox_db.raw, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
+    first = unique("first")
+    job, _ = relay_job(tmp_path, first_env, first, "--no-cleanup")
+    assert len(wait_published(bootstrap, topic, 1, len(sent))) == len(sent)
+    assert terminate(job) == 0
+    added = unique("added")
+    with psycopg.connect(outbox_db.libpq, autocommit=True) as conn:
+        # The added relay's first delta mark takes 8 s to write: time for the first relay's cleanup.
+        conn.execute(
+            "CREATE FUNCTION slow_mark() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+            f" IF NEW.relay = '{added}' AND NEW.target IS DISTINCT FROM NEW.base THEN"
+            " PERFORM pg_sleep(8); END IF; RETURN NEW; END $$"
+        )
+        conn.execute(
+            "CREATE TRIGGER slow_mark BEFORE INSERT ON relay_positions"
+            " FOR EACH ROW EXECUTE FUNCTION slow_mark()"
+        )
+        added_env = {"DATABASE_URL": outbox_db.raw, "KAFKA_BOOTSTRAP_SERVERS": own_broker.bootstrap}
+        other, _ = relay_job(tmp_path, added_env, added, "--batch-size", "500")
+
+        def sleeping() -> bool:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
+            ).fetchone()
+            return row == (1,)
+
+        wait_for(sleeping, 60, "the added relay's first mark")
+        job, _ = relay_job(tmp_path, first_env, first)  # the first relay again, cleaning
+        records = wait_published(own_broker.bootstrap, topic, 1, len(sent), timeout=60)
+    assert sorted(e for *_, e in records) == sorted(map(str, sent)), f"{len(records)} of {len(sent)}"
+    wait_for(lambda: outbox_rows(outbox_db) == 0, 30, "cleanup once both relays published")
+    assert terminate(job) == 0 and terminate(other) == 0
+
+
 def test_the_positions_topic_is_made_compacted_and_an_uncompacted_one_is_named(
     tmp_path: Path, env: dict[str, str], bootstrap: str
 ) -> None:
