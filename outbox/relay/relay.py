@@ -294,10 +294,10 @@ class Relay:
         self.metrics.health(False, f"halted: {poison}")
         log.error(
             "halted on a poison row; retrying in %.0fs (or restart with --on-poison dead-letter)",
-            self.settings.halt_retry,
+            self.settings.halt_wait,
             extra={**self._context, "row_id": poison.row_id, "error": poison.reason},
         )
-        self.stop.wait(self.settings.halt_retry)
+        self.stop.wait(self.settings.halt_wait)
         return step.position
 
 

@@ -168,7 +168,6 @@ class RelaySettings:
     kafka: Mapping[str, object] = field(default_factory=dict)
     exactly_once: bool = True
     max_retries: int = MAX_RETRIES.default
-    halt_retry: float = 30.0
     synchronous_commit: str = SYNCHRONOUS.default
     kafka_timeout: float = KAFKA_TIMEOUT.default
     database_timeout: float = DATABASE_TIMEOUT.default
@@ -185,6 +184,13 @@ class RelaySettings:
         and a producer's start, between the lock and the mark (a topic list, init_transactions
         asked again for 2x, the position read: up to 5x); and a standby's poll interval."""
         return self.database_timeout + 5 * self.kafka_timeout + self.poll_interval
+
+    @property
+    def halt_wait(self) -> float:
+        """How long a relay halted on a poison row waits, its session quiet, before it tries the row
+        again: 30 s, or half the server's `silence` where that is shorter (short timeouts), for a
+        session the server ended counted as a failure, and enough of them ended the relay."""
+        return min(30.0, self.silence / 2)
 
 
 def relay_name(name: str) -> str:

@@ -80,6 +80,11 @@ def test_the_server_waits_out_a_relays_longest_healthy_silence(
     )
     longest = max(min(kafka, 10) + 3 * kafka + kafka, 3 * kafka, poll)
     assert settings.silence > longest
+    # A relay halted on a poison row waits before it tries the row again, its session quiet: the
+    # wait was 30 s, past the server's limit with short timeouts (--database-timeout 3
+    # --kafka-timeout 3: 19 s); each ended session counted as a failure, and about 11 halts later
+    # the relay exited (RELAY_GAVE_UP).
+    assert 0 < settings.halt_wait < settings.silence and settings.halt_wait <= 30
 
 
 @pytest.mark.parametrize("setting", [s for s in SETTINGS if s.positive], ids=lambda s: s.name)
