@@ -286,19 +286,7 @@ class OutboxTable:
         """
         conn = self.conn
         with conn.transaction():
-            conn.execute("SELECT set_config('synchronous_commit', %s, true)", [self.synchronous_commit])
-            conn.execute(
-                self._mark,
-                {
-                    "relay": self.relay,
-                    "index": self.shard.index,
-                    "count": self.shard.count,
-                    "base": position.base,
-                    "target": position.base,
-                    "floor": position.mark or 0,
-                    "system": self.system,
-                },
-            )
+            self._write_mark(position, position.base)
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [cleanup_key(self.schema)])
 
@@ -335,22 +323,27 @@ class OutboxTable:
             rows = list(map(Row._make, cursor.fetchall()))
             mark = position.mark
             if fresh and rows:
-                conn.execute("SELECT set_config('synchronous_commit', %s, true)", [self.synchronous_commit])
-                written = conn.execute(
-                    self._mark,
-                    {
-                        "relay": self.relay,
-                        "index": self.shard.index,
-                        "count": self.shard.count,
-                        "base": position.base,
-                        "target": snapshot,
-                        "floor": position.mark or 0,
-                        "system": self.system,
-                    },
-                ).fetchone()
-                assert written is not None
-                mark = int(written[0])
+                mark = self._write_mark(position, snapshot)
         return Target(snapshot, mark), rows
+
+    def _write_mark(self, position: Position, target: str) -> int:
+        """This shard's mark for publishing `target` from `position`, committed (by the caller's
+        transaction) as durably as `synchronous_commit` says; returns its number."""
+        self.conn.execute("SELECT set_config('synchronous_commit', %s, true)", [self.synchronous_commit])
+        written = self.conn.execute(
+            self._mark,
+            {
+                "relay": self.relay,
+                "index": self.shard.index,
+                "count": self.shard.count,
+                "base": position.base,
+                "target": target,
+                "floor": position.mark or 0,
+                "system": self.system,
+            },
+        ).fetchone()
+        assert written is not None
+        return int(written[0])
 
     def wait(self, timeout: float, stop: threading.Event) -> None:
         """Until a NOTIFY (a commit that inserted events), the timeout, or `stop` is set.
