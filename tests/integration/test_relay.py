@@ -234,6 +234,25 @@ def test_a_row_written_by_hand_with_a_transaction_id_of_its_own_is_published(
     assert terminate(job) == 0
 
 
+def test_a_row_written_by_hand_with_an_id_the_relay_cannot_read_is_refused(outbox_db: DatabaseUrl) -> None:
+    """The relay reads a delta along the primary key from past id 0. A row given an id at or
+    below 0 (OVERRIDING SYSTEM VALUE, a copy from another table) was never read, then deleted by
+    cleanup: lost without a word. The table now refuses it, naming why."""
+    with psycopg.connect(outbox_db.libpq) as conn:
+        for id in (0, -1, -(2**63)):
+            with pytest.raises(psycopg.errors.CheckViolation, match="outbox_events_id_positive"):
+                conn.execute(
+                    "INSERT INTO outbox_events (id, event_id, topic, value) OVERRIDING SYSTEM VALUE"
+                    " VALUES (%s, gen_random_uuid(), 't', 'v')",
+                    [id],
+                )
+            conn.rollback()
+        conn.execute(
+            "INSERT INTO outbox_events (id, event_id, topic, value) OVERRIDING SYSTEM VALUE"
+            " VALUES (1, gen_random_uuid(), 't', 'v')"
+        )
+
+
 def test_an_outbox_id_used_again_is_not_taken_for_a_dead_letter(
     tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, events_topic: str
 ) -> None:
