@@ -26,7 +26,7 @@ class SinkError(OutboxError):
 
 # What ends each of the source's losses (ranges.reconcile) when it stops the query.
 KAFKA_RC_LOSS_ADVICE = (
-    "; records may have been lost. To go on from the earliest offsets still there,"
+    "; records may have been lost. To go on with the records still there,"
     " set the source option failOnDataLoss=false"
 )
 

@@ -61,9 +61,12 @@ def reconcile(
     each as the DataLossError that stops the query.
 
     known: the topic ids `begin` was read under; ids: the topics' ids now. A
-    topic recreated under its name, a log that now ends before `begin`
-    (truncated), a log that now starts after it (retention deleted records
-    never read): each begins again at its earliest offset, and is a loss.
+    topic recreated under its name, and a log that now starts after `begin`
+    (retention deleted records never read), begin again at the earliest offset;
+    a log that now ends before `begin` (truncated: Kafka keeps its prefix, which
+    was read) at its end, as Spark's source does, where the topic's id shows it
+    is the topic read, and otherwise at the earliest: read again, not lost.
+    Each is a loss.
     """
     recreated = sorted({t for t, _ in begin if t in known and t in ids and known[t] != ids[t]})
     losses = [error("KAFKA_RC_TOPIC_RECREATED", topic=t, was=known[t], now=ids[t]) for t in recreated]
@@ -78,7 +81,7 @@ def reconcile(
                     "KAFKA_RC_LOG_TRUNCATED", topic=topic, partition=partition, end=latest[tp], offset=offset
                 )
             )
-            offset = earliest[tp]
+            offset = latest[tp] if topic in known and known[topic] == ids.get(topic) else earliest[tp]
         elif tp in earliest and offset < earliest[tp]:
             losses.append(
                 error(

@@ -83,6 +83,7 @@ def starting_positions(
     whatever startingOffsets says (`latest` skipped its records).
     """
     start = ranges.resolve(options.starting, tps, earliest, latest, option="startingOffsets")
+    read_under: ranges.TopicIds = {}  # the ids the ledger's offsets were read under, where it has them
     if options.ledger is not None:
         recorded, recorded_ids = options.ledger.read()
         for topic in (new := recreated(recorded_ids, ids)):
@@ -93,7 +94,8 @@ def starting_positions(
         known = {tp[0] for tp in recorded} - set(new)
         start = {tp: earliest[tp] if tp[0] in new or tp[0] in known else o for tp, o in start.items()}
         start = ranges.overlay(start, {tp: o for tp, o in recorded.items() if tp[0] not in new})
-    start, losses = ranges.reconcile(start, {}, {}, earliest, cluster.log_ends(start, latest))
+        read_under = {t: i for t, i in recorded_ids.items() if t not in new}
+    start, losses = ranges.reconcile(start, read_under, ids, earliest, cluster.log_ends(start, latest))
     judge(losses, options, warn=True)
     return start
 
@@ -104,7 +106,7 @@ def judge(losses: list[OutboxError], options: SourceOptions, *, warn: bool) -> N
         raise losses[0]
     for loss in losses if warn else ():
         said = loss.message.removesuffix(KAFKA_RC_LOSS_ADVICE)
-        log.warning("%s; going on from the earliest offset still there (failOnDataLoss=false)", said)
+        log.warning("%s; going on with the records still there (failOnDataLoss=false)", said)
 
 
 def _input_partitions(

@@ -220,6 +220,19 @@ def test_reconcile_names_a_truncated_log_and_records_retention_deleted_unread() 
     ]
 
 
+def test_reconcile_goes_on_from_a_truncated_logs_end_when_the_topic_is_the_one_read() -> None:
+    """Offsets below the new end were read already (Kafka keeps a truncated log's prefix); taken
+    again from earliest, they were read twice with failOnDataLoss=false. Spark's own source goes
+    on from the end too. Without the topic's id to tell a truncation from a topic created again
+    under its name, the earliest offset still: reading again is better than a loss."""
+    ids = {"a": "x", "b": "y"}
+    begin, losses = ranges.reconcile({A0: 60, B0: 9}, ids, ids, {A0: 5, B0: 0}, {A0: 50, B0: 7})
+    assert begin == {A0: 50, B0: 7}
+    assert [loss.code for loss in losses] == ["KAFKA_RC_LOG_TRUNCATED"] * 2
+    begin, _ = ranges.reconcile({A0: 60, B0: 9}, {"b": "y"}, ids, {A0: 5, B0: 0}, {A0: 50, B0: 7})
+    assert begin == {A0: 5, B0: 7}
+
+
 def test_split_reaches_min_partitions_sized_by_backlog() -> None:
     rngs = [ranges.Range("a", 0, 0, 90), ranges.Range("a", 1, 0, 10)]
     pieces = ranges.split(rngs, 10)
