@@ -203,17 +203,15 @@ def advance(position: Position, target: Target, fetched_ids: Sequence[int], limi
     return Step(len(fetched_ids), finished, persist=bool(fetched_ids))
 
 
-def halt(position: Position, target: Target, fetched_ids: Sequence[int], poison_id: int) -> Step:
-    """Decide what a relay halting on row `poison_id` still publishes: the rows before it, in order.
+def rows_before(fetched_ids: Sequence[int], poison_id: int) -> int:
+    """How many of a batch's rows a relay halting on row `poison_id` still publishes: those before it.
 
-    Publishing past a poison row would break order, so the batch stops just
-    short of it: the position records how far into the delta it got, and the
-    poison row is the next one to read when the relay tries again.
+    Publishing past a poison row would break order. The rows before it go out as
+    a batch of their own, through the same checks as any (one of them may turn
+    out poison too, as only sending shows a record too large); the poison row is
+    then the first of the next batch, and the relay halts with nothing to publish.
     """
-    count = sum(1 for row_id in fetched_ids if row_id < poison_id)
-    if count == 0:
-        return Step(0, position, persist=False)
-    return Step(count, _within(position, target, fetched_ids[count - 1]), persist=True)
+    return sum(1 for row_id in fetched_ids if row_id < poison_id)
 
 
 def _within(position: Position, target: Target, after_id: int) -> Position:

@@ -17,7 +17,6 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
@@ -34,7 +33,7 @@ from outbox.relay.metrics import RelayMetrics
 from outbox.relay.outbox_table import OutboxTable, opened
 from outbox.relay.pause import Pause
 from outbox.relay.poison import DEAD_LETTER, Poison
-from outbox.relay.position import Identity, Position, Target, advance, halt
+from outbox.relay.position import Identity, Position, Target, advance, rows_before
 from outbox.relay.resume import resume
 from outbox.relay.row import Row
 from outbox.relay.settings import RelaySettings
@@ -194,6 +193,7 @@ class Relay:
         s, m = self.settings, self.metrics
         recorded = 0.0  # when the base was last recorded for the other relays
         one_by_one = 0  # rows to publish one per transaction, to find which one Kafka refuses
+        before_poison = 0  # rows to publish as a batch of their own, before halting on a poison row
         # Through a backlog, the next part is read while this one is produced and
         # committed: the read only depends on the position `advance` already chose,
         # and a part read for a batch that then fails is simply dropped (leaving the
@@ -205,7 +205,7 @@ class Relay:
             while not self.stop.is_set():
                 target, rows = ahead.result() if ahead else self._fetch(table, position)
                 ahead = None
-                limit = 1 if one_by_one else s.batch_size
+                limit = 1 if one_by_one else before_poison or s.batch_size
                 step = advance(position, target, [r.id for r in rows], limit)
                 batch = rows[: step.count]
                 m.lag.set(time.time() - min(r.created_at for r in batch) if batch else 0)
@@ -232,13 +232,17 @@ class Relay:
                             )
                             continue
                         one_by_one = 0
-                        position = self._poisoned(table, publisher, position, target, batch, poison)
+                        if s.on_poison == DEAD_LETTER:
+                            self._dead_letter(table, poison)
+                        elif not (before_poison := rows_before([r.id for r in batch], poison.row_id)):
+                            self._halt(poison)
                         continue
                     m.commit_seconds.observe(time.perf_counter() - started)
                     m.batches.inc()
                     m.published.inc(len(batch))
                 position = step.position
                 one_by_one = max(0, one_by_one - step.count)
+                before_poison = 0
                 if self._outage is not None:
                     log.info(
                         "resumed after retrying",
@@ -268,28 +272,13 @@ class Relay:
         with self.metrics.fetch_seconds.time():
             return table.fetch(position, self.settings.batch_size + 1)
 
-    def _poisoned(
-        self,
-        table: OutboxTable,
-        publisher: Publisher,
-        position: Position,
-        target: Target,
-        batch: Sequence[Row],
-        poison: Poison,
-    ) -> Position:
-        """Dead-letter the row, or publish up to it and halt; return the position reached."""
-        if self.settings.on_poison == DEAD_LETTER:
-            table.dead_letter(poison.row_id, poison.reason)
-            self.metrics.dead_letters.inc()
-            log.warning(
-                "dead-lettered", extra={**self._context, "row_id": poison.row_id, "error": poison.reason}
-            )
-            return position
-        step = halt(position, target, [r.id for r in batch], poison.row_id)
-        if step.persist:
-            publisher.publish(batch[: step.count], step.position)
-            self.metrics.published.inc(step.count)
-            self.metrics.batches.inc()
+    def _dead_letter(self, table: OutboxTable, poison: Poison) -> None:
+        table.dead_letter(poison.row_id, poison.reason)
+        self.metrics.dead_letters.inc()
+        log.warning("dead-lettered", extra={**self._context, "row_id": poison.row_id, "error": poison.reason})
+
+    def _halt(self, poison: Poison) -> None:
+        """Wait on the poison row a batch starts with (those before it went out), then try it again."""
         self.metrics.halted.set(1)
         self.metrics.health(False, f"halted: {poison}")
         log.error(
@@ -298,7 +287,6 @@ class Relay:
             extra={**self._context, "row_id": poison.row_id, "error": poison.reason},
         )
         self.stop.wait(self.settings.halt_wait)
-        return step.position
 
 
 def _settle(read: Future[Any] | None) -> None:

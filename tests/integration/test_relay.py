@@ -159,6 +159,26 @@ def test_poison_rows_halt_by_default_and_dead_letter_on_request(
     assert terminate(job) == 0
 
 
+def test_a_poison_row_met_while_publishing_up_to_another_halts_at_the_first(
+    tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, events_topic: str
+) -> None:
+    """A batch's rows are looked at (topic, headers) before any is sent; a row over Kafka's size
+    limit shows only as it is sent. Halting on the missing topic of row 3, the relay sent the rows
+    before it, met row 2's size, and exited with code 2: at every start again (a crash loop)."""
+    missing_topic = unique("missing")
+    with psycopg.connect(outbox_db.libpq) as conn:
+        first = add_event(conn, events_topic, {"n": 1}, key="a")
+        add_event(conn, events_topic, b"x" * 2_000_000, key="a")  # over the producer's 1 MB limit
+        add_event(conn, missing_topic, {"n": 3}, key="a")
+        add_event(conn, events_topic, {"n": 4}, key="a")
+    job, _ = relay_job(tmp_path, env, unique("relay"))
+    job.wait_for_output("halted on a poison row", 60)
+    assert "larger than Kafka accepts" in job.output(), job.output()
+    assert [e for *_, e in published(bootstrap, events_topic, 3)] == [str(first)], "the row before it"
+    assert job.process.poll() is None, job.output()
+    assert terminate(job) == 0
+
+
 def test_rows_written_by_hand_that_kafka_cannot_take_as_written_are_poison_rows(
     tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, events_topic: str
 ) -> None:
