@@ -218,6 +218,11 @@ CONDITIONS = Conditions(
         " with a new checkpointLocation and kafka_rc's option ledger.sink={sink}, which starts where the"
         " ledger stands, or with startingOffsets='{offsets}'",
     ),
+    SINK_TASK_COMMIT_LOST=Condition(
+        ServiceUnavailable,
+        "sink {sink}, batch {batch}: PostgreSQL no longer holds the commit of {partitions} (a crash without"
+        " fsync or a failover to an asynchronous replica under the batch); applying the batch again",
+    ),
     # -- topics (sinks/postgres/topics.py): the ledger against Kafka -----------------------------------
     SINK_LOG_TRUNCATED=Condition(
         DataLossError,

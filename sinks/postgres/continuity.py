@@ -41,6 +41,18 @@ def lost(last: LastBatch | None, query: str | None, batch: int) -> range:
     return range(last.batch + 1, batch)
 
 
+def behind(ledger: Positions, ends: Positions) -> list[tuple[str, int]]:
+    """The topic-partitions whose ledger stands before the end a task committed for them.
+
+    In the tasks, each topic-partition commits on its own. A crash or failover
+    can lose one task's commit while another task, retried, commits on the
+    server that came back: the batch's record, written after them, then sits
+    on a history without the lost one. Before it is written, every task's end
+    must show in the ledger; a record written after that vouches for them all.
+    """
+    return sorted(tp for tp, end in ends.items() if ledger.get(tp, 0) < end)
+
+
 def query_id(batch: DataFrame, checkpoint: str | None = None) -> str | None:
     """The id of the streaming query running `batch`; None outside one (or where Spark does not say).
 

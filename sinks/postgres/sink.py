@@ -21,12 +21,12 @@ from outbox._core import tables
 from outbox._core.config import database_url, schema_name
 from outbox._core.postgres import connect
 from sinks.errors import SinkError, error
-from sinks.ledger import positions
+from sinks.ledger import Positions, positions
 from sinks.postgres import settings as S
 from sinks.postgres.apply import BatchResult, apply_batch
 from sinks.postgres.catalog import describe
 from sinks.postgres.clock import STAGES
-from sinks.postgres.continuity import LastBatch, lost, lost_batches, query_id
+from sinks.postgres.continuity import LastBatch, behind, lost, lost_batches, query_id
 from sinks.postgres.metrics import SinkMetrics
 from sinks.postgres.placement import ApplyIn, Route, choose
 from sinks.postgres.plan import Conversion, Plan, plan
@@ -288,21 +288,34 @@ class BatchWriter:
         query = self.query_id(batch)
         with self.exclusive() as conn:
             self._check(conn, query, batch_id)
-            result = self.summarize(batch_id, self.tasks(batch).collect())
-            if query:
-                self._record_after_tasks(conn, query, result)
+            done = self.tasks(batch).collect()
+            result = self.summarize(batch_id, done)
+            ends = {(e.topic, e.partition): e.offset for task in done for e in task.ends}
+            self._record_after_tasks(conn, query, result, ends)
         return result
 
-    def _record_after_tasks(self, conn: psycopg.Connection, query: str, result: BatchResult) -> None:
-        """Record the batch and its outcome; if PostgreSQL restarted under the batch (its tasks
-        retried), on a new session."""
+    def _record_after_tasks(
+        self, conn: psycopg.Connection, query: str | None, result: BatchResult, ends: Positions
+    ) -> None:
+        """Record the batch and its outcome once the ledger shows every task's commit (continuity.
+        behind); if PostgreSQL restarted under the batch (its tasks retried), on a new session."""
+
+        def record(conn: psycopg.Connection) -> None:
+            gone = behind(positions(conn, self.spec.ledger_schema, self.spec.name), ends)
+            if gone:
+                which = ", ".join(f"{t}-{p}" for t, p in gone)
+                raise error(
+                    "SINK_TASK_COMMIT_LOST", sink=self.spec.name, batch=result.batch_id, partitions=which
+                )
+            if query:
+                conn.execute(self.statements.record_batch(), self._batch(query, result.batch_id))
+                self._report(conn, query, result)
+
         try:
-            conn.execute(self.statements.record_batch(), self._batch(query, result.batch_id))
-            self._report(conn, query, result)
+            record(conn)
         except psycopg.OperationalError:
             with connect(self.spec.url, autocommit=True) as again:
-                again.execute(self.statements.record_batch(), self._batch(query, result.batch_id))
-                self._report(again, query, result)
+                record(again)
 
     def _report(self, conn: psycopg.Connection, query: str, result: BatchResult) -> None:
         """The batch's outcome beside its record, where a Spark Connect client reads `sink.last`."""

@@ -36,11 +36,13 @@ from sinks.postgres.statements import ATTEMPT_SETTING, Statements
 COUNTS = (*Counts._fields, "retries")  # BatchResult's names
 TIMES = tuple(f"{stage}_seconds" for stage in STAGES)
 _REFUSAL = ("refused", "refused_code")  # a refusal's message and code (sinks/errors.py)
+_END = pa.struct([("topic", pa.string()), ("partition", pa.int64()), ("offset", pa.int64())])
 _SCHEMA = pa.schema(
     [
         *((c, pa.int64()) for c in COUNTS),
         *((t, pa.float64()) for t in TIMES),
         *((r, pa.string()) for r in _REFUSAL),
+        ("ends", pa.list_(_END)),  # each topic-partition's next offset once the task committed
     ]
 )
 # As a StructType: a DDL string would be parsed by the JVM again at every batch.
@@ -81,7 +83,7 @@ def applier(job: TaskJob) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.Re
             )
             outcome = replace(outcome, retries=retries)
         refusal = [outcome.refused, outcome.refused_code]
-        values = [*outcome.counts, outcome.retries, *clock.seconds.values(), *refusal]
+        values = [*outcome.counts, outcome.retries, *clock.seconds.values(), *refusal, ends(rows)]
         columns = {f: [v] for f, v in zip(_SCHEMA.names, values, strict=True)}
         yield pa.RecordBatch.from_pydict(columns, _SCHEMA)
 
@@ -127,6 +129,19 @@ def apply_task(job: TaskJob, rows: list[pa.RecordBatch], attempt: int, clock: Cl
         except SinkError as exc:  # rolled back: the driver fails the batch with this line
             return replace(NOTHING, refused=exc.message, refused_code=exc.code)
     return Outcome(counts)
+
+
+def ends(rows: list[pa.RecordBatch]) -> list[dict[str, Any]]:
+    """Where the ledger stands for each topic-partition the task holds once its commit is made."""
+    if not rows:
+        return []
+    found = pa.Table.from_batches(rows).group_by(["_topic", "_partition"]).aggregate([("_offset", "max")])
+    return [
+        {"topic": t, "partition": p, "offset": o + 1}
+        for t, p, o in zip(
+            *found.select(["_topic", "_partition", "_offset_max"]).to_pydict().values(), strict=True
+        )
+    ]
 
 
 def positions(rows: pa.Table) -> tuple[list[str], list[int]]:

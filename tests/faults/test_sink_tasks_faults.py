@@ -132,6 +132,37 @@ def test_postgres_restarted_mid_batch(own_postgres: OwnPostgres, bootstrap, topi
     assert first_batch[0] == 0 and first_batch[3] >= 1, "the waiting task started over after the restart"
 
 
+def test_postgres_losing_one_tasks_commit_mid_batch(  # type: ignore[no-untyped-def]
+    own_postgres: OwnPostgres, bootstrap, topic, tmp_path
+) -> None:
+    """A crash of a server without fsync (or a failover to an asynchronous replica) loses partition
+    0's commit while partition 1's task waits; partition 1's task then commits on the server that
+    came back, and the driver records the batch after both. The next batch found its record and
+    went on: partition 0's rows of the batch were gone for good, and nothing was said."""
+    url = own_postgres.url
+    expected = produce_orders(bootstrap, topic, 1500)
+    dead = produce_poison(bootstrap, topic)
+    ends = log_ends(bootstrap, topic)
+    pg, blocker = psycopg.connect(url.libpq, autocommit=True), psycopg.connect(url.libpq)
+    try:
+        hold_partition_1(blocker, topic)
+        own_postgres.execute("CHECKPOINT")
+        own_postgres.pause_wal_writer()  # asynchronous commits from now on stay in memory
+        streaming = job(bootstrap, topic, url, tmp_path, "streaming", "plain")
+        wait_for(lambda: partition_0_applied_1_waiting(pg), 180, "partition 0 committed, 1 waiting")
+    finally:
+        pg.close()
+        blocker.close()
+    try:
+        own_postgres.crash()  # partition 0's commit, still in memory, is lost
+        own_postgres.start()
+        with psycopg.connect(url.libpq, autocommit=True) as pg:
+            wait_for(lambda: ledger(pg) == ends, 240, "every partition applied after the crash")
+            check_exactly_once(pg, bootstrap, topic, expected, dead=dead)
+    finally:
+        streaming.kill9()
+
+
 def test_on_a_cluster_an_executor_killed_mid_batch(  # type: ignore[no-untyped-def]
     bootstrap, topic, db, pg, tmp_path, blocker, cluster
 ) -> None:

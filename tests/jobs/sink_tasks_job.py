@@ -82,7 +82,8 @@ def batch(frame, batch_id):  # type: ignore[no-untyped-def]
             done = writer.tasks(frame).mapInArrow(then, TASK_RESULT).collect()
         result = writer.summarize(batch_id, done)
     else:
-        result = writer.apply_in_tasks(frame, batch_id)
+        writer(frame, batch_id)  # as a query runs it: started over where PostgreSQL says to
+        result = writer.last
     line = f"applied {batch_id}: fresh {result.fresh} of {result.staged} rows, {result.retries} retries"
     print(line, flush=True)
 

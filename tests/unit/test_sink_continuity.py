@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sinks.postgres.continuity import LastBatch, lost, lost_batches
+from sinks.postgres.continuity import LastBatch, behind, lost, lost_batches
 
 
 def test_the_batch_before_or_a_replay_of_this_one_is_whole() -> None:
@@ -28,3 +28,9 @@ def test_the_error_names_the_batches_and_the_offsets_to_start_from() -> None:
     assert "nothing of batch 7 was applied" in error
     assert """startingOffsets='{"t":{"0":10,"1":20},"u":{"0":3}}'""" in error
     assert "ledger.sink=orders" in error
+
+
+def test_a_task_commit_the_ledger_no_longer_shows_is_named() -> None:
+    ends = {("t", 0): 200, ("t", 1): 190, ("u", 0): 5}
+    assert behind({("t", 0): 200, ("t", 1): 400, ("u", 0): 5}, ends) == []  # ahead: a later replay
+    assert behind({("t", 1): 190, ("u", 0): 4}, ends) == [("t", 0), ("u", 0)]
