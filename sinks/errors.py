@@ -228,8 +228,8 @@ CONDITIONS = Conditions(
         DataLossError,
         "{topic}-{partition} now ends at offset {end}, but sink {sink} has applied it up to offset"
         " {offset}: the log was truncated (an unclean leader election?), and records written"
-        " again at those offsets would be skipped. To apply them, set the source option"
-        " failOnDataLoss=false (the sink then forgets that partition's offsets, and says so)",
+        " again at those offsets would be skipped. To apply them, set the source option failOnDataLoss=false"
+        " (the sink then moves that partition's offset back to the log's end, and says so)",
     ),
     # -- apply (sinks/postgres/apply.py): a batch applied on the driver or in a task -------------------
     SINK_STAGE_INCOMPLETE=Condition(

@@ -6,8 +6,10 @@ already applied: either way the ledger would skip them as applied. The sink
 keeps each topic's Kafka topic id beside its offsets and compares it, and the
 ledger's offsets with the log's ends, before it applies a batch. With the
 source's failOnDataLoss (true by default) a difference stops the query with
-one line; with failOnDataLoss=false the sink forgets the offsets that are no
-longer of this log, logs it, and goes on, as the source does.
+one line; with failOnDataLoss=false the sink forgets the offsets of a topic
+created again, moves a truncated partition's back to its log's end (the prefix
+Kafka kept was applied, and stays guarded), logs it, and goes on, as the
+source does.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ class Verdict:
     """What the ledger must forget, what ids to record, and the losses to report."""
 
     topics: tuple[str, ...] = ()  # created again: forget all their offsets
-    partitions: tuple[tuple[str, int], ...] = ()  # truncated: forget their offsets
+    partitions: tuple[tuple[str, int, int], ...] = ()  # truncated: (topic, partition, the log's end now)
     record: dict[str, str] = field(default_factory=dict)
     losses: tuple[OutboxError, ...] = ()
 
@@ -61,7 +63,7 @@ def judge(
         for t, p in truncated
     ]
     record = {t: i for t, i in ids.items() if recorded.get(t) != i}
-    return Verdict(tuple(again), tuple(truncated), record, tuple(losses))
+    return Verdict(tuple(again), tuple((t, p, ends[t, p]) for t, p in truncated), record, tuple(losses))
 
 
 def source_options(root: Node | None, kafka: Mapping[str, str]) -> SourceOptions | None:
@@ -112,27 +114,28 @@ class TopicCheck:
         if verdict.losses and self.options.fail_on_data_loss:
             raise verdict.losses[0]
         for loss in verdict.losses:
-            log.warning("%s; forgetting them (failOnDataLoss=false)", loss.message.split(". To apply")[0])
+            log.warning("%s; going on (failOnDataLoss=false)", loss.message.split(". To apply")[0])
         if verdict.record or verdict.topics or verdict.partitions:
             with conn.transaction():
                 self._write(conn, verdict)
 
     def _write(self, conn: psycopg.Connection[Any], verdict: Verdict) -> None:
         progress = sql.Identifier(self.schema, tables.SINK_PROGRESS)
+        topics, partitions, offsets = [list(c) for c in zip(*verdict.partitions, strict=True)] or [[], [], []]
         names = sql.Identifier(self.schema, tables.SINK_TOPICS)
+        conn.execute(
+            bindable(sql.SQL("DELETE FROM {} WHERE sink = %s AND topic = ANY(%s)").format(progress)),
+            [self.sink, list(verdict.topics)],
+        )
         conn.execute(
             bindable(
                 sql.SQL(
-                    "DELETE FROM {} WHERE sink = %(sink)s AND (topic = ANY(%(topics)s)"
-                    " OR (topic, kafka_partition) IN (SELECT * FROM unnest(%(t)s::text[], %(p)s::int[])))"
+                    "UPDATE {} AS g SET next_offset = least(g.next_offset, e.o), updated_at = now()"
+                    " FROM unnest(%(t)s::text[], %(p)s::int[], %(o)s::bigint[]) AS e (t, p, o)"
+                    " WHERE g.sink = %(sink)s AND g.topic = e.t AND g.kafka_partition = e.p"
                 ).format(progress)
             ),
-            {
-                "sink": self.sink,
-                "topics": list(verdict.topics),
-                "t": [t for t, _ in verdict.partitions],
-                "p": [p for _, p in verdict.partitions],
-            },
+            {"sink": self.sink, "t": topics, "p": partitions, "o": offsets},
         )
         conn.execute(
             bindable(

@@ -29,10 +29,11 @@ from tests.helpers import create_topic, produce_transaction, transactional_produ
 from tests.sink_support import event, ledger, run, table
 
 
-def orders(bootstrap: str, topic: str, count: int) -> dict[str, tuple]:
+def orders(bootstrap: str, topic: str, count: int, partition: int = 0) -> dict[str, tuple]:
     """`count` new orders in one committed transaction (offsets count on, plus one commit marker)."""
     ids = [str(uuid.uuid4()) for _ in range(count)]
-    produce_transaction(transactional_producer(bootstrap), topic, [event(i, n) for n, i in enumerate(ids)])
+    records = [event(i, n) for n, i in enumerate(ids)]
+    produce_transaction(transactional_producer(bootstrap), topic, records, partition=partition)
     return {i: (n, Decimal("1.00"), None) for n, i in enumerate(ids)}
 
 
@@ -84,6 +85,29 @@ def test_a_topic_created_again_stops_the_query_then_is_applied_from_its_start(  
     run(spark, bootstrap, topic, checkpoint, sink, source=source, failOnDataLoss="false")
     assert table(pg) == old | new
     assert ledger(pg) == {0: 40}
+
+
+def test_a_truncated_log_keeps_its_prefix_applied(  # type: ignore[no-untyped-def]
+    spark, bootstrap, db, pg: psycopg.Connection, tmp_path: Path
+) -> None:
+    """A log that ends before the ledger (an unclean leader election) keeps its prefix, which the
+    sink applied. With failOnDataLoss=false the sink deleted the partition's ledger row: until a
+    batch of that partition wrote it again, a read from the earliest offset (the remedy for a lost
+    checkpoint) applied the prefix again, its outbox events and dead letters a second time."""
+    topic = create_topic(bootstrap, unique("truncated"), partitions=2)
+    first = orders(bootstrap, topic, 30)  # partition 0: offsets 0-29, marker 30
+    sink = PostgresSink("orders", url=db.raw)
+    run(spark, bootstrap, topic, tmp_path / "checkpoint", sink)
+    assert ledger(pg) == {0: 30}
+    pg.execute(
+        "UPDATE sink_progress SET next_offset = 1000 WHERE kafka_partition = 0"
+    )  # what truncation leaves
+    more = orders(bootstrap, topic, 5, partition=1)  # a batch, of partition 1 only
+    run(spark, bootstrap, topic, tmp_path / "checkpoint", sink, failOnDataLoss="false")
+    assert ledger(pg) == {0: 31, 1: 5}, "partition 0 stands at its log's end"
+    run(spark, bootstrap, topic, tmp_path / "new-checkpoint", sink)  # from the earliest offsets
+    assert sink.last is not None and sink.last.fresh == 0, sink.last
+    assert table(pg) == first | more
 
 
 def test_records_deleted_before_they_were_read_stop_the_query_or_are_skipped(  # type: ignore[no-untyped-def]

@@ -25,7 +25,7 @@ def test_a_topic_created_again_is_forgotten_and_recorded_under_its_new_id() -> N
 
 def test_a_log_that_ends_before_the_ledger_was_truncated() -> None:
     verdict = judge("s", {"a": "1"}, {"a": "1"}, {("a", 0): 50, ("a", 1): 5}, {("a", 0): 40, ("a", 1): 5})
-    assert verdict.partitions == (("a", 0),) and verdict.topics == ()
+    assert verdict.partitions == (("a", 0, 40),) and verdict.topics == ()  # back to the log's end
     assert verdict.losses[0].code == "SINK_LOG_TRUNCATED"
     assert "a-0 now ends at offset 40, but sink s has applied it up to offset 50" in verdict.losses[0].message
 
