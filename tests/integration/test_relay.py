@@ -12,6 +12,8 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 from outbox import migrate
 from outbox._core.config import DatabaseUrl
+from outbox.relay.outbox_table import OutboxTable, opened
+from outbox.relay.position import Position, Shard
 from outbox.writer import Event, add_event, add_events
 from outbox_dev.kafka import Broker
 from tests.cli import outbox
@@ -252,6 +254,27 @@ def test_a_row_written_by_hand_with_a_transaction_id_of_its_own_is_published(
     wait_for(lambda: len(published(bootstrap, events_topic, 3)) >= 4, 60, "the rows written by hand")
     assert [e for *_, e in published(bootstrap, events_topic, 3)] == [str(first), *hand, str(last)]
     assert terminate(job) == 0
+
+
+def test_notifications_do_not_pile_up_in_a_standby_or_between_reads(outbox_db: DatabaseUrl) -> None:
+    """psycopg keeps each NOTIFY a query meets until it is waited for, in a list without bound. A
+    standby listened and never waited, and a relay halted on a poison row or catching up on a
+    backlog did not wait for hours: at 100 commits a second, about 2 GB a day."""
+    name = unique("relay")
+    active, standby = (OutboxTable(outbox_db, "public", name, Shard(0, 1)) for _ in range(2))
+    with opened(active), opened(standby), psycopg.connect(outbox_db.libpq, autocommit=True) as writer:
+        assert active.try_lock() and not standby.try_lock()
+
+        def listening(table: OutboxTable) -> bool:
+            return bool(table.conn.execute("SELECT count(*) FROM pg_listening_channels()").fetchone()[0])  # type: ignore[index]
+
+        assert listening(active) and not listening(standby)
+        for n in range(300):
+            with writer.transaction():
+                add_event(writer, "t", {"n": n})  # a commit each, a NOTIFY each
+        time.sleep(0.5)  # the server has sent them: the next query takes them in
+        active.fetch(Position(), 10)
+        assert not list(active.conn.notifies(timeout=0)), "the read took them in and kept them"
 
 
 def test_a_row_written_by_hand_with_an_id_the_relay_cannot_read_is_refused(outbox_db: DatabaseUrl) -> None:
