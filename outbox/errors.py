@@ -171,6 +171,11 @@ CONDITIONS = Conditions(
     ),
     VERIFY_SOURCE_SQL_FAILED=Condition(ConfigError, "--source-sql failed: {reason}"),
     VERIFY_FLAG_EMPTY=Condition(ConfigError, "{flag} is empty: give it, or leave the flag out"),
+    VERIFY_SOURCE_IS_TOPIC=Condition(
+        ConfigError,
+        "--source-topic names the topic checked ({topic}): no event could be found missing;"
+        " name the topic the events came from",
+    ),
     VERIFY_FROM_OFFSETS_WITH_SOURCE=Condition(
         ConfigError,
         "--from-offsets checks part of the topic, a source names every event: every event before the"

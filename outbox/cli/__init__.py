@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from collections.abc import Callable, Sequence
 
@@ -83,6 +84,6 @@ def main(argv: Sequence[str] | None = None, **injected: object) -> int:
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:  # output piped into `head` and the like
+    except BrokenPipeError:  # output piped into `head` and the like: cut short, so no verdict
         sys.stderr.close()
-        return 0
+        return 128 + signal.SIGPIPE  # the shell's status for a tool the closed pipe killed

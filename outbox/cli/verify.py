@@ -62,9 +62,17 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 def cmd_verify(args: argparse.Namespace) -> int:
     servers = bootstrap_servers(args.bootstrap_servers)
     ids = {"id_header": None if args.id_field else args.id_header, "id_field": args.id_field}
-    for flag, given in (("--source-topic", args.source_topic), ("--source-sql", args.source_sql)):
-        if given is not None and not given.strip():  # an unset shell variable: the check would be skipped
+    given = {
+        "--source-topic": args.source_topic,
+        "--source-sql": args.source_sql,
+        "--order-field": args.order_field,
+        "--id-field": args.id_field,
+    }
+    for flag, value in given.items():
+        if value is not None and not value.strip():  # an unset shell variable: a check would be skipped
             raise error("VERIFY_FLAG_EMPTY", flag=flag)
+    if args.source_topic == args.topic:  # the events expected read from the events checked
+        raise error("VERIFY_SOURCE_IS_TOPIC", topic=args.topic)
     start = _offsets(args.from_offsets)
     if start is not None and (args.source_topic or args.source_sql):
         # The source is whole; the topic's part before the offsets would all be "missing".

@@ -6,13 +6,16 @@ The checks themselves, as plain functions, are in tests/unit/test_verify_finding
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from outbox._core.kafka import client_settings
-from tests.cli import assert_one_line_error, outbox
+from tests.cli import REPO, assert_one_line_error, outbox
 from tests.helpers import create_topic, transactional_producer, unique
 
 
@@ -161,6 +164,8 @@ def test_source_events_without_an_id_are_said_not_passed_over(bootstrap: str, da
         # An empty flag (an unset shell variable) skipped the check of missing and leaked events.
         (["--source-topic", ""], "--source-topic is empty"),
         (["--source-sql", ""], "--source-sql is empty"),
+        (["--order-field", ""], "--order-field is empty"),  # skipped the order check: exit 0
+        (["--id-field", ""], "--id-field is empty"),
         # The source is read whole, the topic from these offsets: what came before was "missing".
         (["--from-offsets", '{"0": 1}', "--source-topic", "t"], "--from-offsets"),
         (["--from-offsets", '{"0": 1e400}'], "no number below 0"),  # a traceback (OverflowError)
@@ -193,3 +198,30 @@ def test_a_timeout_that_is_no_positive_number_of_seconds_is_refused(command: lis
     result = outbox(*command, "--timeout", seconds)
     assert result.code == 2 and "Traceback" not in result.err, result
     assert f"--timeout: {seconds!r} is not a positive number of seconds" in result.err, result.err
+
+
+def test_a_source_that_is_the_topic_checked_is_refused(bootstrap: str) -> None:
+    """The expected events read from the topic checked: none could ever be missing."""
+    out = create_topic(bootstrap, unique("out"), 1)
+    publish(bootstrap, out, [("e1", "k", 1)])
+    result = outbox("verify", out, "--bootstrap-servers", bootstrap, "--source-topic", out)
+    assert_one_line_error(result, "--source-topic names the topic checked")
+
+
+def test_output_cut_short_by_its_reader_is_no_pass(bootstrap: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`outbox verify ... | head`: the reader closed the pipe before the findings and the summary
+    were written, and the exit status said "ok" (0), under `set -o pipefail` too."""
+    source, out = create_topic(bootstrap, unique("src"), 1), create_topic(bootstrap, unique("out"), 1)
+    publish(bootstrap, source, [(f"event-{i:05}", "k", i) for i in range(4000)])  # 4,000 lines missing
+    publish(bootstrap, out, [("event-00000", "k", 0)])
+    line = f"{sys.executable} -m outbox verify {out} --bootstrap-servers {bootstrap} --source-topic {source}"
+    done = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {line} | head -1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert done.stdout.startswith("missing"), done
+    assert done.returncode == 141, done  # 128 + SIGPIPE, as a tool killed by the closed pipe
