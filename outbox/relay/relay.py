@@ -43,7 +43,7 @@ log = logging.getLogger("outbox.relay")
 
 def backoff(attempt: int) -> float:
     """Seconds to wait before retry `attempt` (1, 2, ...): doubling from 0.5 s to 30 s, jittered."""
-    return float(min(30.0, 0.5 * 2 ** (attempt - 1)) * random.uniform(0.8, 1.2))
+    return float(min(30.0, 0.5 * 2 ** min(attempt - 1, 6)) * random.uniform(0.8, 1.2))
 
 
 class Relay:

@@ -171,6 +171,9 @@ def test_backoff_doubles_and_is_capped() -> None:
     assert 0.4 <= backoff(1) <= 0.6
     assert 0.8 <= backoff(2) <= 1.2
     assert 24 <= backoff(30) <= 36
+    # --max-retries has no upper limit: after 1,024 failures in a row (9 hours of outage) the
+    # doubling overflowed a float and the relay ended with a traceback.
+    assert 24 <= backoff(1025) <= 36 and 24 <= backoff(10**9) <= 36
 
 
 def test_poison_is_the_records_fault_only() -> None:
