@@ -47,10 +47,22 @@ def replication(brokers: int) -> tuple[int, dict[str, str]]:
 
     Losing the positions means publishing again everything left in the outbox:
     three replicas where there are three brokers, two of them in sync for a write.
+    Kafka never compacts a log's open segment, by default open for 1 GiB or 7
+    days: millions of records a relay read at each session's start. Segments of
+    16 MiB (about 50,000 positions) or an hour keep it to the last position per
+    key and what came since.
     """
     factor = max(1, min(3, brokers))
     in_sync = min(2, max(1, factor - 1))
-    return factor, {"cleanup.policy": "compact", "min.insync.replicas": str(in_sync)}
+    return factor, {
+        "cleanup.policy": "compact",
+        "min.insync.replicas": str(in_sync),
+        "segment.bytes": str(SEGMENT_BYTES),
+        "segment.ms": str(SEGMENT_MS),
+    }
+
+
+SEGMENT_BYTES, SEGMENT_MS = 16 * 2**20, 3_600_000
 
 
 def cluster_size(metadata: ClusterMetadata) -> int:

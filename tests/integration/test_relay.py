@@ -497,6 +497,9 @@ def test_the_positions_topic_is_made_compacted_and_an_uncompacted_one_is_named(
     resource = ConfigResource(ConfigResource.Type.TOPIC, made)
     config = admin.describe_configs([resource])[resource].result(30)
     assert config["cleanup.policy"].value == "compact" and config["min.insync.replicas"].value == "1"
+    # Kafka never compacts a log's open segment, which by default stays open for 1 GiB or 7 days:
+    # millions of position records, each read into memory at every session's start.
+    assert (config["segment.bytes"].value, config["segment.ms"].value) == (str(16 * 2**20), "3600000")
     assert f"the relay positions topic {given!r} is not compacted" in job.output()
 
 

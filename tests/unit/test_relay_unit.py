@@ -219,7 +219,15 @@ def test_unusable_names_are_refused_with_one_line(name: str) -> None:
 def test_the_positions_topic_is_replicated_as_the_cluster_allows(
     brokers: int, factor: int, in_sync: str
 ) -> None:
-    assert replication(brokers) == (factor, {"cleanup.policy": "compact", "min.insync.replicas": in_sync})
+    assert replication(brokers) == (
+        factor,
+        {
+            "cleanup.policy": "compact",
+            "min.insync.replicas": in_sync,
+            "segment.bytes": str(16 * 2**20),
+            "segment.ms": "3600000",
+        },
+    )
 
 
 @given(
