@@ -183,6 +183,10 @@ class Relay:
                 log.info("standing by: another instance is active" + held, extra=self._context)
                 announced = True
             self._failures = 0
+            # Another instance publishes: this one is neither halted nor behind (its gauges were set
+            # by its last batch, perhaps weeks ago).
+            self.metrics.halted.set(0)
+            self.metrics.lag.set(0)
             self.metrics.health(True, "standby")
             self.stop.wait(self.settings.poll_interval)
         return False

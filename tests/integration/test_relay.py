@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import psycopg
@@ -12,7 +14,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 from outbox import migrate
 from outbox._core.config import DatabaseUrl
-from outbox.relay.outbox_table import OutboxTable, opened
+from outbox.relay.outbox_table import OutboxTable, lock_key, opened
 from outbox.relay.position import Position, Shard
 from outbox.writer import Event, add_event, add_events
 from outbox_dev.kafka import Broker
@@ -275,6 +277,45 @@ def test_notifications_do_not_pile_up_in_a_standby_or_between_reads(outbox_db: D
         time.sleep(0.5)  # the server has sent them: the next query takes them in
         active.fetch(Position(), 10)
         assert not list(active.conn.notifies(timeout=0)), "the read took them in and kept them"
+
+
+def test_a_halted_relay_that_now_stands_by_says_so_in_its_metrics(
+    tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str]
+) -> None:
+    """`outbox_relay_halted` and `outbox_relay_lag_seconds` were reset only by a published batch. A
+    relay halted on a poison row whose session then ended, another instance taking over, went on
+    saying 1 and its old lag for as long as it stood by: weeks of alerts about a relay not publishing."""
+    with psycopg.connect(outbox_db.libpq) as conn:
+        add_event(conn, unique("missing"), {"n": 1}, key="a")
+    name = unique("relay")
+    job, _ = relay_job(tmp_path, env, name, "--database-timeout", "3")  # a halt of ~10 s
+    job.wait_for_output("halted on a poison row", 60)
+    served = re.search(r"/healthz url=(\S+)", job.output())
+    assert served, job.output()
+
+    def scrape(path: str) -> str:
+        try:
+            return urllib.request.urlopen(served[1] + path, timeout=5).read().decode()
+        except urllib.error.HTTPError as answer:  # 503 while not healthy
+            return answer.read().decode()
+
+    def gauge(metric: str) -> float:
+        found = re.search(rf"^{metric}{{[^}}]*}} (\S+)$", scrape("/metrics"), re.M)
+        assert found, scrape("/metrics")
+        return float(found[1])
+
+    assert gauge("outbox_relay_halted") == 1 and gauge("outbox_relay_lag_seconds") > 0
+    with psycopg.connect(outbox_db.libpq, autocommit=True) as other:
+        other.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            [f"outbox-relay {name}"],
+        )
+        other.execute(
+            "SELECT pg_advisory_lock(hashtextextended(%s, 0))", [lock_key("public", name, Shard(0, 1))]
+        )
+        wait_for(lambda: scrape("/healthz").strip() == "standby", 60, "the relay standing by")
+        assert (gauge("outbox_relay_halted"), gauge("outbox_relay_lag_seconds")) == (0, 0)
+    assert terminate(job) == 0
 
 
 def test_a_row_written_by_hand_with_an_id_the_relay_cannot_read_is_refused(outbox_db: DatabaseUrl) -> None:
