@@ -141,11 +141,17 @@ class Statements:
         ).format(self.names.stage)
 
     def first_error(self) -> Query:
+        """The first record that did not parse, of those the ledger has not applied (a replay holds
+        applied ones, perhaps dead-lettered by an earlier run: they are passed over, as every
+        applied record is)."""
         return bindable(
             sql.SQL(
-                "SELECT _topic, _partition, _offset, _error FROM {} WHERE _error IS NOT NULL"
-                " AND _attempt = ANY(%(attempts)s) ORDER BY _topic, _partition, _offset LIMIT 1"
-            ).format(self.names.stage)
+                "SELECT _topic, _partition, _offset, _error FROM {stage} AS s WHERE _error IS NOT NULL"
+                " AND _attempt = ANY(%(attempts)s) AND _offset >= coalesce((SELECT next_offset FROM"
+                " {progress} AS p WHERE p.sink = %(sink)s AND p.topic = s._topic"
+                " AND p.kafka_partition = s._partition), 0)"
+                " ORDER BY _topic, _partition, _offset LIMIT 1"
+            ).format(stage=self.names.stage, progress=self.names.progress)
         )
 
     # -- the batch record (continuity.py) ---------------------------------------------------------------
