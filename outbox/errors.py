@@ -85,6 +85,13 @@ CONDITIONS = Conditions(
     ),
     # relay at work: its database session, its Kafka producer, retries
     RELAY_STANDBY=Condition(Standby, "PostgreSQL at {url} is a standby (in recovery)"),
+    RELAY_POOLED=Condition(
+        ConfigError,
+        "PostgreSQL at {url} is reached through a connection pooler (PgBouncer, RDS Proxy):"
+        " one relay instance is active by holding a session's lock, which a pooler in transaction"
+        " mode grants to every instance that borrows that session. Connect the relay to PostgreSQL"
+        " directly",
+    ),
     RELAY_NOT_CONNECTED=Condition(ServiceUnavailable, "not connected to PostgreSQL"),
     RELAY_OUTBOX_ID_MISSING=Condition(
         ConfigError,

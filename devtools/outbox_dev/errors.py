@@ -37,6 +37,9 @@ CONDITIONS = Conditions(
     DEV_POSTGRES_BASEBACKUP_FAILED=Condition(
         ConfigError, "pg_basebackup of 127.0.0.1:{port} failed: {reason}"
     ),
+    DEV_PGBOUNCER_MISSING=Condition(
+        ConfigError, "pgbouncer is not installed (Debian: apt-get install pgbouncer)"
+    ),
     # The local Kafka (kafka.py).
     DEV_KAFKA_FORMAT_FAILED=Condition(
         ConfigError, "formatting Kafka's storage in {data_dir} failed: {reason}"

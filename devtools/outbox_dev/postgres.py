@@ -68,7 +68,7 @@ def start(
     pgdata = data_dir / "pgdata"
     log = data_dir / "postgres.log"
     if user:
-        _hand_to(user, data_dir)
+        hand_to(user, data_dir)
     if not (pgdata / "PG_VERSION").exists():
         shutil.rmtree(pgdata, ignore_errors=True)
         result = subprocess.run(
@@ -105,7 +105,7 @@ def base_backup(source_port: int, data_dir: Path, *, standby: bool) -> None:
     user = SERVICE_USER if os.geteuid() == 0 else None
     data_dir.mkdir(parents=True, exist_ok=True)
     if user:
-        _hand_to(user, data_dir)
+        hand_to(user, data_dir)
     argv = [str(bin_dir() / "pg_basebackup"), "-D", str(data_dir / "pgdata"), "-X", "stream", "-c", "fast"]
     argv += ["-h", "127.0.0.1", "-p", str(source_port), "-U", "postgres", *(["-R"] if standby else [])]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=300, **run_as(user))
@@ -122,7 +122,7 @@ def _accepts(url: str) -> bool:
         return False
 
 
-def _hand_to(user: str, data_dir: Path) -> None:
+def hand_to(user: str, data_dir: Path) -> None:
     import pwd
 
     entry = pwd.getpwnam(user)

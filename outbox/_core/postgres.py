@@ -82,6 +82,20 @@ def server_limits(timeout: float, silence: float, *, bound_statements: bool = Tr
     }
 
 
+def server_pid(conn: psycopg.Connection[Any]) -> int:
+    """The process id of the server session serving `conn` now. Not `conn.info.backend_pid`: that
+    is what the connection was told at its start, and a pooler (PgBouncer) tells one of its own."""
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def pooled(conn: psycopg.Connection[Any]) -> bool:
+    """Whether `conn` reaches PostgreSQL through a connection pooler: the process id it was told
+    is not its session's. (Directly, and through a tunnel or TCP proxy, they are the same.)"""
+    return conn.info.backend_pid != server_pid(conn)
+
+
 def limit_session(conn: psycopg.Connection[Any], limits: dict[str, str]) -> None:
     """Set `server_limits` for the rest of the session."""
     conn.execute(
@@ -150,7 +164,7 @@ def watched(conn: psycopg.Connection[Any], url: DatabaseUrl, timeout: float) -> 
     dropped: the wait ends with ServiceUnavailable saying which. Unlike a
     deadline, a statement that rightly runs for an hour is left to run.
     """
-    pid, done, why = conn.info.backend_pid, threading.Event(), []
+    pid, done, why = server_pid(conn), threading.Event(), []
 
     def state() -> tuple[str | None, float]:
         side = psycopg.connect(

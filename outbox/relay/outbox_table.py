@@ -27,7 +27,14 @@ from psycopg import sql
 from outbox._core import tables
 from outbox._core.config import DatabaseUrl
 from outbox._core.errors import ConfigError, ServiceUnavailable
-from outbox._core.postgres import answered_within, connect, keepalive, limit_session, server_limits
+from outbox._core.postgres import (
+    answered_within,
+    connect,
+    keepalive,
+    limit_session,
+    pooled,
+    server_limits,
+)
 from outbox._core.sqltext import bindable
 from outbox.errors import error
 from outbox.relay.position import Position, Shard, Target
@@ -234,6 +241,8 @@ class OutboxTable:
         assert row is not None
         if row[0]:
             raise error("RELAY_STANDBY", url=self.url.safe)
+        if pooled(conn):
+            raise error("RELAY_POOLED", url=self.url.safe)
         self.system = str(row[1])
 
     def close(self) -> None:

@@ -19,6 +19,7 @@ import psycopg
 from psycopg import sql
 
 from outbox._core import tables
+from outbox._core.postgres import pooled
 from outbox.errors import error
 from outbox.relay.outbox_table import lock_key
 from outbox.relay.position import Shard
@@ -119,6 +120,9 @@ def _locked(
     conn: psycopg.Connection[Any], schema: str, shards: Sequence[tuple[str, Shard]]
 ) -> Iterator[bool]:
     """Hold the active-instance locks of these relay shards; yields False if one is taken."""
+    if pooled(conn):  # a borrowed session would show a running relay's lock as free
+        info = conn.info
+        raise error("RELAY_POOLED", url=f"postgresql://{info.host}:{info.port}/{info.dbname}")
     taken: list[str] = []
     try:
         for key in dict.fromkeys(lock_key(schema, relay, shard) for relay, shard in shards):

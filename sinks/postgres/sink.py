@@ -19,7 +19,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from outbox._core import tables
 from outbox._core.config import database_url, schema_name
-from outbox._core.postgres import connect
+from outbox._core.postgres import connect, pooled
 from sinks.errors import SinkError, error
 from sinks.ledger import Positions, positions
 from sinks.postgres import settings as S
@@ -260,6 +260,12 @@ class BatchWriter:
             self._stage_job = self._job(conn, self.statements)
             self._task_job = TaskJob(self._job(conn, in_task), in_task)
             self._drop_stale_stage(conn)
+            if pooled(conn):
+                log.warning(
+                    "sink %s: PostgreSQL is reached through a connection pooler; run it in session mode:"
+                    " in transaction mode the sink's lock, one query a sink at a time, does not hold",
+                    spec.name,
+                )
         # Built once: each is a call into the JVM (or a proto), and a batch would pay them all again.
         self._columns = staged_columns(self.plan, _delete_rule(delete, self.plan))
         self.last: BatchResult | None = None

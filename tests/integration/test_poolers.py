@@ -1,0 +1,92 @@
+"""The relay and the sink behind a connection pooler (PgBouncer), as platform teams run PostgreSQL.
+
+The relay's one active instance is the holder of a session's advisory lock.
+Behind a pooler in transaction mode each statement borrows a server session,
+and every instance whose lock request met the session holding the lock was
+granted it too: two relays published at once (each event twice, at least
+once; a fencing loop, exactly once). A pooler also tells the client a process
+id of its own, which the sink's tasks used to find their session on the server.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+
+from outbox._core.config import DatabaseUrl
+from outbox._core.postgres import watched
+from outbox_dev import pgbouncer
+from outbox_dev.process import stop
+from sinks.postgres import PostgresSink
+from tests.helpers import unique
+from tests.relay_support import relay_job
+from tests.sink_support import apply_batches, event, ledger, table
+
+
+@pytest.fixture(scope="module")
+def bouncer(tmp_path_factory: pytest.TempPathFactory, server_url: DatabaseUrl) -> Iterator[dict[str, int]]:
+    """PgBouncer in front of the tests' server, in each mode: its port by mode."""
+    if pgbouncer.binary() is None:
+        pytest.skip("pgbouncer is not installed (.ci/run installs it: apt-get install pgbouncer)")
+    port = urlsplit(server_url.raw).port
+    assert port is not None
+    # One server session in transaction mode: every lock request meets the one holding the lock.
+    sizes = {"session": 4, "transaction": 1}
+    started = {
+        mode: pgbouncer.start(tmp_path_factory.mktemp(f"pgbouncer-{mode}"), port, mode, pool_size=sizes[mode])
+        for mode in pgbouncer.MODES
+    }
+    yield {mode: service.port for mode, service in started.items()}
+    for service in started.values():
+        stop(service.pid)
+
+
+def through(url: DatabaseUrl, port: int) -> DatabaseUrl:
+    """The same database, reached through the pooler on `port`."""
+    parts = urlsplit(url.raw)
+    login, _, _ = parts.netloc.rpartition("@")
+    return DatabaseUrl.parse(urlunsplit(parts._replace(netloc=f"{login}@{parts.hostname}:{port}")))
+
+
+@pytest.mark.parametrize("mode", pgbouncer.MODES)
+def test_a_relay_behind_a_pooler_is_refused_in_one_line(
+    tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bouncer: dict[str, int], mode: str
+) -> None:
+    pooled = through(outbox_db, bouncer[mode])
+    name = unique("relay")
+    jobs = [
+        relay_job(tmp_path, {**env, "DATABASE_URL": pooled.raw}, name, "--delivery", "at-least-once")[0]
+        for _ in range(2)
+    ]
+    for job in jobs:
+        assert job.wait(30) == 2, job.output()
+        assert "[RELAY_POOLED]" in job.output() and "Traceback" not in job.output(), job.output()
+
+
+def test_a_watched_statement_behind_a_pooler_runs_as_long_as_it_must(
+    outbox_db: DatabaseUrl, bouncer: dict[str, int]
+) -> None:
+    """watched() asked the server about the session by the process id the connection was told at
+    its start; a pooler tells one of its own, so no session matched, and every sink task whose
+    transaction ran past the database timeout was dropped (POSTGRES_SESSION_LOST)."""
+    pooled = through(outbox_db, bouncer["session"])
+    with psycopg.connect(pooled.libpq, autocommit=True) as conn, watched(conn, pooled, 1):
+        conn.execute("SELECT pg_sleep(3)")
+
+
+@pytest.mark.parametrize("tasks", [True, False], ids=["in-tasks", "on-driver"])
+def test_the_sink_applies_through_a_pooler_in_session_mode(  # type: ignore[no-untyped-def]
+    spark, db: DatabaseUrl, pg: psycopg.Connection, bouncer: dict[str, int], tasks: bool
+) -> None:
+    pooled = through(db, bouncer["session"])
+    events = [event(str(uuid.uuid4()), n) for n in range(20)]
+    writer = apply_batches(
+        spark, PostgresSink("orders", url=pooled.raw), [events[:10], events[10:]], tasks=tasks
+    )
+    assert writer.last is not None and writer.last.fresh == 10
+    assert len(table(pg)) == 20 and ledger(pg) == {0: 20}
