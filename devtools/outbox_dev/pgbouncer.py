@@ -30,10 +30,17 @@ def binary() -> Path | None:
 
 
 def start(
-    data_dir: Path, server_port: int, mode: str, *, pool_size: int = 20, die_with_parent: bool = True
+    data_dir: Path,
+    server_port: int,
+    mode: str,
+    *,
+    pool_size: int = 20,
+    ignore_options: bool = True,
+    die_with_parent: bool = True,
 ) -> Service:
     """PgBouncer on a free 127.0.0.1 port, pooling every database of the server on server_port
-    (`pool_size` server sessions a database and user)."""
+    (`pool_size` server sessions a database and user). ignore_options: as its users set it, for
+    libpq's `options` (our URLs' TimeZone), which it refuses by default."""
     exe = binary()
     if exe is None:
         raise error("DEV_PGBOUNCER_MISSING")
@@ -52,8 +59,7 @@ def start(
         f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
         f"auth_type = trust\nauth_file = {users}\npool_mode = {mode}\n"
         f"default_pool_size = {pool_size}\nmax_client_conn = 200\n"
-        # As its users set it: libpq's `options` (our URLs' TimeZone) is refused unless ignored.
-        "ignore_startup_parameters = extra_float_digits,options\n"
+        f"ignore_startup_parameters = extra_float_digits{',options' if ignore_options else ''}\n"
         f"logfile = {data_dir / 'pgbouncer.log'}\npidfile = {data_dir / 'pgbouncer.pid'}\n"
     )
     if user:
@@ -65,7 +71,7 @@ def start(
         [str(exe), str(config)], log, user=user, die_with_parent=signal.SIGTERM if die_with_parent else None
     )
     url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
-    wait_until(lambda: _accepts(url), proc, what="PgBouncer", log=log)
+    wait_until(lambda: _accepts(url), proc, what="PgBouncer", log=log)  # psycopg's own URL: no options
     return Service("pgbouncer", proc.pid, port, data_dir, log, {"DATABASE_URL": url})
 
 

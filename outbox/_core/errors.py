@@ -166,6 +166,12 @@ CORE = Conditions(
         "PostgreSQL at {url} is a read-only standby: the relay and the sink write to the primary;"
         " name it, or list every host with target_session_attrs=read-write",
     ),
+    POSTGRES_POOLER_OPTIONS=Condition(
+        ConfigError,
+        "PostgreSQL at {url} is reached through a connection pooler that refuses libpq's options"
+        " ({reason}); ours set the session's TimeZone. Set the pooler's ignore_startup_parameters ="
+        " extra_float_digits,options (PgBouncer)",
+    ),
     POSTGRES_UNREACHABLE=Condition(
         ServiceUnavailable,
         "cannot reach PostgreSQL at {url}: {reason}."

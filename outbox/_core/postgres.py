@@ -225,4 +225,6 @@ def connect(
             url.libpq, autocommit=autocommit, connect_timeout=max(1, int(timeout)), **extra
         )
     except psycopg.Error as exc:
+        if "unsupported startup parameter" in str(exc):  # reached, and refused: no outage
+            raise error("POSTGRES_POOLER_OPTIONS", url=url.safe, reason=reason(exc, url)) from None
         raise error("POSTGRES_UNREACHABLE", url=url.safe, reason=reason(exc, url)) from None

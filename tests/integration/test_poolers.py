@@ -23,6 +23,7 @@ from outbox._core.postgres import watched
 from outbox_dev import pgbouncer
 from outbox_dev.process import stop
 from sinks.postgres import PostgresSink
+from tests.cli import outbox
 from tests.helpers import unique
 from tests.relay_support import relay_job
 from tests.sink_support import apply_batches, event, ledger, table
@@ -90,3 +91,20 @@ def test_the_sink_applies_through_a_pooler_in_session_mode(  # type: ignore[no-u
     )
     assert writer.last is not None and writer.last.fresh == 10
     assert len(table(pg)) == 20 and ledger(pg) == {0: 20}
+
+
+def test_a_pooler_that_refuses_libpqs_options_is_named(
+    tmp_path: Path, outbox_db: DatabaseUrl, server_url: DatabaseUrl
+) -> None:
+    """PgBouncer refuses the `options` startup parameter unless told to ignore it, and our URLs
+    carry one (TimeZone=UTC). The relay said "cannot reach PostgreSQL ... start a local server with
+    `outbox dev up`" and retried for ever; every other command said the same."""
+    port = urlsplit(server_url.raw).port
+    assert port is not None
+    strict = pgbouncer.start(tmp_path / "pgbouncer", port, "session", ignore_options=False)
+    try:
+        result = outbox("check", "--no-java", env={"DATABASE_URL": through(outbox_db, strict.port).raw})
+    finally:
+        stop(strict.pid)
+    assert result.code != 0
+    assert "ignore_startup_parameters" in result.out + result.err, result
