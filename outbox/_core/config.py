@@ -46,7 +46,7 @@ class DatabaseUrl:
                 "CONFIG_DATABASE_URL_SCHEME",
                 source=source,
                 scheme=uri.scheme or "no scheme",
-                url=redact_url(value),
+                url=_refused(value),
             )
         hosts = uri.hosts.split(",")
         problem: dict[str, object] = {}
@@ -70,7 +70,7 @@ class DatabaseUrl:
             # An '@' libpq did not read as the end of the user info (the password holds a raw '@'
             # or '/'), or a URL libpq's own parser refuses.
             code, problem = "CONFIG_DATABASE_URL_UNENCODED", {}
-        raise error(code, source=source, url=redact_url(value), **problem)
+        raise error(code, source=source, url=_refused(value), **problem)
 
     @property
     def parameters(self) -> set[str]:
@@ -125,11 +125,30 @@ class DatabaseUrl:
         return redact_url(self.raw)
 
     def scrub(self, text: str) -> str:
-        """Remove this URL's password from text (e.g. a driver's error message)."""
+        """Remove this URL's password from text (e.g. a driver's error message).
+
+        The URL's public parts (user, hosts, ports, database), which `safe` shows, stay whole:
+        masked inside them, a password told itself ("5" made 10.0.0.5 into 10.0.0.***). Read left
+        to right, the longest part or secret that starts at each place wins: a password that holds
+        the user name is still masked; one that is a part's substring, or the part, is not there.
+        """
         text = text.replace(self.raw, self.safe)
-        for secret in sorted(self.secrets, key=len, reverse=True):
-            text = text.replace(secret, "***")
-        return text
+        secrets = self.secrets
+        if not secrets:
+            return text
+        public = self._public_parts() - secrets
+        tokens = sorted(secrets | public, key=len, reverse=True)
+        pattern = re.compile("|".join(map(re.escape, tokens)))
+        return pattern.sub(lambda m: "***" if m.group() in secrets else m.group(), text)
+
+    def _public_parts(self) -> set[str]:
+        uri = _split(self.raw)
+        user = (uri.userinfo or "").partition(":")[0]
+        hosts = []
+        for entry in uri.hosts.split(","):  # host, host:port, [v6]:port
+            host, _, port = entry.rpartition(":") if not entry.endswith("]") else (entry, "", "")
+            hosts += [host or entry, port] if host else [entry]
+        return {p for p in (user, unquote(user), *hosts, uri.path.lstrip("/")) if p}
 
     def __str__(self) -> str:
         return self.safe
@@ -199,6 +218,12 @@ _USERINFO_PASSWORD = re.compile(r"(://[^:/@\s]*:).*@")
 _SECRET_SETTING = re.compile(
     r"(?i)((?:^|[?&\s])(?:" + "|".join(SECRET_PARAMETERS) + r")\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s]*)"
 )
+
+
+def _refused(url: str) -> str:
+    """A refused URL as its error shows it: its secrets masked, and every value of its query too,
+    since a key libpq does not know may be a misspelt or percent-encoded `password`."""
+    return re.sub(r"([?&][^=&]*=)[^&]*", r"\1***", redact_url(url))
 
 
 def redact_url(url: str) -> str:

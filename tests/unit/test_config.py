@@ -2,7 +2,7 @@ from urllib.parse import quote
 
 import hypothesis.strategies as st
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 
@@ -66,6 +66,34 @@ def test_password_never_printed() -> None:
         "failed for postgresql://user:***@db:5432/app with ***"
     )
     assert redact_url("postgresql://a:b@c/d") == "postgresql://a:***@c/d"
+
+
+@given(
+    password=st.text(alphabet="pgs5o.rt0:", min_size=1, max_size=9),
+    user=st.sampled_from(["postgres", "app"]),
+    host=st.sampled_from(["10.0.0.5", "db.example", "postgres"]),
+)
+def test_masking_reveals_nothing_by_what_it_masks(password: str, user: str, host: str) -> None:
+    """The password was masked wherever it occurred: a password "5" turned 10.0.0.5 into
+    10.0.0.***, one equal to a part of the user name or host showed which part. The public parts
+    of the URL (user, hosts, ports, database) now stay whole; the password is masked elsewhere."""
+    url = DatabaseUrl.parse(f"postgresql://{user}:{quote(password, safe='')}@{host}:5432/shop")
+    message = f'connection to server at "{host}", port 5432 failed: authentication failed for user "{user}"'
+    assume(password not in message.replace(host, "").replace(user, "").replace("5432", ""))
+    scrubbed = url.scrub(message)
+    assert scrubbed == message, scrubbed  # the password only inside public parts: nothing to mask
+    leaked = url.scrub(f"{message} ({password})")
+    assert leaked == f"{message} (***)", leaked
+
+
+@pytest.mark.parametrize("key", ["pasword", "pass%77ord", "sslpasword", "ssl%70assword"])
+def test_a_refused_url_shows_no_query_value(key: str) -> None:
+    """A key libpq does not know was refused with the URL printed whole: a misspelt `password`, or
+    one percent-encoded (libpq decodes keys), showed the password."""
+    with pytest.raises(ConfigError) as caught:
+        DatabaseUrl.parse(f"postgresql://u@db/shop?sslmode=disable&{key}=hunter2")
+    assert caught.value.code == "CONFIG_DATABASE_URL_PARAMETER_UNKNOWN"
+    assert "hunter2" not in caught.value.message and key in caught.value.message, caught.value.message
 
 
 def test_bootstrap_list_is_validated() -> None:
