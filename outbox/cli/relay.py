@@ -115,6 +115,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         poll_interval=args.poll_interval,
         on_poison=args.on_poison,
+        topic_wait=args.topic_wait,
         positions_topic=args.positions_topic,
         cleanup=not args.no_cleanup,
         retention=args.retention,

@@ -30,6 +30,7 @@ from outbox.relay.outcomes import FENCED_CODES, Action, Call, classify, outcome
 from outbox.relay.pause import BEFORE_COMMIT, BEFORE_POSITION, BEFORE_PRODUCE, MID_TRANSACTION, Pause
 from outbox.relay.poison import (
     SIZE_CODES,
+    TOPIC_CODES,
     Poison,
     explain,
     is_poison,
@@ -160,7 +161,7 @@ class Publisher:
         missing = wanted - self._known_topics
         if missing:
             row = next(r for r in rows if r.topic in missing)
-            raise Poison(row.id, missing_topic(row.topic))
+            raise Poison(row.id, missing_topic(row.topic), topic=True)
 
     def publish(self, rows: Sequence[Row], position: Position) -> None:
         """Publish rows and then the position: one Kafka transaction (or, at least once, two flushes).
@@ -252,7 +253,11 @@ class Publisher:
                 except KafkaException as exc:
                     error = exc.args[0]
                     if is_poison(error):
-                        raise Poison(row.id, explain(error, row.topic, record_size(row))) from None
+                        raise Poison(
+                            row.id,
+                            explain(error, row.topic, record_size(row)),
+                            topic=error.code() in TOPIC_CODES,
+                        ) from None
                     raise
 
     def _flush(self, producer: Producer, rows: Sequence[Row]) -> None:
@@ -285,7 +290,9 @@ class Publisher:
         if refused:
             row_id, reason, code = min(refused)
             too_large = {r for r, _, c in refused if c in SIZE_CODES}
-            raise Poison(row_id, reason, ambiguous=code in SIZE_CODES and len(too_large) > 1)
+            raise Poison(
+                row_id, reason, ambiguous=code in SIZE_CODES and len(too_large) > 1, topic=code in TOPIC_CODES
+            )
 
     def abort(self) -> None:
         """Abort the open transaction, if any. If that fails too, the next producer settles it."""

@@ -49,18 +49,26 @@ class Poison(OutboxError):
 
     ambiguous: the broker refused a whole batch of records as too large, so it
     cannot say which one is: the rows are tried again one per transaction.
+    topic: the row's topic is missing or not writable, not the record wrong: set
+    right, the same record goes out (a dead-letter relay waits for it a while).
     """
 
-    code = "RELAY_POISON"  # a class attribute, not a field: the constructor stays (row_id, reason, ambiguous)
+    code = "RELAY_POISON"  # a class attribute, not a field: the constructor stays (row_id, reason, ...)
 
     row_id: int
     reason: str
     ambiguous: bool = False
+    topic: bool = False
 
     # The base sets `message` in its __init__, which this dataclass's own __init__ replaces.
     @property
     def message(self) -> str:  # type: ignore[override]  # read-only here: the words follow the fields
         return f"outbox row {self.row_id}: {self.reason}"
+
+
+TOPIC_CODES = frozenset(
+    {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError.TOPIC_AUTHORIZATION_FAILED}
+)
 
 
 def is_poison(error: KafkaError) -> bool:

@@ -62,6 +62,7 @@ class Relay:
         self._failures = 0  # sessions failed in a row (a standby's wait resets it)
         self._outage: float | None = None  # when the outage began; None while publishing
         self._ended = 0  # sessions the outage has ended
+        self._topic_waited: tuple[int, float] | None = None  # (row, since): waited on for its topic
         self._context = {"relay": settings.name, "shard": str(settings.shard)}
 
     def run(self) -> None:
@@ -236,7 +237,7 @@ class Relay:
                             )
                             continue
                         one_by_one = 0
-                        if s.on_poison == DEAD_LETTER:
+                        if s.on_poison == DEAD_LETTER and not self._waits_for_topic(poison):
                             self._dead_letter(table, poison)
                         elif not (before_poison := rows_before([r.id for r in batch], poison.row_id)):
                             self._halt(poison)
@@ -276,6 +277,16 @@ class Relay:
         with self.metrics.fetch_seconds.time():
             return table.fetch(position, self.settings.batch_size + 1)
 
+    def _waits_for_topic(self, poison: Poison) -> bool:
+        """Whether a dead-letter relay still waits on this row: its topic missing or not writable,
+        for less than `topic_wait` so far (a topic made after its first events, or made again)."""
+        if not poison.topic:
+            return False
+        now = time.monotonic()
+        if self._topic_waited is None or self._topic_waited[0] != poison.row_id:
+            self._topic_waited = (poison.row_id, now)
+        return now - self._topic_waited[1] < self.settings.topic_wait
+
     def _dead_letter(self, table: OutboxTable, poison: Poison) -> None:
         table.dead_letter(poison.row_id, poison.reason)
         self.metrics.dead_letters.inc()
@@ -283,14 +294,24 @@ class Relay:
 
     def _halt(self, poison: Poison) -> None:
         """Wait on the poison row a batch starts with (those before it went out), then try it again."""
+        s, extra = self.settings, {**self._context, "row_id": poison.row_id, "error": poison.reason}
         self.metrics.halted.set(1)
         self.metrics.health(False, f"halted: {poison}")
-        log.error(
-            "halted on a poison row; retrying in %.0fs (or restart with --on-poison dead-letter)",
-            self.settings.halt_wait,
-            extra={**self._context, "row_id": poison.row_id, "error": poison.reason},
-        )
-        self.stop.wait(self.settings.halt_wait)
+        if s.on_poison == DEAD_LETTER:  # a row waited on for its topic (_waits_for_topic)
+            assert self._topic_waited is not None
+            left = max(0.0, s.topic_wait - (time.monotonic() - self._topic_waited[1]))
+            wait = min(s.halt_wait, left)
+            log.error(
+                "waiting for its topic; retrying in %.0fs, dead-lettered in %.0fs", wait, left, extra=extra
+            )
+        else:
+            wait = s.halt_wait
+            log.error(
+                "halted on a poison row; retrying in %.0fs (or restart with --on-poison dead-letter)",
+                wait,
+                extra=extra,
+            )
+        self.stop.wait(wait)
 
 
 def _settle(read: Future[Any] | None) -> None:

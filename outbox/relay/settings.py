@@ -49,6 +49,15 @@ ON_POISON = Setting(
     "OUTBOX_RELAY_ON_POISON",
     choices=(HALT, DEAD_LETTER),
 )
+TOPIC_WAIT = Setting(
+    "--topic-wait",
+    300.0,
+    "with --on-poison dead-letter: seconds a row whose topic is missing or not writable is waited"
+    " for (the topic made, the ACL granted) before it is dead-lettered",
+    float,
+    "OUTBOX_RELAY_TOPIC_WAIT",
+    limits=(0.0, 1e9),
+)
 POSITIONS = Setting(
     "--positions-topic",
     POSITIONS_TOPIC,
@@ -136,6 +145,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
     BATCH_SIZE,
     POLL_INTERVAL,
     ON_POISON,
+    TOPIC_WAIT,
     POSITIONS,
     RETENTION,
     DELIVERY,
@@ -161,6 +171,7 @@ class RelaySettings:
     batch_size: int = BATCH_SIZE.default
     poll_interval: float = POLL_INTERVAL.default
     on_poison: str = ON_POISON.default
+    topic_wait: float = TOPIC_WAIT.default
     positions_topic: str = POSITIONS.default
     cleanup: bool = True
     retention: float = RETENTION.default

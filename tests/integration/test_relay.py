@@ -148,6 +148,8 @@ def test_poison_rows_halt_by_default_and_dead_letter_on_request(
         "2",
         "--on-poison",
         "dead-letter",
+        "--topic-wait",
+        "0",
         "-X",
         "message.max.bytes=4000000",
     )
@@ -180,6 +182,29 @@ def test_a_poison_row_met_while_publishing_up_to_another_halts_at_the_first(
     assert "larger than Kafka accepts" in job.output(), job.output()
     assert [e for *_, e in published(bootstrap, events_topic, 3)] == [str(first)], "the row before it"
     assert job.process.poll() is None, job.output()
+    assert terminate(job) == 0
+
+
+def test_dead_lettering_waits_for_a_topic_created_late(
+    tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, events_topic: str
+) -> None:
+    """With --on-poison dead-letter, a row whose topic did not exist yet (events written before the
+    topic was made, or while it was deleted and made again) was dead-lettered at once: never
+    published, and no command publishes a dead letter. A missing or unwritable topic is waited
+    for, --topic-wait seconds, before its rows are dead-lettered; a record Kafka refuses is not."""
+    late = unique("late")
+    with psycopg.connect(outbox_db.libpq) as conn:
+        first = add_event(conn, late, {"n": 1}, key="a")
+        after = add_event(conn, events_topic, {"n": 2}, key="a")
+    job, _ = relay_job(tmp_path, env, unique("relay"), "--on-poison", "dead-letter", "--topic-wait", "120")
+    job.wait_for_output("waiting for its topic", 60)
+    assert published(bootstrap, events_topic, 3) == [], "nothing after the row waited on"
+    create_topic(bootstrap, late)
+    wait_for(lambda: len(published(bootstrap, events_topic, 3)) == 1, 90, "the rows, once the topic exists")
+    assert [e for *_, e in published(bootstrap, late, 1)] == [str(first)]
+    assert [e for *_, e in published(bootstrap, events_topic, 3)] == [str(after)]
+    with psycopg.connect(outbox_db.libpq) as conn:
+        assert conn.execute("SELECT count(*) FROM relay_dead_letters").fetchone() == (0,)
     assert terminate(job) == 0
 
 
@@ -345,7 +370,7 @@ def test_an_outbox_id_used_again_is_not_taken_for_a_dead_letter(
     that took a dead letter's id was left out of every read, then deleted by cleanup."""
     with psycopg.connect(outbox_db.libpq) as conn:
         add_event(conn, "no-such-topic", {"n": 0}, key="a")  # id 1: dead-lettered
-    job, _ = relay_job(tmp_path, env, unique("relay"), "--on-poison", "dead-letter")
+    job, _ = relay_job(tmp_path, env, unique("relay"), "--on-poison", "dead-letter", "--topic-wait", "0")
     with psycopg.connect(outbox_db.libpq, autocommit=True) as conn:
         wait_for(lambda: conn.execute("SELECT count(*) FROM relay_dead_letters").fetchone() == (1,), 60, "it")
         conn.execute("TRUNCATE outbox_events RESTART IDENTITY")
