@@ -97,6 +97,22 @@ def reconcile(
     return out, losses
 
 
+def added(
+    begin: Mapping[TopicPartitionKey, int],
+    earliest: Mapping[TopicPartitionKey, int],
+    latest: Mapping[TopicPartitionKey, int],
+) -> tuple[dict[TopicPartitionKey, int], list[OutboxError]]:
+    """Where the partitions added since `begin` start (their earliest offset), and the loss of
+    each whose log no longer starts at 0: retention deleted records no batch read (Spark's rule)."""
+    new = {tp: earliest[tp] for tp in latest if tp not in begin and tp in earliest}
+    losses = [
+        error("KAFKA_RC_OFFSETS_DELETED", first=0, last=start - 1, topic=t, partition=p)
+        for (t, p), start in sorted(new.items())
+        if start > 0
+    ]
+    return new, losses
+
+
 def resolve(
     spec: str | Offsets,
     partitions: Iterable[TopicPartitionKey],

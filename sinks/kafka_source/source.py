@@ -208,9 +208,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._watch(latest, ids)
         ends = self.cluster.log_ends(begin, latest)
         begin, losses = ranges.reconcile(begin, ranges.topic_ids(start), ids, earliest, ends)
-        judge(losses, self.options, warn=True)
-        # Partitions added while running start at their earliest offset.
-        begin.update({tp: earliest[tp] for tp in latest if tp not in begin})
+        new, late = ranges.added(begin, earliest, latest)  # partitions added while running
+        judge(losses + late, self.options, warn=True)
+        begin.update(new)
         if self._target is not None:
             latest = {tp: min(off, self._target.get(tp, begin[tp])) for tp, off in latest.items()}
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None

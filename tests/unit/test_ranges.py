@@ -356,3 +356,14 @@ def test_a_stream_refuses_ending_offsets_as_sparks_does() -> None:
     with pytest.raises(ConfigError) as caught:
         KafkaSource(given).streamReader(None)
     assert caught.value.code == "KAFKA_RC_OPTION_UNSUPPORTED" and "endingOffsets" in caught.value.message
+
+
+def test_partitions_added_start_at_their_earliest_and_a_start_past_0_is_a_loss() -> None:
+    new, losses = ranges.added({A0: 7}, {A0: 0, A1: 0, B0: 12}, {A0: 9, A1: 3, B0: 20})
+    assert new == {A1: 0, B0: 12}
+    assert [(loss.code, loss.message) for loss in losses] == [
+        (
+            "KAFKA_RC_OFFSETS_DELETED",
+            "offsets 0-11 of b-0 were deleted before they were read (retention?)" + KAFKA_RC_LOSS_ADVICE,
+        )
+    ]
