@@ -13,7 +13,7 @@ from outbox import migrate
 from outbox._core import tables
 from outbox._core.config import DatabaseUrl, bootstrap_servers, database_url, schema_name
 from outbox._core.errors import OutboxError
-from outbox._core.postgres import connect
+from outbox._core.postgres import connect, pooled
 from outbox._core.probe import check_kafka, check_postgres
 from outbox.errors import error
 
@@ -69,6 +69,15 @@ def cmd_check(args: argparse.Namespace) -> int:
             " those of sinks that are gone"
         )
 
+    def pooler() -> str:
+        with connect(database_url(args.url), autocommit=True) as conn:
+            if pooled(conn):
+                raise Notice(
+                    "PostgreSQL is reached through a connection pooler: the relay refuses it (connect it"
+                    " directly; one active instance is a session's lock); a sink needs it in session mode"
+                )
+        return "none (this client reaches PostgreSQL's own session)"
+
     def kafka() -> str:
         servers = bootstrap_servers(args.bootstrap_servers)
         return f"Kafka at {servers} ({check_kafka(servers)} broker(s))"
@@ -83,6 +92,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         ("postgres", postgres),
         ("migrations", migrations),
         ("stage tables", stages),
+        ("pooler", pooler),
         ("kafka", kafka),
     ]
     if not args.no_java:

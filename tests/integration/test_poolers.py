@@ -108,3 +108,10 @@ def test_a_pooler_that_refuses_libpqs_options_is_named(
         stop(strict.pid)
     assert result.code != 0
     assert "ignore_startup_parameters" in result.out + result.err, result
+
+
+def test_outbox_check_names_a_pooler(outbox_db: DatabaseUrl, bouncer: dict[str, int]) -> None:
+    direct = outbox("check", "--no-java", env={"DATABASE_URL": outbox_db.raw})
+    assert "ok   pooler: none" in direct.out, direct
+    pooled = outbox("check", "--no-java", env={"DATABASE_URL": through(outbox_db, bouncer["session"]).raw})
+    assert "WARN pooler: PostgreSQL is reached through a connection pooler" in pooled.out, pooled
