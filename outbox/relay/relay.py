@@ -62,7 +62,8 @@ class Relay:
         self._failures = 0  # sessions failed in a row (a standby's wait resets it)
         self._outage: float | None = None  # when the outage began; None while publishing
         self._ended = 0  # sessions the outage has ended
-        self._topic_waited: tuple[int, float] | None = None  # (row, since): waited on for its topic
+        # Topics missing or not writable, and since when a dead-letter relay waits on their rows.
+        self._topic_waits: dict[str, float] = {}
         self._context = {"relay": settings.name, "shard": str(settings.shard)}
 
     def run(self) -> None:
@@ -237,14 +238,18 @@ class Relay:
                             )
                             continue
                         one_by_one = 0
-                        if s.on_poison == DEAD_LETTER and not self._waits_for_topic(poison):
+                        topic = next(r.topic for r in batch if r.id == poison.row_id)
+                        if s.on_poison == DEAD_LETTER and not self._waits_for_topic(poison, topic):
                             self._dead_letter(table, poison)
                         elif not (before_poison := rows_before([r.id for r in batch], poison.row_id)):
-                            self._halt(poison)
+                            self._halt(poison, topic)
                         continue
                     m.commit_seconds.observe(time.perf_counter() - started)
                     m.batches.inc()
                     m.published.inc(len(batch))
+                    if self._topic_waits:  # a topic published to again: its next outage is waited for anew
+                        for back in {r.topic for r in batch} & self._topic_waits.keys():
+                            del self._topic_waits[back]
                 position = step.position
                 one_by_one = max(0, one_by_one - step.count)
                 before_poison = 0
@@ -277,29 +282,27 @@ class Relay:
         with self.metrics.fetch_seconds.time():
             return table.fetch(position, self.settings.batch_size + 1)
 
-    def _waits_for_topic(self, poison: Poison) -> bool:
-        """Whether a dead-letter relay still waits on this row: its topic missing or not writable,
-        for less than `topic_wait` so far (a topic made after its first events, or made again)."""
+    def _waits_for_topic(self, poison: Poison, topic: str) -> bool:
+        """Whether a dead-letter relay still waits on this row: its topic missing or not writable for
+        less than `topic_wait` so far (made after its first events, or made again). Past that, each
+        of the topic's rows is dead-lettered at once, until one of them is published."""
         if not poison.topic:
             return False
-        now = time.monotonic()
-        if self._topic_waited is None or self._topic_waited[0] != poison.row_id:
-            self._topic_waited = (poison.row_id, now)
-        return now - self._topic_waited[1] < self.settings.topic_wait
+        since = self._topic_waits.setdefault(topic, time.monotonic())
+        return time.monotonic() - since < self.settings.topic_wait
 
     def _dead_letter(self, table: OutboxTable, poison: Poison) -> None:
         table.dead_letter(poison.row_id, poison.reason)
         self.metrics.dead_letters.inc()
         log.warning("dead-lettered", extra={**self._context, "row_id": poison.row_id, "error": poison.reason})
 
-    def _halt(self, poison: Poison) -> None:
+    def _halt(self, poison: Poison, topic: str) -> None:
         """Wait on the poison row a batch starts with (those before it went out), then try it again."""
         s, extra = self.settings, {**self._context, "row_id": poison.row_id, "error": poison.reason}
         self.metrics.halted.set(1)
         self.metrics.health(False, f"halted: {poison}")
         if s.on_poison == DEAD_LETTER:  # a row waited on for its topic (_waits_for_topic)
-            assert self._topic_waited is not None
-            left = max(0.0, s.topic_wait - (time.monotonic() - self._topic_waited[1]))
+            left = max(0.0, s.topic_wait - (time.monotonic() - self._topic_waits[topic]))
             wait = min(s.halt_wait, left)
             log.error(
                 "waiting for its topic; retrying in %.0fs, dead-lettered in %.0fs", wait, left, extra=extra

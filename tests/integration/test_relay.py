@@ -208,6 +208,26 @@ def test_dead_lettering_waits_for_a_topic_created_late(
     assert terminate(job) == 0
 
 
+def test_a_topic_waited_for_once_is_not_waited_for_again_by_each_of_its_rows(
+    tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, events_topic: str
+) -> None:
+    """The wait is the topic's: its later rows, while it is still missing, are dead-lettered at once,
+    or a topic deleted for good held every other topic's events --topic-wait a row."""
+    gone = unique("gone")
+    with psycopg.connect(outbox_db.libpq) as conn:
+        rows = [add_event(conn, gone, {"n": n}, key="a") for n in range(3)]
+        after = add_event(conn, events_topic, {"n": 9}, key="a")
+    job, _ = relay_job(tmp_path, env, unique("relay"), "--on-poison", "dead-letter", "--topic-wait", "2")
+    wait_for(lambda: len(published(bootstrap, events_topic, 3)) == 1, 60, "the row after them")
+    assert [e for *_, e in published(bootstrap, events_topic, 3)] == [str(after)]
+    with psycopg.connect(outbox_db.libpq) as conn:
+        dead = conn.execute("SELECT event_id::text FROM relay_dead_letters ORDER BY outbox_id").fetchall()
+    assert [d for (d,) in dead] == [str(r) for r in rows]
+    waits = [line for line in job.output().splitlines() if "waiting for its topic" in line]
+    assert waits and all("row_id=1 " in line or line.endswith("row_id=1") for line in waits), waits
+    assert terminate(job) == 0
+
+
 def test_rows_written_by_hand_that_kafka_cannot_take_as_written_are_poison_rows(
     tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, events_topic: str
 ) -> None:
