@@ -162,9 +162,12 @@ def watched(conn: psycopg.Connection[Any], url: DatabaseUrl, timeout: float) -> 
     connection's session (`working_for`). A server that cannot be reached, or
     whose session is gone or idle with our answer lost, gets the connection
     dropped: the wait ends with ServiceUnavailable saying which. Unlike a
-    deadline, a statement that rightly runs for an hour is left to run.
+    deadline, a statement that rightly runs for an hour is left to run. Behind a pooler a check
+    that goes unanswered is the pool's (full, it queues the second connection), not a partition:
+    there the connection is dropped only on the server's word, and keepalives catch a partition.
     """
     pid, done, why = server_pid(conn), threading.Event(), []
+    behind_pooler = pid != conn.info.backend_pid
 
     def state() -> tuple[str | None, float]:
         side = psycopg.connect(
@@ -179,8 +182,12 @@ def watched(conn: psycopg.Connection[Any], url: DatabaseUrl, timeout: float) -> 
             try:
                 session, quiet = state()
             except ServiceUnavailable:
+                if behind_pooler:
+                    continue
                 cause = f"did not answer a check of session {pid} within {timeout:g}s"
             except psycopg.Error as exc:
+                if behind_pooler:
+                    continue
                 cause = f"cannot be asked about session {pid} ({reason(exc, url)})"
             else:
                 if working_for(session, quiet, timeout):

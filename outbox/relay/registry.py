@@ -63,6 +63,7 @@ def rebase(
         "events": sql.Identifier(schema, tables.OUTBOX_EVENTS),
         "positions": sql.Identifier(schema, tables.RELAY_POSITIONS),
     }
+    _direct(conn)
     shards = [(r.relay, r.shard) for r in registered(conn, schema)] + list(add)
     with _locked(conn, schema, shards) as free:
         if not free:
@@ -105,6 +106,7 @@ def rebase(
 
 def forget(conn: psycopg.Connection[Any], schema: str, relay: str) -> int:
     """Drop a retired relay's rows, so that cleanup no longer waits for it. Returns how many."""
+    _direct(conn)
     shards = [(r.relay, r.shard) for r in registered(conn, schema) if r.relay == relay]
     if not shards:
         raise error("RELAY_NOT_RECORDED", relay=relay, schema=schema)
@@ -115,14 +117,19 @@ def forget(conn: psycopg.Connection[Any], schema: str, relay: str) -> int:
         return conn.execute(sql.SQL("DELETE FROM {} WHERE relay = %s").format(table), [relay]).rowcount
 
 
+def _direct(conn: psycopg.Connection[Any]) -> None:
+    """Refuse to change what relays stand on through a pooler: a borrowed session (transaction
+    pooling) can show a running relay's lock as free. Reads (`registered`) only say it."""
+    if pooled(conn):
+        info = conn.info
+        raise error("RELAY_POOLED", url=f"postgresql://{info.host}:{info.port}/{info.dbname}")
+
+
 @contextlib.contextmanager
 def _locked(
     conn: psycopg.Connection[Any], schema: str, shards: Sequence[tuple[str, Shard]]
 ) -> Iterator[bool]:
     """Hold the active-instance locks of these relay shards; yields False if one is taken."""
-    if pooled(conn):  # a borrowed session would show a running relay's lock as free
-        info = conn.info
-        raise error("RELAY_POOLED", url=f"postgresql://{info.host}:{info.port}/{info.dbname}")
     taken: list[str] = []
     try:
         for key in dict.fromkeys(lock_key(schema, relay, shard) for relay, shard in shards):

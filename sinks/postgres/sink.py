@@ -262,8 +262,8 @@ class BatchWriter:
             self._drop_stale_stage(conn)
             if pooled(conn):
                 log.warning(
-                    "sink %s: PostgreSQL is reached through a connection pooler; run it in session mode:"
-                    " in transaction mode the sink's lock, one query a sink at a time, does not hold",
+                    "sink %s: PostgreSQL is reached through a connection pooler: in transaction mode the"
+                    " sink's lock, one query a sink at a time, does not hold (session mode does)",
                     spec.name,
                 )
         # Built once: each is a call into the JVM (or a proto), and a batch would pay them all again.

@@ -115,3 +115,38 @@ def test_outbox_check_names_a_pooler(outbox_db: DatabaseUrl, bouncer: dict[str, 
     assert "ok   pooler: none" in direct.out, direct
     pooled = outbox("check", "--no-java", env={"DATABASE_URL": through(outbox_db, bouncer["session"]).raw})
     assert "WARN pooler: PostgreSQL is reached through a connection pooler" in pooled.out, pooled
+
+
+def test_relay_commands_through_a_pooler_read_but_do_not_change(
+    outbox_db: DatabaseUrl, bouncer: dict[str, int]
+) -> None:
+    """rebase and forget decide from a relay's lock whether it runs: refused through a pooler.
+    Listing relays, and `outbox status`, still answer (a first cut refused them too)."""
+    with psycopg.connect(outbox_db.libpq, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO relay_positions (relay, shard, shards, base, target, mark, system_identifier)"
+            " VALUES ('r', 0, 1, '1:1:', '1:1:', 1, '0')"
+        )
+    env = {"DATABASE_URL": through(outbox_db, bouncer["session"]).raw}
+    listed = outbox("relays", "list", env=env)
+    assert listed.code == 0 and "r" in listed.out, listed
+    assert outbox("status", env={**env, "KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9"}).code in (0, 1)
+    for args in (("relays", "rebase"), ("relays", "forget", "r")):
+        refused = outbox(*args, env=env)
+        assert refused.code == 2 and "[RELAY_POOLED]" in refused.err, refused
+
+
+def test_a_watched_statement_is_not_dropped_when_the_pool_is_full(
+    tmp_path: Path, outbox_db: DatabaseUrl, server_url: DatabaseUrl
+) -> None:
+    """The watch asks about the session on a second connection, which a full pool queues: that
+    unanswered check is the pool's, not a partition, and dropped a task that was working fine."""
+    port = urlsplit(server_url.raw).port
+    assert port is not None
+    full = pgbouncer.start(tmp_path / "pgbouncer", port, "session", pool_size=1)
+    try:
+        pooled = through(outbox_db, full.port)
+        with psycopg.connect(pooled.libpq, autocommit=True) as conn, watched(conn, pooled, 1):
+            conn.execute("SELECT pg_sleep(3)")
+    finally:
+        stop(full.pid)
