@@ -60,8 +60,12 @@ class DatabaseUrl:
             code, problem = "CONFIG_DATABASE_URL_HOST_INVALID", {"host": bad}
         elif not uri.path.strip("/"):
             code = "CONFIG_DATABASE_URL_NO_DATABASE"
+        elif any("=" not in item for item in uri.query.split("&") if item):
+            code = ""  # a raw '&' in a value (a password's): no part of it is named
         elif (key := _unknown_parameter(uri.query)) is not None:
             code, problem = "CONFIG_DATABASE_URL_PARAMETER_UNKNOWN", {"key": key}
+            if _after_secret(uri.query, key):  # perhaps a password's tail, after a raw '&'
+                code, problem = "", {}
         elif _libpq_reads(value):
             return cls(value)
         else:
@@ -157,11 +161,15 @@ class DatabaseUrl:
         return f"DatabaseUrl({self.safe!r})"
 
 
-def _unknown_parameter(query: str) -> str | None:
-    """The first key of a URL query that libpq would refuse (it knows a fixed set), if any."""
+def _libpq_keys() -> set[str]:
     from psycopg import pq
 
-    known = {option.keyword.decode() for option in pq.Conninfo.get_defaults()}
+    return {option.keyword.decode() for option in pq.Conninfo.get_defaults()}
+
+
+def _unknown_parameter(query: str) -> str | None:
+    """The first key of a URL query that libpq would refuse (it knows a fixed set), if any."""
+    known = _libpq_keys()
     keys = (item.partition("=")[0] for item in query.split("&") if item)
     return next((key for key in keys if key not in known), None)
 
@@ -221,9 +229,26 @@ _SECRET_SETTING = re.compile(
 
 
 def _refused(url: str) -> str:
-    """A refused URL as its error shows it: its secrets masked, and every value of its query too,
-    since a key libpq does not know may be a misspelt or percent-encoded `password`."""
-    return re.sub(r"([?&][^=&]*=)[^&]*", r"\1***", redact_url(url))
+    """A refused URL as its error shows it: its secrets masked, and every value it holds too, since
+    a key libpq does not know may be a misspelt or percent-encoded `password` (a key/value string's
+    values as well), and an item without '=' a password's tail after a raw '&'."""
+    masked = redact_url(url)
+    if "://" not in masked:
+        return re.sub(r"=\s*('(?:[^'\\]|\\.)*'?|\S*)", "=***", masked)
+    head, sep, query = masked.partition("?")
+    known = _libpq_keys()
+    items = (
+        f"{key}=***" if (key := item.partition("=")[0]) in known and "=" in item else "***"
+        for item in query.split("&")
+    )
+    return head + sep + "&".join(items) if sep else masked
+
+
+def _after_secret(query: str, key: str) -> bool:
+    """Whether query item `key` follows a secret setting's: then it may be a password's tail."""
+    keys = [unquote(item.partition("=")[0]) for item in query.split("&") if item]
+    at = keys.index(key) if key in keys else 0
+    return at > 0 and keys[at - 1].lower() in SECRET_PARAMETERS
 
 
 def redact_url(url: str) -> str:

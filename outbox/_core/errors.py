@@ -140,8 +140,8 @@ CORE = Conditions(
     ),
     CONFIG_DATABASE_URL_UNENCODED=Condition(
         ConfigError,
-        "{source} is malformed: its user, password or a setting holds a raw '@', '/', '%', '=' or space;"
-        " percent-encode it (@ as %40, / as %2F, % as %25, = as %3D, space as %20): {url}",
+        "{source} is malformed: its user, password or a setting holds a raw '@', '/', '%', '&', '=' or space;"
+        " percent-encode it (@ as %40, / as %2F, % as %25, & as %26, = as %3D, space as %20): {url}",
     ),
     CONFIG_BOOTSTRAP_MISSING=Condition(
         ConfigError,

@@ -86,6 +86,21 @@ def test_masking_reveals_nothing_by_what_it_masks(password: str, user: str, host
     assert leaked == f"{message} (***)", leaked
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "postgresql://app@db/shop?password=s3cr&tPart",  # a raw '&' in the password
+        "postgresql://app@db/shop?password=s3cr&tPart=x",
+        "host=db user=app pasword=s3cr&tPart dbname=shop",  # a key/value string, misspelt
+        "host=db user=app pasword='s3cr&tPart x' dbname=shop",
+    ],
+)
+def test_a_refused_url_shows_no_part_of_a_password(text: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        DatabaseUrl.parse(text)
+    assert "s3cr" not in caught.value.message and "tPart" not in caught.value.message, caught.value.message
+
+
 @pytest.mark.parametrize("key", ["pasword", "pass%77ord", "sslpasword", "ssl%70assword"])
 def test_a_refused_url_shows_no_query_value(key: str) -> None:
     """A key libpq does not know was refused with the URL printed whole: a misspelt `password`, or
