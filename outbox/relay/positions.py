@@ -72,9 +72,11 @@ def cluster_size(metadata: ClusterMetadata) -> int:
     return len(named | set(metadata.brokers))
 
 
-def problems(topic: str, replicas: int, brokers: int, policy: str) -> list[str]:
-    """What is wrong with an existing positions topic, as lines an operator can act on."""
+def problems(topic: str, replicas: int, brokers: int, config: Mapping[str, str | None]) -> list[str]:
+    """What is wrong with an existing positions topic (its replicas, its `config`), as lines an
+    operator can act on."""
     found = []
+    policy = config.get("cleanup.policy") or "delete"
     wanted, _ = replication(brokers)
     if replicas < wanted:
         found.append(
@@ -86,6 +88,14 @@ def problems(topic: str, replicas: int, brokers: int, policy: str) -> list[str]:
         found.append(
             f"the relay positions topic {topic!r} is not compacted (cleanup.policy={policy}): retention"
             " will delete positions of idle relays. Set cleanup.policy=compact"
+        )
+    wanted_segments = (("segment.bytes", SEGMENT_BYTES), ("segment.ms", SEGMENT_MS))
+    longer = [f"{k}={config[k]}" for k, most in wanted_segments if int(config.get(k) or 0) > most]
+    if longer:
+        found.append(
+            f"the relay positions topic {topic!r} keeps a segment open up to {' or '.join(longer)}:"
+            " Kafka never compacts an open segment, and each relay session's start reads the topic"
+            f" whole. Set segment.bytes={SEGMENT_BYTES} and segment.ms={SEGMENT_MS} (kafka-configs --alter)"
         )
     return found
 
@@ -109,8 +119,8 @@ class PositionStore:
             replicas = min((len(p.replicas) for p in existing.partitions.values()), default=0)
             resource = ConfigResource(ConfigResource.Type.TOPIC, self.topic)
             configs = answer(admin.describe_configs([resource])[resource], self.timeout)
-            policy = configs["cleanup.policy"].value if "cleanup.policy" in configs else "delete"
-            for problem in problems(self.topic, replicas, brokers, policy or "delete"):
+            values = {name: entry.value for name, entry in configs.items()}
+            for problem in problems(self.topic, replicas, brokers, values):
                 log.warning(problem)
             return
         factor, config = replication(brokers)

@@ -249,12 +249,17 @@ def test_the_cluster_counts_its_brokers_that_are_down_too(
 
 
 def test_an_under_replicated_or_uncompacted_positions_topic_is_named_with_the_remedy() -> None:
-    assert problems("p", 3, 3, "compact") == []
-    assert problems("p", 1, 1, "compact,delete") == []
-    [few] = problems("p", 1, 3, "compact")
+    made = {"cleanup.policy": "compact", "segment.bytes": "16777216", "segment.ms": "3600000"}
+    assert problems("p", 3, 3, made) == []
+    assert problems("p", 1, 1, {**made, "cleanup.policy": "compact,delete"}) == []
+    [few] = problems("p", 1, 3, made)
     assert "1 replica(s) on a cluster of 3" in few and "3 replicas" in few
-    [uncompacted] = problems("p", 3, 3, "delete")
+    [uncompacted] = problems("p", 3, 3, {**made, "cleanup.policy": "delete"})
     assert "cleanup.policy=compact" in uncompacted
+    # One made before the relay set its segments: Kafka's 1 GiB or 7 days, never compacted while open.
+    [open_long] = problems("p", 3, 3, {**made, "segment.bytes": "1073741824", "segment.ms": "604800000"})
+    assert "segment.bytes=1073741824 or segment.ms=604800000" in open_long
+    assert "segment.bytes=16777216 and segment.ms=3600000" in open_long
 
 
 def test_an_admin_answer_that_does_not_come_in_time_is_a_kafka_timeout_the_relay_retries() -> None:
