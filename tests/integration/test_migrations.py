@@ -139,3 +139,19 @@ def test_any_schema_name_is_a_name(database: DatabaseUrl, pg: psycopg.Connection
     assert tables(pg, name) == TABLES
     assert outbox("db", "downgrade", "base", "--url", database.raw, "--schema", name).code == 0
     pg.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(name)))
+
+
+def test_rows_from_before_0012_with_an_id_at_or_below_0_do_not_stop_a_rebase(
+    database: DatabaseUrl, pg: psycopg.Connection
+) -> None:
+    """0012's check is NOT VALID, so rows already there stay; an UPDATE checks the row it writes,
+    and `outbox relays rebase`, which stamps every row anew, failed on such a row."""
+    env = {"DATABASE_URL": database.raw}
+    assert outbox("db", "upgrade", "0011", env=env).code == 0
+    pg.execute(
+        "INSERT INTO outbox_events (id, event_id, topic, value) OVERRIDING SYSTEM VALUE"
+        " VALUES (0, gen_random_uuid(), 't', 'v'), (1, gen_random_uuid(), 't', 'v')"
+    )
+    assert outbox("db", "upgrade", env=env).code == 0
+    rebased = outbox("relays", "rebase", env=env)
+    assert rebased.code == 0, rebased
