@@ -7,8 +7,6 @@ relay/       the relay daemon: outbox table -> Kafka, exactly once
 verify/      `outbox verify`: a topic checked for duplicates, order, gaps
 status/      `outbox status`; trace/: `outbox trace`
 cli/         the `outbox` command; __main__.py its entry point
-dev/         throwaway local services: PostgreSQL, Kafka, a Spark cluster
-jvm/         Java and Maven: the jars the framework runs
 logs.py      log lines as JSON or text; stopping.py: SIGTERM before start-up ends
 """
 
