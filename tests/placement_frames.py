@@ -12,6 +12,7 @@ from sinks.postgres.spark_plan import read_plan
 def frames(spark: Any) -> list[tuple[str, Any, bool]]:
     """(what, frame, whether its batches may apply in the tasks) for sources, options, repartitions,
     renames, unions and joins."""
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     from sinks.postgres import parse_json
@@ -49,6 +50,13 @@ def frames(spark: Any) -> list[tuple[str, Any, bool]]:
         ("a union", kafka().union(kafka()), False),
         ("a join", kafka().join(static.select("n"), "n"), False),
         ("a static frame", static, False),
+        # A window is computed after a shuffle by its PARTITION BY: the sink's delete rule may hold one.
+        (
+            "a column over a window",
+            kafka().withColumn("w", F.count("n").over(Window.partitionBy("n"))),
+            False,
+        ),
+        ("a window in SQL", kafka().selectExpr("*", "count(n) OVER (PARTITION BY n) AS w"), False),
     ]
 
 

@@ -246,9 +246,6 @@ class BatchWriter:
                 " sink.writer(frame, checkpoint_location) it cannot check that PostgreSQL lost no batch",
                 spec.name,
             )
-        root, position = read_plan(frame)
-        self.route = choose(root, position, spec.apply_in)
-        self._topics = TopicCheck(source_options(root, kafka or {}), spec.name, spec.ledger_schema)
         with connect(spec.url) as conn:
             used = (tables.SINK_PROGRESS, tables.SINK_DEAD_LETTERS, tables.SINK_BATCHES, tables.SINK_TOPICS)
             tables.require(
@@ -267,7 +264,12 @@ class BatchWriter:
                     spec.name,
                 )
         # Built once: each is a call into the JVM (or a proto), and a batch would pay them all again.
-        self._columns = staged_columns(self.plan, _delete_rule(delete, self.plan))
+        rule = _delete_rule(delete, self.plan)
+        self._columns = staged_columns(self.plan, rule)
+        # Proven with the delete rule, which the tasks compute too: a window in it is a shuffle.
+        root, position = read_plan(frame.select("*", rule.alias("_delete")))
+        self.route = choose(root, position, spec.apply_in)
+        self._topics = TopicCheck(source_options(root, kafka or {}), spec.name, spec.ledger_schema)
         self.last: BatchResult | None = None
         log.info("sink %s %s", spec.name, self.route)
 

@@ -12,6 +12,7 @@ over partitions) loses it, so a repartition below it proves nothing.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from sinks.postgres.placement import Node
@@ -34,6 +35,9 @@ _NARROW = {
 }
 # Hints the analyzer turns into a shuffle (or a coalesce, which can merge partitions).
 _SHUFFLING_HINTS = frozenset({"repartition", "repartition_by_range", "rebalance", "coalesce"})
+# A window function in SQL text: a column or literal called "over" is a false alarm, which only
+# sends the batches to the driver.
+_OVER = re.compile(r"\bover\b", re.IGNORECASE)
 
 
 def is_connect(frame: Any) -> bool:
@@ -81,9 +85,29 @@ def node(relation: Any, names: dict[str, int]) -> Node:
         return Node("RepartitionByExpression", (child,), partitions=partitions, by=by)
     if kind == "hint" and message.name.lower() in _SHUFFLING_HINTS:
         return Node(f"Hint({message.name})", (node(message.input, {}),))
+    if kind in ("project", "with_columns") and _windowed(message):
+        return Node("Window", (node(message.input, {}),))
     if kind in _NARROW:
         return Node(_NARROW[kind], (node(message.input, _below(kind, message, names)),))
     return Node(_title(kind), tuple(node(i, {}) for i in _inputs(message, relation)))
+
+
+def _windowed(message: Any) -> bool:
+    """Whether a relation's expressions hold a window function: Spark computes it after a shuffle
+    by the window's PARTITION BY, which moves rows to other tasks."""
+    for field, value in message.ListFields():
+        if field.message_type is None or field.message_type.name == "Relation":
+            continue
+        for item in value if field.is_repeated else [value]:
+            if item.DESCRIPTOR.name == "Expression":
+                kind = item.WhichOneof("expr_type")
+                if kind == "window":
+                    return True
+                if kind == "expression_string" and _OVER.search(item.expression_string.expression):
+                    return True
+            if _windowed(item):
+                return True
+    return False
 
 
 def _below(kind: str, message: Any, names: dict[str, int]) -> dict[str, int]:

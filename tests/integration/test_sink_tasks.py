@@ -15,6 +15,7 @@ from decimal import Decimal
 
 import psycopg
 import pytest
+from pyspark.sql import Window
 from pyspark.sql import functions as F
 
 from outbox._core.config import DatabaseUrl
@@ -55,17 +56,26 @@ def kafka_rc(spark, bootstrap: str, topic: str, **options: str):  # type: ignore
 
 
 def split_frames(spark, bootstrap: str, topic: str, other: str):  # type: ignore[no-untyped-def]
+    """Each shape's frame and the sink's options: the sink's own columns count as the frame's."""
     events = kafka_rc(spark, bootstrap, topic, maxOffsetsPerTrigger="400")
     every_n = spark.range(0, 100_000).select(F.col("id").alias("n"))
+    # Never true, but a window over keys: Spark shuffles each batch by key to compute it.
+    by_key = F.count(F.lit(1)).over(Window.partitionBy("event_id")) < 0
     return {
-        "minPartitions": kafka_rc(spark, bootstrap, topic, maxOffsetsPerTrigger="400", minPartitions="6"),
-        "repartition": events.repartition(3),
-        "union": events.unionByName(kafka_rc(spark, bootstrap, other, maxOffsetsPerTrigger="400")),
-        "join": events.join(every_n, "n", "left_semi"),
+        "minPartitions": (
+            kafka_rc(spark, bootstrap, topic, maxOffsetsPerTrigger="400", minPartitions="6"),
+            {},
+        ),
+        "repartition": (events.repartition(3), {}),
+        "union": (events.unionByName(kafka_rc(spark, bootstrap, other, maxOffsetsPerTrigger="400")), {}),
+        "join": (events.join(every_n, "n", "left_semi"), {}),
+        "a delete rule over a window": (events, {"delete": by_key}),
     }
 
 
-@pytest.mark.parametrize("shape", ["minPartitions", "repartition", "union", "join"])
+@pytest.mark.parametrize(
+    "shape", ["minPartitions", "repartition", "union", "join", "a delete rule over a window"]
+)
 def test_a_frame_that_may_split_a_topic_partition_is_applied_on_the_driver_or_refused(  # type: ignore[no-untyped-def]
     spark, bootstrap, topic, db, pg, checkpoint, shape
 ) -> None:
@@ -73,12 +83,12 @@ def test_a_frame_that_may_split_a_topic_partition_is_applied_on_the_driver_or_re
     expected = produce_orders(bootstrap, topic, 900)
     if shape == "union":
         expected |= produce_orders(bootstrap, other, 600)
-    frame = split_frames(spark, bootstrap, topic, other)[shape]
+    frame, options = split_frames(spark, bootstrap, topic, other)[shape]
 
     with pytest.raises(ConfigError) as caught:
-        sink(db, apply_in="tasks").writer(frame)
+        sink(db, apply_in="tasks", **options).writer(frame)
     assert caught.value.code == "SINK_TASKS_UNPROVEN"
-    auto = sink(db)
+    auto = sink(db, **options)
     query = auto.start(frame, str(checkpoint), trigger={"availableNow": True})
     assert auto.route is not None and not auto.route.tasks, auto.route
     query.awaitTermination()
