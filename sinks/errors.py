@@ -191,6 +191,11 @@ CONDITIONS = Conditions(
         "column {column!r}: a Spark {spark_type} cannot be written to {table}.{column}"
         " of type {type}; cast it in the DataFrame first",
     ),
+    SINK_ISOLATION_UNSET=Condition(
+        ConfigError,
+        "Spark's kafka source reads the records of aborted and open transactions unless told, and"
+        " the sink would apply them: set .option('kafka.isolation.level', 'read_committed')",
+    ),
     # -- placement (sinks/postgres/placement.py) -------------------------------------------------------
     SINK_TASKS_UNPROVEN=Condition(
         ConfigError,

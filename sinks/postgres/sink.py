@@ -264,6 +264,13 @@ class BatchWriter:
                     spec.name,
                 )
         # Built once: each is a call into the JVM (or a proto), and a batch would pay them all again.
+        if delete == "tombstone" and self.plan.raw_value is None:
+            log.warning(
+                "sink %s: delete='tombstone' reads Kafka's binary `value` column, which the frame does"
+                " not have (cast to text or dropped): no record deletes its key, and a tombstone upserts"
+                " it with empty columns. Keep `value` as Kafka gives it, or pass delete=None or a rule",
+                spec.name,
+            )
         rule = _delete_rule(delete, self.plan)
         self._columns = staged_columns(self.plan, rule)
         # Proven with the delete rule, which the tasks compute too: a window in it is a shuffle.

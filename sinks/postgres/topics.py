@@ -77,6 +77,8 @@ def source_options(root: Node | None, kafka: Mapping[str, str]) -> SourceOptions
         found = parse(node.options)
         return replace(found, kafka={**found.kafka, **kafka})
     opts = node.options
+    if "kafka.isolation.level" not in opts:  # read_uncommitted, by Spark's default, not the user's choice
+        raise error("SINK_ISOLATION_UNSET")
     assigned = tuple(json.loads(opts["assign"])) if "assign" in opts else ()
     topics = tuple(t.strip() for t in opts.get("subscribe", "").split(",") if t.strip()) or assigned
     shared = {k: opts[f"kafka.{k}"] for k in _SHARED_SETTINGS if f"kafka.{k}" in opts}

@@ -11,9 +11,12 @@ from __future__ import annotations
 import uuid
 from decimal import Decimal
 
-from sinks.postgres import Outbox, PostgresSink
+import pytest
+
+from outbox._core.errors import ConfigError
+from sinks.postgres import Outbox, PostgresSink, parse_json
 from tests.helpers import produce_transaction, transactional_producer
-from tests.sink_support import ORDERS, event, ledger, log_ends, run, table
+from tests.sink_support import ORDERS, SCHEMA, event, ledger, log_ends, run, table
 
 
 def test_both_sources_give_the_same_table(spark, bootstrap, topic, db, pg, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -62,3 +65,27 @@ def test_a_lost_checkpoint_with_the_builtin_source_from_earliest_skips_what_was_
     # (without the ledger it would add 10: each old 1.00 again, then each 5.00).
     assert pg.execute("SELECT count(*) FROM outbox_events").fetchone() == (35,)
     assert ledger(pg) == log_ends(bootstrap, topic)
+
+
+def test_spark_source_left_at_its_default_isolation_is_refused_before_it_applies_aborted_records(
+    spark, bootstrap, topic, db, pg, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """Spark's own Kafka source reads read_uncommitted unless told: the records of aborted
+    transactions, applied as events. The sink refuses such a frame at start; one that says
+    read_uncommitted itself is the user's choice, and taken."""
+    producer = transactional_producer(bootstrap)
+    produce_transaction(producer, topic, [event(str(uuid.uuid4()), 1)], commit=False)
+    raw = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+    )
+    sink = PostgresSink("orders", url=db.raw)
+    with pytest.raises(ConfigError) as caught:
+        sink.writer(parse_json(raw.load(), SCHEMA, key_column="event_id"))
+    assert caught.value.code == "SINK_ISOLATION_UNSET", caught.value
+    assert "kafka.isolation.level" in str(caught.value)
+    chosen = raw.option("kafka.isolation.level", "read_uncommitted").load()
+    sink.writer(parse_json(chosen, SCHEMA, key_column="event_id"))
+    assert table(pg) == {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import re
 import uuid
 from collections.abc import Iterator
@@ -904,3 +905,18 @@ def test_only_a_unique_index_on_conflict_can_use_makes_the_key(
         assert caught.value.code == "SINK_NO_UNIQUE_INDEX"
     else:
         PostgresSink("orders2", url=db.raw).writer(frame)
+
+
+def test_a_frame_without_kafkas_binary_value_is_told_that_no_record_deletes(  # type: ignore[no-untyped-def]
+    spark, db, caplog
+) -> None:
+    """delete='tombstone' (the default) reads Kafka's binary `value`: a frame that cast it to text
+    (the usual `CAST(value AS STRING)` before a hand-written from_json) or dropped it has none, and a
+    tombstone would upsert its key with empty columns. Said at start, where it can be mended."""
+    fields = "event_id string, n long, value string, topic string, partition int, offset long"
+    frame = spark.createDataFrame([("a", 1, None, "t", 0, 0)], fields)
+    with caplog.at_level(logging.WARNING, logger="sinks"):
+        PostgresSink("orders", url=db.raw).writer(frame)
+        PostgresSink("orders", url=db.raw, delete=None).writer(frame)
+    told = [r.getMessage() for r in caplog.records if "tombstone" in r.getMessage()]
+    assert len(told) == 1 and "binary `value`" in told[0], told

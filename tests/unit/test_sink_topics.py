@@ -52,10 +52,11 @@ def test_the_source_is_found_under_the_frames_steps_with_its_settings() -> None:
             "failondataloss": "false",
             "kafka.sasl.jaas.config": "java only",
             "kafka.security.protocol": "SASL_SSL",
+            "kafka.isolation.level": "read_uncommitted",  # the user's choice: taken
         },
     )
     found = source_options(spark, {})
     assert found is not None and found.topics == ("t",) and not found.fail_on_data_loss
-    assert found.read_uncommitted  # Spark's default: log ends are then high watermarks
+    assert found.read_uncommitted  # log ends are then high watermarks
     assert found.kafka == {"security.protocol": "SASL_SSL"}
     assert source_options(Node("LocalRelation"), {}) is None
