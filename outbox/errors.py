@@ -72,7 +72,9 @@ CONDITIONS = Conditions(
         ConfigError, "--shard {text}: need 0 <= I < N (shards are numbered from 0)"
     ),
     RELAY_KAFKA_CONFIG_UNREADABLE=Condition(ConfigError, "--kafka-config {file}: {reason}"),
-    RELAY_KAFKA_SETTING_MALFORMED=Condition(ConfigError, "{source}: expected KEY=VALUE, got {key!r}..."),
+    RELAY_KAFKA_SETTING_MALFORMED=Condition(
+        ConfigError, "{source}: expected KEY=VALUE, in a line starting {key!r}"
+    ),
     RELAY_KAFKA_SETTING_RESERVED=Condition(
         ConfigError, "-X {setting} is set by the relay itself and cannot be overridden"
     ),
@@ -105,6 +107,16 @@ CONDITIONS = Conditions(
     ),
     RELAY_KAFKA_SETTING_REFUSED=Condition(
         ConfigError, "Kafka at {bootstrap} refuses the relay's {setting} (-X {setting}=...): {reason}"
+    ),
+    RELAY_KAFKA_SETTING_INVALID=Condition(
+        ConfigError,
+        "the Kafka client (librdkafka) does not take the relay's settings: {reason} (-X, --kafka-config)",
+    ),
+    RELAY_NOT_PERMITTED=Condition(
+        ConfigError,
+        "PostgreSQL at {url} refuses the relay's role: {reason}. The relay needs SELECT on the"
+        " outbox's tables, INSERT and UPDATE on relay_positions, INSERT on relay_dead_letters and"
+        " DELETE on outbox_events (or --no-cleanup)",
     ),
     RELAY_FENCED=Condition(Fenced, "fenced: another instance with this relay name and shard took over"),
     RELAY_PUBLISHER_NOT_STARTED=Condition(OutboxError, "publisher not started"),

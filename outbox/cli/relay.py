@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -26,7 +27,7 @@ from outbox.stopping import STOP, catch_stop_signals
 
 log = logging.getLogger("outbox.relay")
 
-_SECRET_WORDS = ("password", "secret", "key", "token", "jaas")
+_SECRET_WORDS = ("password", "secret", "key", "token", "jaas", "oauthbearer.config")
 
 
 def _flag_type(setting: Setting[Any]) -> Callable[[str], object]:
@@ -82,18 +83,24 @@ def kafka_settings(pairs: list[str], file: Path | None) -> dict[str, object]:
         except OSError as exc:
             raise error("RELAY_KAFKA_CONFIG_UNREADABLE", file=file, reason=exc.strerror) from None
         lines += [
-            (str(file), line)
-            for line in text.splitlines()
-            if line.strip() and not line.lstrip().startswith("#")
+            (f"{file}, line {n}", line)
+            for n, line in enumerate(text.splitlines(), 1)
+            if line.strip() and not line.lstrip().startswith(("#", "!"))
         ]
     lines += [("-X", pair) for pair in pairs]
     settings: dict[str, object] = {}
     for source, line in lines:
-        key, sep, value = line.partition("=")
-        if not sep or not key.strip():
-            raise error("RELAY_KAFKA_SETTING_MALFORMED", source=source, key=line.split("=")[0])
-        settings[key.strip()] = value.strip()
+        # A file as Java reads one (Connect workers' files use ':' and blanks too); -X as KEY=VALUE.
+        found = (_PAIR if source == "-X" else _PROPERTY).fullmatch(line)
+        if not found:  # named by its key alone: the rest may be a password
+            raise error("RELAY_KAFKA_SETTING_MALFORMED", source=source, key=_KEY.match(line)[0])  # type: ignore[index]
+        settings[found["key"]] = found["value"].strip()
     return settings
+
+
+_KEY = re.compile(r"\s*[^=:\s]*")
+_PAIR = re.compile(r"\s*(?P<key>[^=\s]+)\s*=(?P<value>.*)")
+_PROPERTY = re.compile(r"\s*(?P<key>[^=:\s]+)(?:\s*[=:]|\s+)(?P<value>.*)")
 
 
 def redacted(settings: dict[str, object]) -> dict[str, object]:
@@ -113,6 +120,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
         shard=args.shard,
         schema=schema_name(args.schema),
         batch_size=args.batch_size,
+        batch_bytes=args.batch_bytes,
         poll_interval=args.poll_interval,
         on_poison=args.on_poison,
         topic_wait=args.topic_wait,

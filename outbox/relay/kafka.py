@@ -121,7 +121,10 @@ class Publisher:
         # With an error_cb, librdkafka's errors (fencing included) surface from the
         # transactional calls instead of being raised inside delivery callbacks.
         config["error_cb"] = self._client_error
-        self._producer = Producer(client_settings(config, "producer", bootstrap=self.bootstrap))
+        try:
+            self._producer = Producer(client_settings(config, "producer", bootstrap=self.bootstrap))
+        except KafkaException as exc:  # a setting the client does not take: no broker changes that
+            raise error("RELAY_KAFKA_SETTING_INVALID", reason=exc.args[0].str()) from None
         try:
             # Unreachable brokers are told in seconds, not after init_transactions' full wait.
             self._producer.list_topics(timeout=min(self.timeout, 10))

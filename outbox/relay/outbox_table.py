@@ -46,6 +46,10 @@ CHANNEL = "outbox_events"
 USED = (tables.OUTBOX_EVENTS, tables.RELAY_DEAD_LETTERS, tables.OUTBOX_IDENTITY, tables.RELAY_POSITIONS)
 SYNCHRONOUS_COMMIT = ("local", "on", "remote_write", "remote_apply")
 
+# What a batch's byte budget counts of a row: its key and value.
+SIZE = sql.SQL("(coalesce(octet_length(e.key), 0) + coalesce(octet_length(e.value), 0))")
+
+
 # md5 is stable across server versions (hashtext is not promised to be): a row's
 # shard is the first 32 bits of md5(key, or the event id when there is no key) mod N.
 KEY_HASH = "('x00000000' || left(md5(coalesce(e.key, uuid_send(e.event_id))), 8))::bit(64)::bigint"
@@ -137,10 +141,11 @@ class OutboxTable:
             for fresh in (True, False)
         }
         row = sql.SQL(
-            "SELECT e.id, convert_to(e.event_id::text, 'UTF8'), e.topic, e.key, e.value,"
-            " nullif(e.header_keys, '{{}}'), nullif(e.header_values, '{{}}'),"
-            " date_part('epoch', e.created_at) FROM {events} e"
-        ).format(**names)
+            "SELECT e.id, convert_to(e.event_id::text, 'UTF8') AS event_id, e.topic, e.key, e.value,"
+            " nullif(e.header_keys, '{{}}') AS header_keys, nullif(e.header_values, '{{}}') AS header_values,"
+            " date_part('epoch', e.created_at) AS created_at, {size} AS size,"
+            " sum({size}) OVER (ORDER BY e.id ROWS UNBOUNDED PRECEDING) AS upto FROM {events} e"
+        ).format(size=SIZE, **names)
         wanted = sql.SQL(
             " AND pg_visible_in_snapshot(e.txid, %(target)s::pg_snapshot)"
             " AND e.id > %(after)s{shard}"
@@ -148,15 +153,27 @@ class OutboxTable:
             " AND d.event_id = e.event_id)"
             " ORDER BY e.id LIMIT %(limit)s"
         ).format(**names)
+        # Up to `limit` rows, and no more of them than `budget` bytes hold: the rows whose keys and
+        # values before them add up to less. Sizes come from the rows' headers, values untouched, so a
+        # large row past the budget is never read. (After an outage, 5,000 rows can be gigabytes.)
+        # The last column, the bytes up to each row, tells the reader whether the budget cut the read.
+        budgeted = sql.SQL(
+            "SELECT id, event_id, topic, key, value, header_keys, header_values, created_at, upto FROM"
+            " ({rows}) w WHERE w.upto - w.size < %(budget)s"
+        )
         self._start_delta = bindable(
-            sql.SQL(
-                "{row} WHERE (e.txid >= pg_snapshot_xmax(%(base)s::pg_snapshot)"
-                " OR e.txid = ANY(ARRAY(SELECT pg_snapshot_xip(%(base)s::pg_snapshot)))){wanted}"
-            ).format(row=row, wanted=wanted)
+            budgeted.format(
+                rows=sql.SQL(
+                    "{row} WHERE (e.txid >= pg_snapshot_xmax(%(base)s::pg_snapshot)"
+                    " OR e.txid = ANY(ARRAY(SELECT pg_snapshot_xip(%(base)s::pg_snapshot)))){wanted}"
+                ).format(row=row, wanted=wanted)
+            )
         )
         self._continue_delta = bindable(
-            sql.SQL("{row} WHERE NOT pg_visible_in_snapshot(e.txid, %(base)s::pg_snapshot){wanted}").format(
-                row=row, wanted=wanted
+            budgeted.format(
+                rows=sql.SQL(
+                    "{row} WHERE NOT pg_visible_in_snapshot(e.txid, %(base)s::pg_snapshot){wanted}"
+                ).format(row=row, wanted=wanted)
             )
         )
         # Published by this relay, and by every other relay of the outbox too, as far as
@@ -309,8 +326,9 @@ class OutboxTable:
     # -- reads ---------------------------------------------------------------
 
     @round_trip("reading a batch")
-    def fetch(self, position: Position, limit: int) -> tuple[Target, list[Row]]:
-        """Up to `limit` rows of the delta after `position`, by id, and the delta's target.
+    def fetch(self, position: Position, limit: int, budget: int) -> tuple[Target, list[Row], bool]:
+        """Up to `limit` rows of the delta after `position`, by id, as many as `budget` bytes of keys
+        and values hold (at least one); the delta's target; and whether the budget cut the read.
 
         Without a target yet, the target is this transaction's own snapshot:
         exactly the transactions whose rows this read can see. When that delta
@@ -337,13 +355,17 @@ class OutboxTable:
                     "after": position.after_id,
                     "relay": self.relay,
                     "limit": limit,
+                    "budget": budget,
                 },
             )
-            rows = list(map(Row._make, cursor.fetchall()))
+            found = cursor.fetchall()
+            # Short of `limit`, with the budget spent: a row after the last one may have been left out.
+            cut = 0 < len(found) < limit and found[-1][-1] >= budget
+            rows = [Row._make(r[:-1]) for r in found]
             mark = position.mark
             if fresh and rows:
                 mark = self._write_mark(position, snapshot)
-        return Target(snapshot, mark), rows
+        return Target(snapshot, mark), rows, cut
 
     def _write_mark(self, position: Position, target: str) -> int:
         """This shard's mark for publishing `target` from `position`, committed (by the caller's

@@ -189,16 +189,20 @@ class Step:
     persist: bool
 
 
-def advance(position: Position, target: Target, fetched_ids: Sequence[int], limit: int) -> Step:
+def advance(
+    position: Position, target: Target, fetched_ids: Sequence[int], limit: int, cut: bool = False
+) -> Step:
     """Decide the next position after fetching up to limit+1 rows of the delta (position, target], by id.
 
-    A full fetch (more than `limit` rows) publishes `limit` rows and records how
-    far into the delta it got. A short fetch finishes the delta: `target`
-    becomes the new base. An empty fetch moves the base without a Kafka
-    transaction; the old base stays valid in Kafka, since nothing lay between.
+    A full fetch (more than `limit` rows), or one its byte budget `cut`, publishes
+    up to `limit` rows and records how far into the delta it got. A short fetch
+    finishes the delta: `target` becomes the new base. An empty fetch moves the
+    base without a Kafka transaction; the old base stays valid in Kafka, since
+    nothing lay between.
     """
-    if len(fetched_ids) > limit:
-        return Step(limit, _within(position, target, fetched_ids[limit - 1]), persist=True)
+    if len(fetched_ids) > limit or (cut and fetched_ids):
+        count = min(limit, len(fetched_ids))
+        return Step(count, _within(position, target, fetched_ids[count - 1]), persist=True)
     finished = Position(target.snapshot, mark=target.mark, system=position.system)
     return Step(len(fetched_ids), finished, persist=bool(fetched_ids))
 

@@ -72,9 +72,11 @@ def cluster_size(metadata: ClusterMetadata) -> int:
     return len(named | set(metadata.brokers))
 
 
-def problems(topic: str, replicas: int, brokers: int, config: Mapping[str, str | None]) -> list[str]:
-    """What is wrong with an existing positions topic (its replicas, its `config`), as lines an
-    operator can act on."""
+def problems(
+    topic: str, replicas: int, brokers: int, config: Mapping[str, str | None], partitions: int = 1
+) -> list[str]:
+    """What is wrong with an existing positions topic (its replicas, its `config`, its partitions), as
+    lines an operator can act on."""
     found = []
     policy = config.get("cleanup.policy") or "delete"
     wanted, _ = replication(brokers)
@@ -84,10 +86,18 @@ def problems(topic: str, replicas: int, brokers: int, config: Mapping[str, str |
             f" losing its broker loses every relay's position (each then publishes its outbox again)."
             f" Reassign it to {wanted} replicas (kafka-reassign-partitions)"
         )
-    if "compact" not in policy.split(","):
+    if policy.split(",") != ["compact"]:
         found.append(
-            f"the relay positions topic {topic!r} is not compacted (cleanup.policy={policy}): retention"
-            " will delete positions of idle relays. Set cleanup.policy=compact"
+            f"the relay positions topic {topic!r} is not compacted only (cleanup.policy={policy}): retention"
+            " will delete the positions of relays idle that long, which then publish again what their"
+            " outbox still holds. Set cleanup.policy=compact"
+        )
+    if partitions > 1:
+        found.append(
+            f"the relay positions topic {topic!r} has {partitions} partitions, not the one partition"
+            " the relay makes it with: partitions added move a relay's key to another one, and its old"
+            " position, left in the first, may be read as its last (the relay then publishes again"
+            " what its outbox still holds). Add no partitions to it"
         )
     wanted_segments = (("segment.bytes", SEGMENT_BYTES), ("segment.ms", SEGMENT_MS))
     longer = [f"{k}={config[k]}" for k, most in wanted_segments if int(config.get(k) or 0) > most]
@@ -120,7 +130,7 @@ class PositionStore:
             resource = ConfigResource(ConfigResource.Type.TOPIC, self.topic)
             configs = answer(admin.describe_configs([resource])[resource], self.timeout)
             values = {name: entry.value for name, entry in configs.items()}
-            for problem in problems(self.topic, replicas, brokers, values):
+            for problem in problems(self.topic, replicas, brokers, values, len(existing.partitions)):
                 log.warning(problem)
             return
         factor, config = replication(brokers)

@@ -84,6 +84,9 @@ class Relay:
                 self.metrics.health(False, f"waiting for {wanted}: {exc}")
                 self.stop.wait(self.settings.poll_interval)
                 continue
+            except psycopg.errors.InsufficientPrivilege as exc:  # a grant to make, no outage to wait out
+                url = self.settings.url
+                raise error("RELAY_NOT_PERMITTED", url=url.safe, reason=reason(exc, url)) from None
             except (
                 ServiceUnavailable,
                 psycopg.OperationalError,
@@ -91,12 +94,12 @@ class Relay:
                 KafkaException,
             ) as exc:
                 self._failures += 1
-                reason = _describe(exc, self.settings.url, self.settings.bootstrap)
+                why = _describe(exc, self.settings.url, self.settings.bootstrap)
                 if self._failures > self.settings.max_retries:
-                    raise error("RELAY_GAVE_UP", retries=self.settings.max_retries, reason=reason) from None
+                    raise error("RELAY_GAVE_UP", retries=self.settings.max_retries, reason=why) from None
                 waiting = False
                 delay = backoff(self._failures)
-                self.metrics.health(False, f"retrying: {reason}")
+                self.metrics.health(False, f"retrying: {why}")
                 first = self._outage is None
                 if first:
                     self._outage, self._ended = time.monotonic(), 0
@@ -107,7 +110,7 @@ class Relay:
                     "session ended, retrying",
                     extra={
                         **self._context,
-                        "error": reason,
+                        "error": why,
                         "attempt": self._failures,
                         "delay_s": round(delay, 2),
                     },
@@ -207,16 +210,16 @@ class Relay:
         # part of the same delta: reading a new one records its base as published, for
         # the other relays' cleanup, and this batch is not in Kafka yet.
         with ThreadPoolExecutor(1, thread_name_prefix="outbox-relay-read") as reader:
-            ahead: Future[tuple[Target, list[Row]]] | None = None
+            ahead: Future[tuple[Target, list[Row], bool]] | None = None
             while not self.stop.is_set():
-                target, rows = ahead.result() if ahead else self._fetch(table, position)
+                target, rows, cut = ahead.result() if ahead else self._fetch(table, position)
                 ahead = None
                 limit = 1 if one_by_one else before_poison or s.batch_size
-                step = advance(position, target, [r.id for r in rows], limit)
+                step = advance(position, target, [r.id for r in rows], limit, cut)
                 batch = rows[: step.count]
                 m.lag.set(time.time() - min(r.created_at for r in batch) if batch else 0)
                 if step.persist:
-                    if step.count == s.batch_size and step.position.target is not None:
+                    if limit == s.batch_size and step.position.target is not None:
                         ahead = reader.submit(self._fetch, table, step.position)
                     try:
                         publisher.check_rows(batch)
@@ -278,9 +281,9 @@ class Relay:
                 if step.position.target is None:  # the delta is done: wait for the next commit
                     table.wait(s.poll_interval, self.stop)
 
-    def _fetch(self, table: OutboxTable, position: Position) -> tuple[Target, list[Row]]:
+    def _fetch(self, table: OutboxTable, position: Position) -> tuple[Target, list[Row], bool]:
         with self.metrics.fetch_seconds.time():
-            return table.fetch(position, self.settings.batch_size + 1)
+            return table.fetch(position, self.settings.batch_size + 1, self.settings.batch_bytes)
 
     def _waits_for_topic(self, poison: Poison, topic: str) -> bool:
         """Whether a dead-letter relay still waits on this row: its topic missing or not writable for

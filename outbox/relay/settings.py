@@ -32,6 +32,15 @@ SHARD = Setting(
 BATCH_SIZE = Setting(
     "--batch-size", 5000, "rows per Kafka transaction at most", int, "OUTBOX_RELAY_BATCH_SIZE", positive=True
 )
+BATCH_BYTES = Setting(
+    "--batch-bytes",
+    32 * 2**20,
+    "bytes of keys and values per Kafka transaction at most, so that a backlog of large rows"
+    " is held a part at a time (a row larger than this goes alone)",
+    int,
+    "OUTBOX_RELAY_BATCH_BYTES",
+    positive=True,
+)
 POLL_INTERVAL = Setting(
     "--poll-interval",
     1.0,
@@ -143,6 +152,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
     NAME,
     SHARD,
     BATCH_SIZE,
+    BATCH_BYTES,
     POLL_INTERVAL,
     ON_POISON,
     TOPIC_WAIT,
@@ -169,6 +179,7 @@ class RelaySettings:
     shard: Shard = SHARD.default
     schema: str = "public"
     batch_size: int = BATCH_SIZE.default
+    batch_bytes: int = BATCH_BYTES.default
     poll_interval: float = POLL_INTERVAL.default
     on_poison: str = ON_POISON.default
     topic_wait: float = TOPIC_WAIT.default

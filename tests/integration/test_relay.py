@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import time
 import urllib.error
@@ -320,7 +321,7 @@ def test_notifications_do_not_pile_up_in_a_standby_or_between_reads(outbox_db: D
             with writer.transaction():
                 add_event(writer, "t", {"n": n})  # a commit each, a NOTIFY each
         time.sleep(0.5)  # the server has sent them: the next query takes them in
-        active.fetch(Position(), 10)
+        active.fetch(Position(), 10, 2**20)
         assert not list(active.conn.notifies(timeout=0)), "the read took them in and kept them"
 
 
@@ -469,6 +470,68 @@ def test_a_record_over_the_topics_limit_is_the_only_one_refused_and_at_once(
         assert sizes and all(10_000 < int(size) < 10_100 for size in sizes), sizes  # value, key, headers
     assert terminate(job) == 0
     print(f"the rows around the refused record went out {took:.1f} s after the relay became active")
+
+
+def test_a_backlog_of_large_rows_goes_out_in_batches_of_bounded_memory(
+    tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str
+) -> None:
+    """After an outage the outbox holds large rows: 5,000 of them (a batch) can be gigabytes,
+    which a relay in a container cannot hold: killed, started again on the same batch, killed
+    again. A batch ends at --batch-bytes of keys and values (32 MiB), so memory stays bounded."""
+    topic = create_topic(bootstrap, unique("large"), partitions=1)
+    size, count = 800_000, 400  # under Kafka's 1 MB a record; 305 MiB in all
+    events: list[str] = []
+    with psycopg.connect(outbox_db.libpq) as conn:
+        for start in range(0, count, 50):
+            part = [Event(topic, os.urandom(size), key=f"k{i % 3}") for i in range(start, start + 50)]
+            events += [str(i) for i in add_events(conn, part)]
+            conn.commit()
+    job, _ = relay_job(tmp_path, env, unique("relay"))
+    job.wait_for_output(ACTIVE, 60)
+    wait_for(lambda: len(published(bootstrap, topic, 1)) >= count, 240, "every large row published")
+    peak = peak_memory(job.process.pid)
+    assert [e for *_, e in published(bootstrap, topic, 1)] == events
+    assert terminate(job) == 0
+    said = f"the relay peaked at {peak >> 20} MiB for a backlog of {count * size >> 20} MiB"
+    assert peak < 400 * 2**20, said
+    print(said)
+
+
+def peak_memory(pid: int) -> int:
+    """A process's peak resident memory so far, in bytes (Linux: VmHWM)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)[1]) * 1024  # type: ignore[index]
+
+
+def test_a_role_without_a_privilege_the_relay_needs_stops_it_with_one_line(
+    tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, events_topic: str
+) -> None:
+    """A least-privilege role that may read and publish but not delete published rows: the first
+    cleanup is refused. That is no outage to retry, and no crash: one line naming what to grant."""
+    role = unique("relay_role")
+    with psycopg.connect(outbox_db.libpq, autocommit=True) as admin:
+        admin.execute(f'CREATE ROLE "{role}" LOGIN')
+        admin.execute(f'GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA public TO "{role}"')
+        with admin.transaction():
+            add_event(admin, events_topic, {"n": 1}, key="a")
+    url = outbox_db.raw.replace("postgres@", f"{role}@", 1)
+    job, _ = relay_job(tmp_path, {**env, "DATABASE_URL": url}, unique("relay"))
+    assert job.wait(60) == 2, job.output()
+    lines = [line for line in job.output().splitlines() if "RELAY_NOT_PERMITTED" in line]
+    assert len(lines) == 1 and "DELETE" in lines[0] and role in lines[0], job.output()
+    assert "Traceback" not in job.output(), job.output()
+
+
+def test_a_kafka_setting_the_client_does_not_take_stops_the_relay_with_one_line(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """A typo in -X (or a Java-only setting from a Connect worker's file) is no outage: no broker
+    will ever take it, so retrying it for minutes with /healthz saying "retrying" misleads."""
+    job, _ = relay_job(tmp_path, env, unique("relay"), "-X", "batch.num.messages=many")
+    assert job.wait(60) == 2, job.output()
+    lines = [line for line in job.output().splitlines() if "RELAY_KAFKA_SETTING_INVALID" in line]
+    assert len(lines) == 1 and "batch.num.messages" in lines[0], job.output()
+    assert "retrying" not in job.output(), job.output()
 
 
 def test_a_held_cleanup_holds_back_no_event(

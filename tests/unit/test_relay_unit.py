@@ -47,6 +47,16 @@ def test_a_full_fetch_publishes_a_part_and_remembers_where_in_the_delta() -> Non
     assert advance(step.position, TARGET, [12], limit=2) == Step(1, Position(SNAP, mark=7), persist=True)
 
 
+def test_a_fetch_its_byte_budget_cut_publishes_what_it_read_and_stays_in_the_delta() -> None:
+    step = advance(Position("90:90:"), TARGET, [7, 9], limit=5, cut=True)
+    assert step == Step(2, Position("90:90:", SNAP, 9, mark=7), persist=True)
+    # a row alone over the budget goes alone; a cut read that found nothing finishes the delta
+    assert advance(step.position, TARGET, [12], limit=5, cut=True).position.after_id == 12
+    assert advance(step.position, TARGET, [], limit=5, cut=True) == Step(
+        0, Position(SNAP, mark=7), persist=False
+    )
+
+
 def test_an_empty_fetch_moves_the_base_without_a_transaction() -> None:
     unmarked = Target(SNAP, 6)  # an empty delta writes no mark: the last one still covers the base
     assert advance(Position("90:90:", mark=6), unmarked, [], limit=2) == Step(
@@ -159,6 +169,26 @@ def test_kafka_settings_from_file_and_flags(tmp_path) -> None:  # type: ignore[n
     assert malformed.value.code == "RELAY_KAFKA_SETTING_MALFORMED"
 
 
+def test_a_java_properties_file_is_read_as_java_reads_it_and_a_bad_line_shows_no_value(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Connect workers' files also separate with ':' or a space; a line that is none of these is
+    named by its number and key, never shown: it may hold a password."""
+    file = tmp_path / "client.properties"
+    file.write_text("sasl.username: relay\nsasl.password s3cret:x=y\nlinger.ms=1\n")
+    assert kafka_settings([], file) == {
+        "sasl.username": "relay",
+        "sasl.password": "s3cret:x=y",
+        "linger.ms": "1",
+    }
+    file.write_text("linger.ms=1\nsasl.password\n")
+    with pytest.raises(ConfigError) as malformed:
+        kafka_settings([], file)
+    assert malformed.value.code == "RELAY_KAFKA_SETTING_MALFORMED"
+    assert "line 2" in malformed.value.message and "sasl.password" in malformed.value.message
+    with pytest.raises(ConfigError) as flag:
+        kafka_settings(["sasl.password:s3cret"], None)
+    assert "s3cret" not in flag.value.message, flag.value.message
+
+
 @pytest.mark.parametrize("key", ["transactional.id", "enable.idempotence"])
 def test_guarantee_settings_cannot_be_overridden(key: str) -> None:
     with pytest.raises(ConfigError) as refused:
@@ -251,11 +281,15 @@ def test_the_cluster_counts_its_brokers_that_are_down_too(
 def test_an_under_replicated_or_uncompacted_positions_topic_is_named_with_the_remedy() -> None:
     made = {"cleanup.policy": "compact", "segment.bytes": "16777216", "segment.ms": "3600000"}
     assert problems("p", 3, 3, made) == []
-    assert problems("p", 1, 1, {**made, "cleanup.policy": "compact,delete"}) == []
     [few] = problems("p", 1, 3, made)
     assert "1 replica(s) on a cluster of 3" in few and "3 replicas" in few
-    [uncompacted] = problems("p", 3, 3, {**made, "cleanup.policy": "delete"})
-    assert "cleanup.policy=compact" in uncompacted
+    # Compacted and deleted too: an idle relay writes no position, and retention deletes its last one.
+    for policy in ("delete", "compact,delete"):
+        [uncompacted] = problems("p", 3, 3, {**made, "cleanup.policy": policy})
+        assert "cleanup.policy=compact" in uncompacted and f"cleanup.policy={policy}" in uncompacted
+    # Partitions added: a relay's key moves to another one, and its old position there is read too.
+    [spread] = problems("p", 3, 3, made, partitions=4)
+    assert "4 partitions" in spread and "one partition" in spread
     # One made before the relay set its segments: Kafka's 1 GiB or 7 days, never compacted while open.
     [open_long] = problems("p", 3, 3, {**made, "segment.bytes": "1073741824", "segment.ms": "604800000"})
     assert "segment.bytes=1073741824 or segment.ms=604800000" in open_long
