@@ -129,6 +129,7 @@ MAX_RETRIES = Setting(
     "failed sessions in a row before exiting (backoff 0.5 s doubling to 30 s)",
     int,
     "OUTBOX_RELAY_MAX_RETRIES",
+    limits=(0, 1e9),  # -1 exited at the first failure, where Kafka Connect's -1 retries for ever
 )
 SYNCHRONOUS = Setting(
     "--synchronous-commit",

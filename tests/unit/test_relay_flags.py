@@ -83,6 +83,7 @@ def test_without_flag_or_variable_the_declared_default_holds(monkeypatch) -> Non
         ("--retention", "-1", "SETTING_OUT_OF_RANGE"),
         ("--retention", "1e12", "SETTING_OUT_OF_RANGE"),
         ("--database-timeout", "inf", "SETTING_NOT_FINITE"),
+        ("--max-retries", "-1", "SETTING_OUT_OF_RANGE"),
         ("--kafka-timeout", "Infinity", "SETTING_NOT_FINITE"),
     ],
 )
