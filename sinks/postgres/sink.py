@@ -13,6 +13,7 @@ from decimal import Decimal
 from typing import Any, Literal
 
 import psycopg
+from psycopg import sql
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
@@ -257,6 +258,18 @@ class BatchWriter:
             self._stage_job = self._job(conn, self.statements)
             self._task_job = TaskJob(self._job(conn, in_task), in_task)
             self._drop_stale_stage(conn)
+            if conn.execute(self.statements.emptied(), {"sink": spec.name}).fetchone()[0]:  # type: ignore[index]  # a query that always returns one row
+                progress = sql.Identifier(spec.ledger_schema, tables.SINK_PROGRESS).as_string(conn)
+                log.warning(
+                    "sink %s: %s.%s is empty, but the sink's ledger says it applied offsets to it, and"
+                    " skips them: to rebuild the table from the topic, DELETE FROM %s WHERE sink = %s"
+                    " and start the query from earliest with a new checkpoint",
+                    spec.name,
+                    spec.schema,
+                    spec.table,
+                    progress,
+                    sql.Literal(spec.name).as_string(conn),
+                )
             if pooled(conn):
                 log.warning(
                     "sink %s: PostgreSQL is reached through a connection pooler: in transaction mode the"
@@ -264,7 +277,7 @@ class BatchWriter:
                     spec.name,
                 )
         # Built once: each is a call into the JVM (or a proto), and a batch would pay them all again.
-        if delete == "tombstone" and self.plan.raw_value is None:
+        if isinstance(delete, str) and delete == "tombstone" and self.plan.raw_value is None:
             log.warning(
                 "sink %s: delete='tombstone' reads Kafka's binary `value` column, which the frame does"
                 " not have (cast to text or dropped): no record deletes its key, and a tombstone upserts"

@@ -35,8 +35,8 @@ _NARROW = {
 }
 # Hints the analyzer turns into a shuffle (or a coalesce, which can merge partitions).
 _SHUFFLING_HINTS = frozenset({"repartition", "repartition_by_range", "rebalance", "coalesce"})
-# A window function in SQL text: a column or literal called "over" is a false alarm, which only
-# sends the batches to the driver.
+# A window function in SQL text: a column or literal called "over" is a false alarm, which sends
+# the batches to the driver (or refuses the frame, with apply_in='tasks').
 _OVER = re.compile(r"\bover\b", re.IGNORECASE)
 
 

@@ -154,6 +154,16 @@ class Statements:
             ).format(stage=self.names.stage, progress=self.names.progress)
         )
 
+    def emptied(self) -> Query:
+        """Whether the table is empty while the ledger says the sink applied offsets to it: truncated
+        or made again to be rebuilt, which a query from earliest would not do (the ledger skips all)."""
+        return bindable(
+            sql.SQL(
+                "SELECT NOT EXISTS (SELECT FROM {}) AND EXISTS (SELECT FROM {} WHERE sink = %(sink)s"
+                " AND next_offset > 0)"
+            ).format(self.names.target, self.names.progress)
+        )
+
     # -- the batch record (continuity.py) ---------------------------------------------------------------
 
     def last_batch(self) -> Query:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -67,7 +67,13 @@ def judge(
 
 
 def source_options(root: Node | None, kafka: Mapping[str, str]) -> SourceOptions | None:
-    """The frame's Kafka source as librdkafka settings; None where the plan shows none."""
+    """The frame's Kafka source as librdkafka settings; None where the plan shows none.
+
+    Refuses any of Spark's own Kafka sources in the frame (a union's second too) left at its
+    default isolation, read_uncommitted: the sink would apply aborted records, not the user's choice.
+    """
+    if any(n.source == "kafka" and "kafka.isolation.level" not in n.options for n in _nodes(root)):
+        raise error("SINK_ISOLATION_UNSET")
     node = root
     while node is not None and node.source not in ("kafka_rc", "kafka"):
         node = node.children[0] if node.children else None
@@ -77,8 +83,6 @@ def source_options(root: Node | None, kafka: Mapping[str, str]) -> SourceOptions
         found = parse(node.options)
         return replace(found, kafka={**found.kafka, **kafka})
     opts = node.options
-    if "kafka.isolation.level" not in opts:  # read_uncommitted, by Spark's default, not the user's choice
-        raise error("SINK_ISOLATION_UNSET")
     assigned = tuple(json.loads(opts["assign"])) if "assign" in opts else ()
     topics = tuple(t.strip() for t in opts.get("subscribe", "").split(",") if t.strip()) or assigned
     shared = {k: opts[f"kafka.{k}"] for k in _SHARED_SETTINGS if f"kafka.{k}" in opts}
@@ -91,6 +95,13 @@ def source_options(root: Node | None, kafka: Mapping[str, str]) -> SourceOptions
         read_uncommitted=opts.get("kafka.isolation.level", "read_uncommitted") != "read_committed",
         kafka={**shared, **kafka},
     )
+
+
+def _nodes(root: Node | None) -> Iterator[Node]:
+    if root is not None:
+        yield root
+        for child in root.children:
+            yield from _nodes(child)
 
 
 class TopicCheck:

@@ -75,17 +75,19 @@ def test_spark_source_left_at_its_default_isolation_is_refused_before_it_applies
     read_uncommitted itself is the user's choice, and taken."""
     producer = transactional_producer(bootstrap)
     produce_transaction(producer, topic, [event(str(uuid.uuid4()), 1)], commit=False)
-    raw = (
-        spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-    )
+
+    def kafka(**options: str):  # type: ignore[no-untyped-def]  # a reader each: option() changes it
+        reader = spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+        return (
+            reader.option("subscribe", topic).option("startingOffsets", "earliest").options(**options).load()
+        )
+
     sink = PostgresSink("orders", url=db.raw)
-    with pytest.raises(ConfigError) as caught:
-        sink.writer(parse_json(raw.load(), SCHEMA, key_column="event_id"))
-    assert caught.value.code == "SINK_ISOLATION_UNSET", caught.value
-    assert "kafka.isolation.level" in str(caught.value)
-    chosen = raw.option("kafka.isolation.level", "read_uncommitted").load()
-    sink.writer(parse_json(chosen, SCHEMA, key_column="event_id"))
-    assert table(pg) == {}
+    committed = kafka(**{"kafka.isolation.level": "read_committed"})
+    for unset in (kafka(), committed.unionByName(kafka())):  # alone, or a union's second source
+        with pytest.raises(ConfigError) as caught:
+            sink.writer(parse_json(unset, SCHEMA, key_column="event_id"))
+        assert caught.value.code == "SINK_ISOLATION_UNSET", caught.value
+        assert "kafka.isolation.level" in str(caught.value)
+    chosen = kafka(**{"kafka.isolation.level": "read_uncommitted"})
+    assert sink.writer(parse_json(chosen, SCHEMA, key_column="event_id")).route is not None

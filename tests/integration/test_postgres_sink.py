@@ -920,3 +920,21 @@ def test_a_frame_without_kafkas_binary_value_is_told_that_no_record_deletes(  # 
         PostgresSink("orders", url=db.raw, delete=None).writer(frame)
     told = [r.getMessage() for r in caplog.records if "tombstone" in r.getMessage()]
     assert len(told) == 1 and "binary `value`" in told[0], told
+
+
+def test_a_table_emptied_under_its_ledger_is_told_at_start_with_the_remedy(  # type: ignore[no-untyped-def]
+    spark, db, pg, caplog
+) -> None:
+    """Truncated or made again to be rebuilt from the topic: the ledger still says every event was
+    applied, so a new query from earliest skips them all and the table stays empty, without a word.
+    Said at start, with the ledger rows to delete for a rebuild; a table never written is not."""
+    frame = parse_json(spark.createDataFrame([], KAFKA), SCHEMA, key_column="event_id")
+    with caplog.at_level(logging.WARNING, logger="sinks"):
+        PostgresSink("orders", url=db.raw).writer(frame)  # empty, and nothing applied yet
+        apply_batches(spark, PostgresSink("orders", url=db.raw), [[event(str(uuid.uuid4()), 1)]])
+        PostgresSink("orders", url=db.raw).writer(frame)  # holds its row
+        assert not [r for r in caplog.records if "ledger" in r.getMessage()]
+        pg.execute("TRUNCATE orders")
+        PostgresSink("orders", url=db.raw).writer(frame)
+    [told] = [r.getMessage() for r in caplog.records if "ledger" in r.getMessage()]
+    assert "public.orders is empty" in told and "sink_progress" in told, told
