@@ -156,6 +156,10 @@ def cmd_relay(args: argparse.Namespace) -> int:
     )
     try:
         Relay(settings, metrics, stop, pause=getattr(args, "pause", None)).run()
+    except OutboxError as exc:  # main prints it as text; JSON log pipelines read only JSON lines
+        if args.log_format == "json":
+            log.critical("stopped", extra={"relay": settings.name, "code": exc.code, "error": exc.message})
+        raise
     finally:
         if server is not None:
             server.shutdown()

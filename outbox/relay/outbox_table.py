@@ -143,8 +143,7 @@ class OutboxTable:
         row = sql.SQL(
             "SELECT e.id, convert_to(e.event_id::text, 'UTF8') AS event_id, e.topic, e.key, e.value,"
             " nullif(e.header_keys, '{{}}') AS header_keys, nullif(e.header_values, '{{}}') AS header_values,"
-            " date_part('epoch', e.created_at) AS created_at, {size} AS size,"
-            " sum({size}) OVER (ORDER BY e.id ROWS UNBOUNDED PRECEDING) AS upto FROM {events} e"
+            " date_part('epoch', e.created_at) AS created_at, {size} AS size FROM {events} e"
         ).format(size=SIZE, **names)
         wanted = sql.SQL(
             " AND pg_visible_in_snapshot(e.txid, %(target)s::pg_snapshot)"
@@ -153,13 +152,16 @@ class OutboxTable:
             " AND d.event_id = e.event_id)"
             " ORDER BY e.id LIMIT %(limit)s"
         ).format(**names)
-        # Up to `limit` rows, and no more of them than `budget` bytes hold: the rows whose keys and
-        # values before them add up to less. Sizes come from the rows' headers, values untouched, so a
-        # large row past the budget is never read. (After an outage, 5,000 rows can be gigabytes.)
+        # Up to `limit` rows, ending with the first that brings their keys and values to `budget`
+        # bytes: a batch holds at most the budget and one row. Sizes come from the rows' headers,
+        # values untouched, so a large row after the cut is never read. (After an outage, 5,000
+        # rows can be gigabytes.)
         # The last column, the bytes up to each row, tells the reader whether the budget cut the read.
+        # Summed over the `limit` rows, not under them: the LIMIT stays a bounded top-N read.
         budgeted = sql.SQL(
             "SELECT id, event_id, topic, key, value, header_keys, header_values, created_at, upto FROM"
-            " ({rows}) w WHERE w.upto - w.size < %(budget)s"
+            " (SELECT r.*, sum(r.size) OVER (ORDER BY r.id ROWS UNBOUNDED PRECEDING) AS upto"
+            " FROM ({rows}) r) w WHERE w.upto - w.size < %(budget)s ORDER BY w.id"
         )
         self._start_delta = bindable(
             budgeted.format(

@@ -24,7 +24,7 @@ import psycopg
 from confluent_kafka import KafkaException
 
 from outbox._core.config import DatabaseUrl
-from outbox._core.errors import OutboxError, ServiceUnavailable, Standby
+from outbox._core.errors import OutboxError, ServiceUnavailable, Standby, Waiting
 from outbox._core.postgres import reason
 from outbox.errors import error
 from outbox.relay.cleaner import Cleaner
@@ -72,11 +72,12 @@ class Relay:
         while not self.stop.is_set():
             try:
                 self._session()
-            except (Standby, psycopg.errors.ReadOnlySqlTransaction) as exc:
-                # A failover under way, or a primary whose writes are frozen (default_transaction_
-                # read_only: a cutover, a disk-full guard): not a failure, and not worth more than
-                # one line. The relay cannot record what it publishes until it can write again.
-                wanted = "a primary" if isinstance(exc, Standby) else "a writable primary"
+            except (Waiting, psycopg.errors.ReadOnlySqlTransaction) as exc:
+                # A failover under way, a primary whose writes are frozen (default_transaction_
+                # read_only: a cutover, a disk-full guard), or brokers down while the positions topic
+                # is to be made: not a failure, and not worth more than one line. The relay cannot
+                # record what it publishes until it can write again.
+                wanted = _awaited(exc)
                 if not waiting:
                     log.warning(f"waiting for {wanted}", extra={**self._context, "error": str(exc)})
                     waiting = True
@@ -324,6 +325,13 @@ def _settle(read: Future[Any] | None) -> None:
     """Wait until a read ahead is done (wanted or not), so the connection is idle again."""
     if read is not None:
         wait([read])
+
+
+def _awaited(exc: BaseException) -> str:
+    """What a waiting relay waits for, in its one line."""
+    if isinstance(exc, Standby):
+        return "a primary"
+    return "a writable primary" if isinstance(exc, psycopg.Error) else "Kafka's brokers"
 
 
 def _describe(exc: BaseException, url: DatabaseUrl, bootstrap: str) -> str:

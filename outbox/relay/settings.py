@@ -35,8 +35,8 @@ BATCH_SIZE = Setting(
 BATCH_BYTES = Setting(
     "--batch-bytes",
     32 * 2**20,
-    "bytes of keys and values per Kafka transaction at most, so that a backlog of large rows"
-    " is held a part at a time (a row larger than this goes alone)",
+    "bytes of keys and values that end a Kafka transaction, with the row that reaches them, so"
+    " that a backlog of large rows is held a part at a time",
     int,
     "OUTBOX_RELAY_BATCH_BYTES",
     positive=True,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -518,7 +519,8 @@ def test_a_role_without_a_privilege_the_relay_needs_stops_it_with_one_line(
     job, _ = relay_job(tmp_path, {**env, "DATABASE_URL": url}, unique("relay"))
     assert job.wait(60) == 2, job.output()
     lines = [line for line in job.output().splitlines() if "RELAY_NOT_PERMITTED" in line]
-    assert len(lines) == 1 and "DELETE" in lines[0] and role in lines[0], job.output()
+    assert len(lines) == 1 and "permission denied for table outbox_events" in lines[0], job.output()
+    assert role in lines[0], job.output()
     assert "Traceback" not in job.output(), job.output()
 
 
@@ -532,6 +534,15 @@ def test_a_kafka_setting_the_client_does_not_take_stops_the_relay_with_one_line(
     lines = [line for line in job.output().splitlines() if "RELAY_KAFKA_SETTING_INVALID" in line]
     assert len(lines) == 1 and "batch.num.messages" in lines[0], job.output()
     assert "retrying" not in job.output(), job.output()
+    # In JSON logs the reason is a log line too, for pipelines that read nothing else.
+    job, _ = relay_job(
+        tmp_path, env, unique("relay"), "-X", "batch.num.messages=many", "--log-format", "json"
+    )
+    assert job.wait(60) == 2, job.output()
+    logged = [json.loads(line) for line in job.output().splitlines() if line.startswith("{")]
+    assert [r["code"] for r in logged if r.get("level") == "critical"] == ["RELAY_KAFKA_SETTING_INVALID"], (
+        logged
+    )
 
 
 def test_a_held_cleanup_holds_back_no_event(
