@@ -15,10 +15,10 @@ from outbox._core.errors import (
     Conditions,
     ConfigError,
     Fenced,
+    NotReady,
     OutboxError,
     ServiceUnavailable,
     Standby,
-    Waiting,
 )
 
 CONDITIONS = Conditions(
@@ -160,7 +160,7 @@ CONDITIONS = Conditions(
         ServiceUnavailable, "the positions topic {topic!r} has no leader {timeout:.0f}s after its creation"
     ),
     RELAY_POSITIONS_TOPIC_WAITING=Condition(
-        Waiting,
+        NotReady,
         "the positions topic {topic!r} is to have {replicas} replicas, and {live} of the cluster's {brokers}"
         " brokers are up: waiting for them to create it (or create it yourself: compacted, 1 partition)",
     ),

@@ -43,12 +43,12 @@ class ServiceUnavailable(OutboxError):
     """PostgreSQL or Kafka could not be reached."""
 
 
-class Waiting(ServiceUnavailable):
+class NotReady(ServiceUnavailable):
     """Reached, and not ready yet (a standby not yet promoted, brokers down while a topic is to be
     made): a daemon waits for it without counting a failure."""
 
 
-class Standby(Waiting):
+class Standby(NotReady):
     """The PostgreSQL server reached is a standby (in recovery): nothing can be written there yet."""
 
 

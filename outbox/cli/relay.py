@@ -158,7 +158,8 @@ def cmd_relay(args: argparse.Namespace) -> int:
         Relay(settings, metrics, stop, pause=getattr(args, "pause", None)).run()
     except OutboxError as exc:  # main prints it as text; JSON log pipelines read only JSON lines
         if args.log_format == "json":
-            log.critical("stopped", extra={"relay": settings.name, "code": exc.code, "error": exc.message})
+            context = {"relay": settings.name, "shard": str(settings.shard)}
+            log.critical("exiting on error", extra={**context, "code": exc.code, "error": exc.message})
         raise
     finally:
         if server is not None:

@@ -24,7 +24,7 @@ import psycopg
 from confluent_kafka import KafkaException
 
 from outbox._core.config import DatabaseUrl
-from outbox._core.errors import OutboxError, ServiceUnavailable, Standby, Waiting
+from outbox._core.errors import NotReady, OutboxError, ServiceUnavailable, Standby
 from outbox._core.postgres import reason
 from outbox.errors import error
 from outbox.relay.cleaner import Cleaner
@@ -68,22 +68,25 @@ class Relay:
 
     def run(self) -> None:
         """Relay until `stop` is set; raise ServiceUnavailable after max_retries failures in a row."""
-        waiting = False
+        waiting: str | None = None  # what the relay said it waits for, until a session fails or works
+        waits = 0  # in a row: a wait for brokers backs off, as each try is a whole session
         while not self.stop.is_set():
             try:
                 self._session()
-            except (Waiting, psycopg.errors.ReadOnlySqlTransaction) as exc:
+            except (NotReady, psycopg.errors.ReadOnlySqlTransaction) as exc:
                 # A failover under way, a primary whose writes are frozen (default_transaction_
                 # read_only: a cutover, a disk-full guard), or brokers down while the positions topic
                 # is to be made: not a failure, and not worth more than one line. The relay cannot
                 # record what it publishes until it can write again.
                 wanted = _awaited(exc)
-                if not waiting:
+                if wanted != waiting:
                     log.warning(f"waiting for {wanted}", extra={**self._context, "error": str(exc)})
-                    waiting = True
-                self._failures = 0
+                    waiting = wanted
+                self._failures, waits = 0, waits + 1
                 self.metrics.health(False, f"waiting for {wanted}: {exc}")
-                self.stop.wait(self.settings.poll_interval)
+                # A standby fails at connect, a cheap try; a wait for brokers makes a producer each time.
+                kafka = not isinstance(exc, (Standby, psycopg.Error))
+                self.stop.wait(max(self.settings.poll_interval, backoff(waits) if kafka else 0))
                 continue
             except psycopg.errors.InsufficientPrivilege as exc:  # a grant to make, no outage to wait out
                 url = self.settings.url
@@ -98,7 +101,7 @@ class Relay:
                 why = _describe(exc, self.settings.url, self.settings.bootstrap)
                 if self._failures > self.settings.max_retries:
                     raise error("RELAY_GAVE_UP", retries=self.settings.max_retries, reason=why) from None
-                waiting = False
+                waiting, waits = None, 0
                 delay = backoff(self._failures)
                 self.metrics.health(False, f"retrying: {why}")
                 first = self._outage is None

@@ -258,12 +258,13 @@ class BatchWriter:
             self._stage_job = self._job(conn, self.statements)
             self._task_job = TaskJob(self._job(conn, in_task), in_task)
             self._drop_stale_stage(conn)
-            if conn.execute(self.statements.emptied(), {"sink": spec.name}).fetchone()[0]:  # type: ignore[index]  # a query that always returns one row
+            if self._emptied(conn):
                 progress = sql.Identifier(spec.ledger_schema, tables.SINK_PROGRESS).as_string(conn)
                 log.warning(
                     "sink %s: %s.%s is empty, but the sink's ledger says it applied offsets to it, and"
                     " skips them: to rebuild the table from the topic, DELETE FROM %s WHERE sink = %s"
-                    " and start the query from earliest with a new checkpoint",
+                    " and start the query from earliest with a new checkpoint (if the sink's own"
+                    " deletes emptied it, nothing is amiss)",
                     spec.name,
                     spec.schema,
                     spec.table,
@@ -461,6 +462,16 @@ class BatchWriter:
             ledger = positions(conn, self.spec.ledger_schema, self.spec.name)
             raise lost_batches(self.spec.name, gone, batch_id, ledger)
         self._topics(conn)
+
+    def _emptied(self, conn: psycopg.Connection) -> bool:
+        """statements.emptied, as advice: a table locked (a TRUNCATE not yet committed) or slow to
+        scan (the dead rows of a DELETE) is passed over, not waited for."""
+        try:
+            with conn.transaction():
+                conn.execute("SET LOCAL lock_timeout = '1s'; SET LOCAL statement_timeout = '5s'")
+                return bool(conn.execute(self.statements.emptied(), {"sink": self.spec.name}).fetchone()[0])  # type: ignore[index]  # a query that always returns one row
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled):
+            return False
 
     def _drop_stale_stage(self, conn: psycopg.Connection) -> None:
         """Drop the stage table a killed staged batch left, unless a live query holds the sink."""

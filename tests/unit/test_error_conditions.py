@@ -24,6 +24,7 @@ CLASSES = {
     "ConfigError",
     "ServiceUnavailable",
     "Standby",
+    "NotReady",
     "Fenced",
     "DataLossError",
     "SinkError",
