@@ -72,6 +72,7 @@ def apply_batches(  # type: ignore[no-untyped-def]
     batches: list[list[Record]],
     schema: str | StructType = SCHEMA,
     tasks: bool = True,
+    key_column: str | None = "event_id",
 ):
     """Hand each list of records to the sink's batch writer as one micro-batch, as foreachBatch would.
 
@@ -85,7 +86,7 @@ def apply_batches(  # type: ignore[no-untyped-def]
         rows = [(k, v, "t", 0, offset + i) for i, (k, v) in enumerate(records)]
         offset += len(records)
         raw = spark.createDataFrame(rows, KAFKA)
-        frame = parse_json(raw.coalesce(1) if tasks else raw, schema, key_column="event_id")
+        frame = parse_json(raw.coalesce(1) if tasks else raw, schema, key_column=key_column)
         writer = writer or sink.writer(frame)
         assert writer.route.tasks == tasks, writer.route
         writer(frame, batch_id)

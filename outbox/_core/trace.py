@@ -1,7 +1,9 @@
 """What a tracing sink writes and `outbox trace` reads back: the one rule both halves share.
 
-An event is found by its key as text: the key columns, in the table's types,
-as text, joined with ','. The outbox event a tracing sink writes for a row
+An event is found by its key as text: the key column, in the table's type, as
+text; a key of several columns is those texts as one line of CSV (joined with
+',', a text holding ',', '"' or a line break quoted), so no two keys share an
+event, nor the id of an outbox event. The outbox event a tracing sink writes for a row
 takes an id derived from the sink, the transaction, the round and that key
 text: unique (a key is written once per round of a transaction), and what a
 trace that found the key's record computes again, with no link stored.
@@ -21,9 +23,17 @@ def outbox_event_id(sink: str, txid: str, round_: int, key_text: str) -> uuid.UU
 
 
 def key_text_sql(alias: sql.Composable, columns: list[sql.Identifier]) -> sql.Composable:
-    """A row's key as text: its key columns, in the table's types, as text, joined with ','."""
+    """A row's key as text: its key column's text, or its key columns' texts as one line of CSV."""
     texts = [sql.SQL("{}.{}::text").format(alias, c) for c in columns]
-    return texts[0] if len(texts) == 1 else sql.SQL("concat_ws(',', {})").format(sql.SQL(", ").join(texts))
+    if len(texts) == 1:
+        return texts[0]
+    quoted = [
+        sql.SQL(
+            """CASE WHEN {0} ~ E'[,"\\r\\n]' THEN '"' || replace({0}, '"', '""') || '"' ELSE {0} END"""
+        ).format(t)
+        for t in texts
+    ]
+    return sql.SQL("concat_ws(',', {})").format(sql.SQL(", ").join(quoted))
 
 
 def outbox_event_id_sql(key_text: sql.Composable, round_: sql.Composable) -> sql.Composable:

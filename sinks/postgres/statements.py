@@ -301,10 +301,10 @@ class Statements:
             sql.SQL(
                 "INSERT INTO {dead} (sink, topic, kafka_partition, kafka_offset, key, value, error)"
                 " SELECT %(sink)s, _topic, _partition, _offset,"
-                " coalesce(_raw_key, convert_to(concat_ws(',', {keys}), 'UTF8')),"
+                " coalesce(_raw_key, convert_to({key}, 'UTF8')),"
                 " coalesce(_raw_value, convert_to(jsonb_build_object({pairs})::text, 'UTF8')), %(error)s"
-                " FROM sink_rounds WHERE _round = %(round)s AND _n = %(n)s"
-            ).format(dead=self.names.dead, keys=_list(self.keys), pairs=pairs)
+                " FROM sink_rounds AS r WHERE _round = %(round)s AND _n = %(n)s"
+            ).format(dead=self.names.dead, key=self._event("r", self.keys), pairs=pairs)
         )
 
     def finish(self) -> Query:

@@ -3,6 +3,7 @@ the sink, the outbox, the relay and the output topic, on real Spark, PostgreSQL 
 
 from __future__ import annotations
 
+import csv
 import json
 import uuid
 
@@ -12,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from psycopg import sql
 
-from outbox._core.trace import outbox_event_id, outbox_event_id_sql
+from outbox._core.trace import key_text_sql, outbox_event_id, outbox_event_id_sql
 from outbox.trace.outcomes import COLUMNS, ORDER, Record, TraceRow, records
 from sinks.postgres import Outbox, PostgresSink
 from tests.cli import outbox
@@ -160,6 +161,29 @@ def test_outbox_trace_follows_events_from_input_record_to_output_topic(  # type:
     assert (box["published"]["partition"], box["published"]["offset"]) == (partition, offset)
 
 
+def test_keys_of_several_columns_are_told_apart_when_a_column_holds_a_comma(spark, db, pg) -> None:  # type: ignore[no-untyped-def]
+    """('x,y', 'z') and ('x', 'y,z') are two rows: two outbox events (the ids a consumer dedupes on)
+    and a trace each. Joined with ',' alone both were the event 'x,y,z': one id for both events."""
+    pg.execute("CREATE TABLE pairs (a text, b text, n bigint NOT NULL, PRIMARY KEY (a, b))")
+    sink = PostgresSink("pairs", url=db.raw, key=["a", "b"], trace=True, outbox=Outbox("pairs-out"))
+    rows = [("x,y", "z", 1), ("x", "y,z", 2), ('say "hi"', "", 3)]
+    apply_batches(
+        spark,
+        sink,
+        [[(None, json.dumps({"a": a, "b": b, "n": n}).encode()) for a, b, n in rows]],
+        schema="a string, b string, n long",
+        key_column=None,
+    )
+    ids = [r[0] for r in pg.execute("SELECT event_id FROM outbox_events")]
+    assert len(set(ids)) == len(ids) == 3, ids
+    # Each row's event is its key as a line of CSV; a trace of it finds that row's record alone.
+    for offset, text in enumerate(['"x,y",z', 'x,"y,z"', '"say ""hi""",']):
+        said = outbox("trace", text, "--json", env={"DATABASE_URL": db.raw})
+        assert said.code == 0, said
+        [record] = json.loads(said.out)["records"]
+        assert record["offset"] == offset, (text, record)
+
+
 _TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40)
 
 
@@ -175,3 +199,17 @@ def test_the_outbox_ids_python_computes_are_the_ones_postgresql_writes(pg, sink,
         current, made = pg.execute(query, {"sink": sink, "key": key, "round": round_}).fetchone()
     assert made == outbox_event_id(sink, current, round_, key)
     assert outbox_event_id(sink, str(txid), round_, key) != outbox_event_id(sink, str(txid), round_ + 1, key)
+
+
+@given(key=st.lists(_TEXT, min_size=2, max_size=4))
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_a_key_of_several_columns_is_one_line_of_csv_that_reads_back_as_its_columns(pg, key) -> None:  # type: ignore[no-untyped-def]
+    """The event of a key of several columns reads back as those columns, whatever they hold, so no
+    two keys share an event (and an outbox event id)."""
+    columns = [sql.Identifier(f"c{i}") for i in range(len(key))]
+    query = sql.SQL("SELECT {} FROM (SELECT {}) AS k").format(
+        key_text_sql(sql.Identifier("k"), columns),
+        sql.SQL(", ").join(sql.SQL("%s::text AS {}").format(c) for c in columns),
+    )
+    [(text,)] = pg.execute(query, key).fetchall()
+    assert next(csv.reader([text])) == key
