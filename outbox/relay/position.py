@@ -148,7 +148,11 @@ def xmax(snapshot: str) -> int:
 
 
 def latest_position(records: Sequence[tuple[bytes | None, bytes | None]], relay: Identity) -> Position | None:
-    """The last committed position of this relay (name, outbox, shard) in the positions topic, read in order.
+    """The last committed position of this relay (name, outbox, shard) in the positions topic.
+
+    The `further` one, the last read among equals: partitions added to the
+    topic move the relay's key, and the partitions are read one after another,
+    so the last read may be an old one.
 
     Refuses to start a shard layout that differs from the one already recorded
     for this name and outbox (shards of different layouts would disagree about
@@ -172,12 +176,21 @@ def latest_position(records: Sequence[tuple[bytes | None, bytes | None]], relay:
                 outbox=relay.outbox,
             )
         layouts[recorded.shard.count] = key
-        if key == relay.position_key:
+        if key == relay.position_key and (found is None or not further(found, position)):
             found = position
     others = sorted(count for count in layouts if count != relay.shard.count)
     if others:
         raise error("RELAY_SHARD_COUNT_CHANGED", relay=relay.name, count=others[-1], shard=relay.shard)
     return found
+
+
+def further(a: Position, b: Position) -> bool:
+    """Whether the relay wrote `a` after `b`, in the order it writes positions: each delta with rows
+    takes a new, higher mark, its batches count up `after_id`, and its end finishes it. Positions
+    from before marks cannot be told apart (False)."""
+    if a.mark is None or b.mark is None:
+        return False
+    return (a.mark, a.target is None, a.after_id) > (b.mark, b.target is None, b.after_id)
 
 
 @dataclass(frozen=True)

@@ -96,8 +96,9 @@ def problems(
         found.append(
             f"the relay positions topic {topic!r} has {partitions} partitions, not the one partition"
             " the relay makes it with: partitions added move a relay's key to another one, and its old"
-            " position, left in the first, may be read as its last (the relay then publishes again"
-            " what its outbox still holds). Add no partitions to it"
+            " position stays in the first. The relay takes the furthest, but positions written by a"
+            " relay from before marks cannot be told apart (it may then publish again what its outbox"
+            " still holds). Add no partitions to it"
         )
     wanted_segments = (("segment.bytes", SEGMENT_BYTES), ("segment.ms", SEGMENT_MS))
     longer = [f"{k}={config[k]}" for k, most in wanted_segments if int(config.get(k) or 0) > most]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from concurrent.futures import Future
 
 import pytest
@@ -112,6 +113,33 @@ def test_latest_position_is_the_last_of_this_relay_outbox_and_shard() -> None:
     assert latest_position(records, mine) == Position("3:3:", "4:4:", 8)
     assert latest_position(records, Identity("r", B, Shard(0, 3))) == Position("7:7:")
     assert latest_position(records, Identity("r3", A)) is None
+
+
+@given(
+    deltas=st.lists(st.lists(st.integers(1, 3), min_size=1, max_size=4), min_size=1, max_size=4),
+    cuts=st.lists(st.integers(0, 40), max_size=3),
+    order=st.randoms(use_true_random=False),
+)
+def test_the_last_position_written_is_found_however_partitions_split_it(deltas, cuts, order) -> None:  # type: ignore[no-untyped-def]
+    """Partitions added to the positions topic move a relay's key: its records then lie in several
+    partitions, each read in order but the partitions one after another, in any order. The position
+    found is still the last one written: the furthest by (mark, delta finished, after_id)."""
+    relay = Identity("r", A)
+    position, written = Position("1:1:", mark=1), []
+    for number, delta in enumerate(deltas, start=2):  # each delta's batches, as fetched ids
+        target, after = Target(f"{number}:{number}:", number), 0
+        for size in delta:
+            ids = list(range(after + 1, after + size + 2))  # a full fetch: one row more than the limit
+            step = advance(position, target, ids, limit=size)
+            position, after = step.position, ids[size - 1]
+            written.append(position)
+        position = advance(position, target, [after + 1], limit=5).position  # a short fetch finishes it
+        written.append(position)
+    bounds = sorted({min(c, len(written)) for c in cuts} | {0, len(written)})
+    partitions = [written[lo:hi] for lo, hi in itertools.pairwise(bounds)]
+    order.shuffle(partitions)
+    records = [record(relay, p) for partition in partitions for p in partition]
+    assert latest_position(records, relay) == written[-1]
 
 
 def test_the_same_name_on_two_outboxes_is_two_relays() -> None:
