@@ -111,6 +111,15 @@ class Publisher:
         self._failures: list[tuple[KafkaError, Message]] = []
         self._cause: str | None = None  # the client's last connection error: why a call timed out
 
+    @property
+    def window(self) -> float:
+        """Seconds a batch has to reach Kafka: its transaction's timeout (the client times records out
+        by it too), or at least once, the flush's wait and the records' own timeout."""
+        ms = self.settings.get("message.timeout.ms", self.settings.get("delivery.timeout.ms", 300_000))
+        if self.exactly_once:
+            return min(float(ms), float(self.settings["transaction.timeout.ms"])) / 1000  # type: ignore[arg-type]  # a number, or its text from -X
+        return min(float(ms) / 1000, self.timeout)  # type: ignore[arg-type]
+
     # -- start ---------------------------------------------------------------
 
     def start(self) -> None:

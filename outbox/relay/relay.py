@@ -27,6 +27,7 @@ from outbox._core.config import DatabaseUrl
 from outbox._core.errors import NotReady, OutboxError, ServiceUnavailable, Standby
 from outbox._core.postgres import reason
 from outbox.errors import error
+from outbox.relay import pace
 from outbox.relay.cleaner import Cleaner
 from outbox.relay.kafka import Publisher, kafka_failure
 from outbox.relay.metrics import RelayMetrics
@@ -64,6 +65,7 @@ class Relay:
         self._ended = 0  # sessions the outage has ended
         # Topics missing or not writable, and since when a dead-letter relay waits on their rows.
         self._topic_waits: dict[str, float] = {}
+        self._limit = settings.batch_size  # rows a batch may take now (pace.py); kept across sessions
         self._context = {"relay": settings.name, "shard": str(settings.shard)}
 
     def run(self) -> None:
@@ -218,16 +220,16 @@ class Relay:
             while not self.stop.is_set():
                 target, rows, cut = ahead.result() if ahead else self._fetch(table, position)
                 ahead = None
-                limit = 1 if one_by_one else before_poison or s.batch_size
+                limit = 1 if one_by_one else before_poison or self._limit
                 step = advance(position, target, [r.id for r in rows], limit, cut)
                 batch = rows[: step.count]
                 m.lag.set(time.time() - min(r.created_at for r in batch) if batch else 0)
                 if step.persist:
-                    if limit == s.batch_size and step.position.target is not None:
+                    if limit == self._limit and step.position.target is not None:
                         ahead = reader.submit(self._fetch, table, step.position)
+                    started = time.perf_counter()
                     try:
                         publisher.check_rows(batch)
-                        started = time.perf_counter()
                         publisher.publish(batch, step.position)
                     except Poison as poison:
                         m.aborts.inc()
@@ -251,7 +253,13 @@ class Relay:
                         elif not (before_poison := rows_before([r.id for r in batch], poison.row_id)):
                             self._halt(poison, topic)
                         continue
-                    m.commit_seconds.observe(time.perf_counter() - started)
+                    except (OutboxError, KafkaException):
+                        self._paced(len(batch), time.perf_counter() - started, publisher.window, failed=True)
+                        raise
+                    elapsed = time.perf_counter() - started
+                    m.commit_seconds.observe(elapsed)
+                    if limit == self._limit:
+                        self._paced(len(batch), elapsed, publisher.window, failed=False)
                     m.batches.inc()
                     m.published.inc(len(batch))
                     if self._topic_waits:  # a topic published to again: its next outage is waited for anew
@@ -284,6 +292,26 @@ class Relay:
                         cleaner.published(position.base)
                 if step.position.target is None:  # the delta is done: wait for the next commit
                     table.wait(s.poll_interval, self.stop)
+
+    def _paced(self, sent: int, elapsed: float, window: float, *, failed: bool) -> None:
+        """The next batches' size after this one's (pace.py), said when it changes."""
+        was, most = self._limit, self.settings.batch_size
+        if failed:
+            self._limit = pace.after_failure(was, sent, elapsed, window)
+        else:
+            self._limit = pace.after_success(was, most, sent, elapsed, window)
+        if self._limit < was:
+            log.warning(
+                "a batch of %d rows failed %.0fs into the %.0fs a batch has to reach Kafka:"
+                " publishing smaller batches, at most %d rows each",
+                sent,
+                elapsed,
+                window,
+                self._limit,
+                extra=self._context,
+            )
+        elif self._limit == most > was:
+            log.info("batches are back to --batch-size %d rows", most, extra=self._context)
 
     def _fetch(self, table: OutboxTable, position: Position) -> tuple[Target, list[Row], bool]:
         with self.metrics.fetch_seconds.time():

@@ -147,10 +147,10 @@ def db(outbox_db: DatabaseUrl, postgres_link: Link, kafka: Proxied) -> Iterator[
 
 
 def proxied_relay(
-    tmp: Path, db: Proxied, kafka: Proxied, name: str, pause_at: str = "none"
+    tmp: Path, db: Proxied, kafka: Proxied, name: str, *flags: str, pause_at: str = "none"
 ) -> tuple[Job, Path]:
     env = {"DATABASE_URL": db.proxied, "KAFKA_BOOTSTRAP_SERVERS": kafka.proxied}
-    return relay_job(tmp, env, name, *FAST, pause_at=pause_at)
+    return relay_job(tmp, env, name, *FAST, *flags, pause_at=pause_at)
 
 
 def healed(services: list[Proxied], job: Job, what: str, back: str = BACK, timeout: float = 90) -> None:
@@ -233,6 +233,30 @@ def test_the_relay_cut_from_kafka_in_a_transaction(
     check_two_readers(kafka.direct, topic, PARTITIONS, committed, url)
     assert terminate(job) == 0
     one_line_an_outage(job, f"Kafka at {kafka.proxied}")
+
+
+def test_a_link_too_slow_for_a_whole_batch_in_one_transaction(
+    tmp_path: Path, db: Proxied, kafka: Proxied
+) -> None:
+    """A link that carries a batch in more than transaction.timeout.ms (a slow or throttled link, a
+    producer quota): Kafka aborts each such transaction, and the same batch sent again never fits.
+    The relay takes smaller batches until one fits, and publishes every row once."""
+    url = DatabaseUrl.parse(db.direct)
+    topic = create_topic(kafka.direct, unique("slow"), partitions=PARTITIONS)
+    writers = Writers(url, topic).start(transactions=150)
+    writers.join()
+    for link in kafka.links:  # 8 kB/s toward Kafka: 500 rows take some 11 s, past its 8 s
+        link.add("bandwidth", "upstream", rate=8)
+    # Kafka's calls may take their time: the transaction's own timeout is what a batch runs into.
+    slow = ("--kafka-timeout", "60", "-X", "request.timeout.ms=60000")
+    job, _ = proxied_relay(tmp_path, db, kafka, unique("relay"), "--batch-size", "500", *slow)
+    job.wait_for_output(ACTIVE, 60)
+    try:
+        check_two_readers(kafka.direct, topic, PARTITIONS, writers.committed, url, timeout=150)
+    finally:
+        kafka.heal()
+    assert terminate(job) == 0
+    assert "smaller batches" in job.output(), job.output()[-4000:]
 
 
 # -- b: relay <-> PostgreSQL -------------------------------------------------------------------

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from outbox._core.errors import ConfigError, OutboxError
 from outbox.cli.relay import kafka_settings, redacted
+from outbox.relay import pace
 from outbox.relay.kafka import Publisher
 from outbox.relay.poison import explain, is_poison, unpublishable
 from outbox.relay.position import (
@@ -368,3 +369,27 @@ def test_a_row_written_by_hand_that_cannot_go_out_as_written_is_named() -> None:
     batch = [row(id=1), row(topic="a b", id=2), row(keys=["h"], id=3), row(topic="a b", id=4)]
     assert unpublishable(batch, "positions") == (2, unpublishable([batch[1]], "positions")[1])  # type: ignore[index]
     assert unpublishable(batch[2:], "positions")[0] == 3  # type: ignore[index]
+
+
+@given(
+    limit=st.integers(1, 10_000),
+    sent=st.integers(1, 10_000),
+    elapsed=st.floats(0, 600),
+    window=st.floats(0.001, 600),
+)
+def test_batches_shrink_after_one_that_ran_out_of_time_and_grow_back_when_fast(
+    limit: int, sent: int, elapsed: float, window: float
+) -> None:
+    """A batch that failed late in its window halves the next ones (never below 1): the same batch
+    sent again would fail the same way. A failure early in it (a broker down) changes nothing. A full
+    batch that went fast doubles them, up to --batch-size; no batch makes them larger than that."""
+    sent = min(sent, limit)
+    failed = pace.after_failure(limit, sent, elapsed, window)
+    assert 1 <= failed <= limit
+    assert (failed < limit) == (elapsed >= window / 2 and limit > 1)
+    if elapsed >= window / 2:
+        assert failed <= max(1, sent // 2)
+    most = limit * 3
+    grown = pace.after_success(limit, most, sent, elapsed, window)
+    assert limit <= grown <= most
+    assert (grown > limit) == (sent == limit and elapsed < window / 4)

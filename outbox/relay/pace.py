@@ -1,0 +1,27 @@
+"""How many rows a batch may take: fewer after one that ran out of time, more again once they go fast.
+
+A batch must reach Kafka within its window (`transaction.timeout.ms`, past
+which the coordinator aborts the transaction and the client times its records
+out). On a link too slow for a whole batch (a throttled link, a producer
+quota) the same batch sent again fails the same way, for ever. So a batch that
+failed after using up half its window makes the next ones half its size, and a
+full batch that took under a quarter of the window lets the next ones be twice
+as large, up to `--batch-size`. A failure early in the window (a broker down,
+a link cut) says nothing of the batch's size and changes nothing.
+"""
+
+from __future__ import annotations
+
+
+def after_failure(limit: int, sent: int, elapsed: float, window: float) -> int:
+    """The limit after a batch of `sent` rows failed `elapsed` seconds into its `window`."""
+    if elapsed < window / 2:
+        return limit
+    return max(1, min(limit, sent // 2))
+
+
+def after_success(limit: int, most: int, sent: int, elapsed: float, window: float) -> int:
+    """The limit after a batch of `sent` rows reached Kafka in `elapsed` seconds of its `window`."""
+    if sent < limit or elapsed >= window / 4:
+        return limit
+    return min(most, limit * 2)
