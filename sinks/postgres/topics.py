@@ -108,17 +108,29 @@ class TopicCheck:
     """The check of one sink's ledger against the frame's Kafka source, run before each batch."""
 
     def __init__(self, options: SourceOptions | None, sink: str, schema: str) -> None:
+        ledger = options.ledger if options else None
+        if ledger is not None and (ledger.sink, ledger.schema) != (sink, schema):
+            raise error(
+                "SINK_LEDGER_OTHER_SINK",
+                source=ledger.sink,
+                source_schema=ledger.schema,
+                sink=sink,
+                schema=schema,
+            )
         self.options, self.sink, self.schema = options, sink, schema
         self.cluster = Cluster(options) if options else None
 
     def __call__(self, conn: psycopg.Connection[Any]) -> None:
         if self.cluster is None or self.options is None:
             return
-        ledger, recorded = positions(conn, self.schema, self.sink), topic_ids(conn, self.schema, self.sink)
         subscribed = set(self.options.topics)
         if self.options.pattern is not None:
             subscribed = {t for t in self.cluster.topics() if self.options.matches(t)}
-        ids = self.cluster.topic_ids(subscribed | {t for t, _ in ledger})
+        # Only the topics read now: a topic the query left may be made again under its name for
+        # another use, and is checked when a query reads it again.
+        ledger = {tp: o for tp, o in positions(conn, self.schema, self.sink).items() if tp[0] in subscribed}
+        recorded = topic_ids(conn, self.schema, self.sink)
+        ids = self.cluster.topic_ids(subscribed)
         kept = [tp for tp in ledger if ids.get(tp[0], "") == recorded.get(tp[0])]
         # A partition without a leader has no end to compare: kafka_rc reads around it, and it is
         # checked before the batch that reads it again.

@@ -87,6 +87,24 @@ def test_a_topic_created_again_stops_the_query_then_is_applied_from_its_start(  
     assert ledger(pg) == {0: 40}
 
 
+def test_a_topic_the_query_no_longer_reads_stops_nothing_when_created_again(  # type: ignore[no-untyped-def]
+    spark, bootstrap, db, pg: psycopg.Connection, tmp_path: Path
+) -> None:
+    """A sink moved from one topic to another keeps the old one's offsets in its ledger. That topic
+    deleted and made again (its name reused) is none of this query's business: it stopped the sink
+    at every batch (SINK_TOPIC_RECREATED). A query that reads it again is checked then."""
+    old_topic, new_topic = create_topic(bootstrap, unique("left")), create_topic(bootstrap, unique("now"))
+    old = orders(bootstrap, old_topic, 10)
+    sink = PostgresSink("orders", url=db.raw)
+    run(spark, bootstrap, old_topic, tmp_path / "old", sink)
+    recreate(bootstrap, old_topic)
+    new = orders(bootstrap, new_topic, 20)
+    run(spark, bootstrap, new_topic, tmp_path / "new", sink)
+    assert table(pg) == old | new
+    with pytest.raises(StreamingQueryException, match=rf"\[SINK_TOPIC_RECREATED\] topic {old_topic} "):
+        run(spark, bootstrap, old_topic, tmp_path / "again", sink)
+
+
 def test_a_truncated_log_keeps_its_prefix_applied(  # type: ignore[no-untyped-def]
     spark, bootstrap, db, pg: psycopg.Connection, tmp_path: Path
 ) -> None:
