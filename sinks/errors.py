@@ -196,6 +196,13 @@ CONDITIONS = Conditions(
         "Spark's kafka source reads the records of aborted and open transactions unless told, and"
         " the sink would apply them: set .option('kafka.isolation.level', 'read_committed')",
     ),
+    SINK_LEDGER_OTHER_SINK=Condition(
+        ConfigError,
+        "kafka_rc starts from the ledger of sink {source!r} in schema {source_schema!r}, but this sink"
+        " keeps its own as {sink!r} in {schema!r}: after a lost checkpoint the query would start where"
+        " that one stands (with no rows under the name, at startingOffsets) and skip or repeat events."
+        " Set .option('ledger.sink', {sink!r}) and .option('ledger.schema', {schema!r})",
+    ),
     # -- placement (sinks/postgres/placement.py) -------------------------------------------------------
     SINK_TASKS_UNPROVEN=Condition(
         ConfigError,

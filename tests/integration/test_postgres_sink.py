@@ -218,6 +218,21 @@ def test_lost_checkpoint_neither_duplicates_nor_skips(spark, bootstrap, topic, d
     assert ledger(pg) == log_ends(bootstrap, topic)
 
 
+def test_a_ledger_start_from_another_sinks_ledger_is_refused(spark, bootstrap, topic, db) -> None:  # type: ignore[no-untyped-def]
+    """kafka_rc's `ledger.sink` (or `ledger.schema`) naming another sink's ledger than the one this sink
+    keeps, a typo as a rule: after a lost checkpoint the query would start where that ledger stands,
+    or with no rows under the name at startingOffsets (a stream's `latest` skips every event since)."""
+    sink = PostgresSink("orders", url=db.raw)
+    for other in ({"ledger.sink": "public.ordres"}, {"ledger.sink": sink.name, "ledger.schema": "elsewhere"}):
+        frame = stream(spark, bootstrap, topic, **{"ledger.url": db.raw, **other})
+        with pytest.raises(ConfigError) as refused:
+            sink.writer(parse_json(frame, SCHEMA, key_column="event_id"))
+        assert refused.value.code == "SINK_LEDGER_OTHER_SINK", refused.value
+        assert f".option('ledger.sink', {sink.name!r})" in str(refused.value), refused.value
+    same = stream(spark, bootstrap, topic, **{"ledger.sink": sink.name, "ledger.url": db.raw})
+    sink.writer(parse_json(same, SCHEMA, key_column="event_id"))  # its own ledger: taken
+
+
 def test_poison_records_go_to_dead_letters_and_the_batch_goes_on(spark, db, pg) -> None:  # type: ignore[no-untyped-def]
     pg.execute("ALTER TABLE orders ADD CONSTRAINT positive CHECK (n >= 0), ADD COLUMN note varchar(4)")
     good = [str(uuid.uuid4()) for _ in range(5)]
