@@ -16,7 +16,7 @@ from typing import Any, cast
 
 from outbox._core.config import OUTBOX_SCHEMA, bootstrap_servers, database_url, schema_name
 from outbox._core.errors import OutboxError
-from outbox._core.settings import Setting
+from outbox._core.settings import Setting, boolean
 from outbox.errors import error
 from outbox.logs import configure
 from outbox.relay.kafka import PRODUCER_DEFAULTS
@@ -30,6 +30,11 @@ log = logging.getLogger("outbox.relay")
 _SECRET_WORDS = ("password", "secret", "key", "token", "jaas", "oauthbearer.config")
 
 
+class _FromEnv(str):
+    """A flag's default taken from its environment variable: argparse parses it as it would the flag,
+    and a value refused is named as the variable it came from."""
+
+
 def _flag_type(setting: Setting[Any]) -> Callable[[str], object]:
     """argparse's `type` for a declared setting: its parser and checks, one line when they refuse."""
 
@@ -37,7 +42,8 @@ def _flag_type(setting: Setting[Any]) -> Callable[[str], object]:
         try:
             return setting.read(text)
         except OutboxError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
+            given = f" (from the variable {setting.env})" if isinstance(text, _FromEnv) else ""
+            raise argparse.ArgumentTypeError(f"{exc}{given}") from None
 
     return parse
 
@@ -55,14 +61,17 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     for setting in SETTINGS:
         assert setting.env is not None, setting.name  # every relay setting has its variable
         default = f", default {setting.shown}" if setting.shown is not None else ""
+        switch = setting.parse is boolean  # given alone, it says true
+        choices = ("true", "false") if switch else setting.choices
         p.add_argument(
             setting.name,
             type=_flag_type(setting),
-            metavar=f"{{{','.join(setting.choices)}}}" if setting.choices else setting.key.upper(),
-            default=os.environ.get(setting.env) or setting.default,
+            nargs="?" if switch else None,
+            const="true" if switch else None,
+            metavar=f"{{{','.join(choices)}}}" if choices else setting.key.upper(),
+            default=_FromEnv(os.environ[setting.env]) if os.environ.get(setting.env) else setting.default,
             help=f"{setting.doc} (env {setting.env}{default})",
         )
-    p.add_argument("--no-cleanup", action="store_true", help="never delete published rows")
     p.add_argument(
         "-X",
         dest="kafka",

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from outbox._core.config import DatabaseUrl
-from outbox._core.settings import Setting, check_all
+from outbox._core.config import DatabaseUrl, schema_name
+from outbox._core.settings import Setting, boolean, check_all
 from outbox.errors import error
 from outbox.relay.outbox_table import SYNCHRONOUS_COMMIT
 from outbox.relay.poison import DEAD_LETTER, HALT
@@ -83,6 +83,7 @@ RETENTION = Setting(
     "OUTBOX_RELAY_RETENTION",
     limits=(0.0, 1e9),  # past ~6,000 years the cutoff is before year 1, and every cleanup failed
 )
+NO_CLEANUP = Setting("--no-cleanup", False, "never delete published rows", boolean, "OUTBOX_RELAY_NO_CLEANUP")
 DELIVERY = Setting(
     "--delivery",
     EXACTLY_ONCE,
@@ -159,6 +160,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
     TOPIC_WAIT,
     POSITIONS,
     RETENTION,
+    NO_CLEANUP,
     DELIVERY,
     KAFKA_CONFIG,
     METRICS_ADDRESS,
@@ -178,7 +180,7 @@ class RelaySettings:
     bootstrap: str
     name: str
     shard: Shard = SHARD.default
-    schema: str = "public"
+    schema: str = ""  # given, else OUTBOX_SCHEMA, else public
     batch_size: int = BATCH_SIZE.default
     batch_bytes: int = BATCH_BYTES.default
     poll_interval: float = POLL_INTERVAL.default
@@ -197,6 +199,7 @@ class RelaySettings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", relay_name(self.name))
+        object.__setattr__(self, "schema", schema_name(self.schema))
         check_all(SETTINGS, self)
 
     @property

@@ -46,7 +46,11 @@ def test_every_docs_row_names_flags_the_relay_has() -> None:
             )
 
 
-_GIVEN = {"--kafka-config": ("/etc/relay.properties", "/other"), "--shard": ("1/4", "3/8")}
+_GIVEN = {
+    "--kafka-config": ("/etc/relay.properties", "/other"),
+    "--shard": ("1/4", "3/8"),
+    "--no-cleanup": ("true", "false"),
+}
 
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s.name)
@@ -85,6 +89,7 @@ def test_without_flag_or_variable_the_declared_default_holds(monkeypatch) -> Non
         ("--database-timeout", "inf", "SETTING_NOT_FINITE"),
         ("--max-retries", "-1", "SETTING_OUT_OF_RANGE"),
         ("--kafka-timeout", "Infinity", "SETTING_NOT_FINITE"),
+        ("--no-cleanup", "yes", "SETTING_MALFORMED"),
     ],
 )
 def test_a_bad_flag_or_variable_is_one_usage_line_with_its_code(
@@ -98,3 +103,5 @@ def test_a_bad_flag_or_variable_is_one_usage_line_with_its_code(
         assert exited.value.code == 2
         [line] = [s for s in capsys.readouterr().err.splitlines() if "error:" in s]
         assert f"argument {flag}: [{code}] " in line, line
+        # A bad variable is named, as no flag on the command line shows where the value came from.
+        assert line.endswith(f" (from the variable {setting.env})") == (argv == ["relay"]), line

@@ -264,6 +264,16 @@ def test_every_printable_name_is_one_relay_whatever_its_unicode_form(name: str) 
     relay.transactional_id.encode()  # a name Kafka can carry
 
 
+def test_relay_settings_made_in_python_take_the_schema_from_outbox_schema(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """As `outbox relay`, `outbox db upgrade` and PostgresSink do: a relay embedded in Python read the
+    outbox of schema public while the tables had been made in OUTBOX_SCHEMA's."""
+    monkeypatch.setenv("OUTBOX_SCHEMA", "orders_outbox")
+    assert RelaySettings(url=None, bootstrap="b:1", name="r").schema == "orders_outbox"  # type: ignore[arg-type]
+    assert RelaySettings(url=None, bootstrap="b:1", name="r", schema="given").schema == "given"  # type: ignore[arg-type]
+    monkeypatch.delenv("OUTBOX_SCHEMA")
+    assert RelaySettings(url=None, bootstrap="b:1", name="r").schema == "public"  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("name", ["", " x", "x ", "a/b", "tab\there", "nul\x00", "lone\udc80surrogate"])
 def test_unusable_names_are_refused_with_one_line(name: str) -> None:
     with pytest.raises(ConfigError) as refused:
