@@ -8,6 +8,7 @@ service it cannot reach.
 from __future__ import annotations
 
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import (
@@ -48,7 +49,10 @@ class RelayMetrics:
         self.aborts = counter("outbox_relay_aborts", "Transactions aborted on a refused record")
         self.dead_letters = counter("outbox_relay_dead_letters", "Rows moved to relay_dead_letters")
         self.cleaned = counter("outbox_relay_rows_deleted", "Published rows deleted by cleanup")
-        self.lag = gauge("outbox_relay_lag_seconds", "Age of the oldest committed row not yet published")
+        self._oldest: float | None = None
+        lag = gauge("outbox_relay_lag_seconds", "Age of the oldest committed row not yet published")
+        # Aged at each scrape: a row the relay holds, halted on it or cut off mid-batch, grows older.
+        lag.set_function(lambda: time.time() - self._oldest if self._oldest is not None else 0.0)
         self.active = gauge("outbox_relay_active", "1 while this instance holds the shard's lock")
         self.halted = gauge("outbox_relay_halted", "1 while publishing is stopped on a poison row")
         self.commit_seconds = histogram(
@@ -62,6 +66,10 @@ class RelayMetrics:
         )
         self._health = (True, "starting")
         self._lock = threading.Lock()
+
+    def waiting(self, oldest: float | None) -> None:
+        """The commit time of the oldest row read and not yet published (None: none is)."""
+        self._oldest = oldest
 
     def health(self, ok: bool, state: str) -> None:
         with self._lock:

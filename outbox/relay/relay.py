@@ -197,7 +197,7 @@ class Relay:
             # Another instance publishes: this one is neither halted nor behind (its gauges were set
             # by its last batch, perhaps weeks ago).
             self.metrics.halted.set(0)
-            self.metrics.lag.set(0)
+            self.metrics.waiting(None)
             self.metrics.health(True, "standby")
             self.stop.wait(self.settings.poll_interval)
         return False
@@ -223,7 +223,7 @@ class Relay:
                 limit = 1 if one_by_one else before_poison or self._limit
                 step = advance(position, target, [r.id for r in rows], limit, cut)
                 batch = rows[: step.count]
-                m.lag.set(time.time() - min(r.created_at for r in batch) if batch else 0)
+                m.waiting(min(r.created_at for r in batch) if batch else None)
                 if step.persist:
                     if limit == self._limit and step.position.target is not None:
                         ahead = reader.submit(self._fetch, table, step.position)
@@ -262,6 +262,7 @@ class Relay:
                         self._paced(len(batch), elapsed, publisher.window, failed=False)
                     m.batches.inc()
                     m.published.inc(len(batch))
+                    m.waiting(None)  # until the next read says which row waits now
                     if self._topic_waits:  # a topic published to again: its next outage is waited for anew
                         for back in {r.topic for r in batch} & self._topic_waits.keys():
                             del self._topic_waits[back]

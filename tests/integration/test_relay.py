@@ -351,7 +351,10 @@ def test_a_halted_relay_that_now_stands_by_says_so_in_its_metrics(
         assert found, scrape("/metrics")
         return float(found[1])
 
-    assert gauge("outbox_relay_halted") == 1 and gauge("outbox_relay_lag_seconds") > 0
+    assert gauge("outbox_relay_halted") == 1 and (lag := gauge("outbox_relay_lag_seconds")) > 0
+    # The row waits on, and grows older: the lag was the age the row had when the relay halted.
+    time.sleep(1.5)
+    assert gauge("outbox_relay_lag_seconds") >= lag + 1.5
     with psycopg.connect(outbox_db.libpq, autocommit=True) as other:
         other.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
