@@ -12,7 +12,7 @@ from psycopg import sql
 from sqlalchemy import text
 
 from outbox._core import config as settings
-from outbox.migrate import sqlalchemy_engine
+from outbox.migrate import LOCK_TIMEOUT, sqlalchemy_engine
 from outbox.migrations import FORCE, VERSION_TABLE, sql_text
 
 config = context.config
@@ -46,6 +46,11 @@ def run_online() -> None:
             # find the schema at head. The lock ends with the transaction.
             lock = text("SELECT pg_advisory_xact_lock(hashtextextended(:name, 0))")
             connection.execute(lock, {"name": f"outbox-migrate:{schema}"})
+            # Then each statement waits this long for a table's lock (migrate.LOCK_TIMEOUT): a table
+            # altered behind a long transaction holds up every write to it meanwhile.
+            seconds = float(config.attributes.get("lock_timeout", LOCK_TIMEOUT))
+            wait = f"{min(seconds * 1000, 2**31 - 1):.0f}ms"  # PostgreSQL's most
+            connection.execute(text("SELECT set_config('lock_timeout', :wait, true)"), {"wait": wait})
             if not connection.dialect.has_schema(connection, schema):
                 connection.execute(sql_text(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema))))
             context.run_migrations()

@@ -216,6 +216,13 @@ CONDITIONS = Conditions(
     DB_REVISION_UNREADABLE=Condition(
         OutboxError, "cannot read the applied revision in schema {schema!r}: {reason}"
     ),
+    DB_LOCK_TIMEOUT=Condition(
+        OutboxError,
+        "a migration in schema {schema!r} waited {seconds:g}s for a table another transaction holds,"
+        " and nothing was changed (a table it alters would hold up every write to it meanwhile):"
+        " run it again when that transaction has ended (pg_stat_activity names it), or give"
+        " --lock-timeout more seconds",
+    ),
     DB_REVISION_FAILED=Condition(
         OutboxError, "migration to {revision} failed in schema {schema!r}: {reason}"
     ),

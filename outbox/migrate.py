@@ -13,6 +13,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import TextIO
 
+import psycopg
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
@@ -31,15 +32,27 @@ def script_location() -> Path:
     return Path(str(files("outbox.migrations")))
 
 
+# How long a migration waits for a table's lock. A table it alters waits for every transaction that
+# has read it, and every write to the table queues behind the waiting ALTER: the application's.
+LOCK_TIMEOUT = 5.0
+
+
 def alembic_config(
-    url: DatabaseUrl, schema: str, stdout: TextIO | None = None, *, force: bool = False
+    url: DatabaseUrl,
+    schema: str,
+    stdout: TextIO | None = None,
+    *,
+    force: bool = False,
+    lock_timeout: float = LOCK_TIMEOUT,
 ) -> Config:
-    """force: a downgrade drops tables that hold rows too (outbox.migrations.drop_table)."""
+    """force: a downgrade drops tables that hold rows too (outbox.migrations.drop_table);
+    lock_timeout: seconds a statement waits for a table's lock."""
     cfg = Config(stdout=stdout) if stdout else Config()
     cfg.set_main_option("script_location", str(script_location()).replace("%", "%%"))
     cfg.attributes["url"] = url
     cfg.attributes["schema"] = schema
     cfg.attributes["force"] = force
+    cfg.attributes["lock_timeout"] = lock_timeout
     return cfg
 
 
@@ -53,17 +66,30 @@ class Revisions:
         return self.current == (self.head,)
 
 
-def upgrade(url: DatabaseUrl, schema: str, revision: str = "head", *, sql: bool = False) -> None:
-    _run(command.upgrade, url, schema, revision, sql=sql)
+def upgrade(
+    url: DatabaseUrl,
+    schema: str,
+    revision: str = "head",
+    *,
+    sql: bool = False,
+    lock_timeout: float = LOCK_TIMEOUT,
+) -> None:
+    _run(command.upgrade, url, schema, revision, sql=sql, lock_timeout=lock_timeout)
 
 
 def downgrade(
-    url: DatabaseUrl, schema: str, revision: str, *, sql: bool = False, force: bool = False
+    url: DatabaseUrl,
+    schema: str,
+    revision: str,
+    *,
+    sql: bool = False,
+    force: bool = False,
+    lock_timeout: float = LOCK_TIMEOUT,
 ) -> None:
     """force: drop tables that hold rows too; else such a downgrade is refused, and drops nothing."""
     if sql and ":" not in revision:
         raise error("DB_DOWNGRADE_SQL_NEEDS_RANGE")
-    _run(command.downgrade, url, schema, revision, sql=sql, force=force)
+    _run(command.downgrade, url, schema, revision, sql=sql, force=force, lock_timeout=lock_timeout)
 
 
 def sqlalchemy_engine(url: DatabaseUrl) -> Engine:
@@ -88,22 +114,36 @@ def revisions(url: DatabaseUrl, schema: str) -> Revisions:
 
 
 def _run(
-    fn: Callable[..., None], url: DatabaseUrl, schema: str, revision: str, *, sql: bool, force: bool = False
+    fn: Callable[..., None],
+    url: DatabaseUrl,
+    schema: str,
+    revision: str,
+    *,
+    sql: bool,
+    force: bool = False,
+    lock_timeout: float = LOCK_TIMEOUT,
 ) -> None:
     if not sql:
         check_postgres(url)
-    with _reported(url, "DB_REVISION_FAILED", revision=revision, schema=schema):
-        fn(alembic_config(url, schema, force=force), revision, sql=sql)
+    config = alembic_config(url, schema, force=force, lock_timeout=lock_timeout)
+    with _reported(url, "DB_REVISION_FAILED", revision=revision, schema=schema, lock_timeout=lock_timeout):
+        fn(config, revision, sql=sql)
 
 
 @contextmanager
-def _reported(url: DatabaseUrl, code: str, **fields: object) -> Iterator[None]:
+def _reported(
+    url: DatabaseUrl, code: str, lock_timeout: float | None = None, **fields: object
+) -> Iterator[None]:
     """Alembic's and the database's errors as one line: `code`, with the database's reason."""
     try:
         yield
     except CommandError as exc:
         raise error("DB_MIGRATION_FAILED", reason=url.scrub(str(exc))) from None
     except Exception as exc:  # a database error (a revision's, or reading the version table)
+        if lock_timeout is not None and isinstance(
+            getattr(exc, "orig", exc), psycopg.errors.LockNotAvailable
+        ):
+            raise error("DB_LOCK_TIMEOUT", schema=fields["schema"], seconds=lock_timeout) from None
         if type(exc).__module__.startswith(("sqlalchemy", "psycopg")):
             raise error(code, reason=reason(exc, url), **fields) from None
         raise

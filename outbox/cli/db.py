@@ -16,6 +16,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     up = options.database(actions.add_parser("upgrade", help="migrate up (default: to head)"))
     up.add_argument("revision", nargs="?", default="head")
     up.add_argument("--sql", action="store_true", help="print the SQL instead of running it")
+    _lock_timeout(up)
     up.set_defaults(handler=cmd_upgrade)
 
     down = options.database(actions.add_parser("downgrade", help="migrate down to REV (`base`: drop all)"))
@@ -26,6 +27,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         action="store_true",
         help="drop tables that hold rows too (events not yet published, ledgers, dead letters)",
     )
+    _lock_timeout(down)
     down.set_defaults(handler=cmd_downgrade)
 
     options.database(actions.add_parser("current", help="show the applied revision")).set_defaults(
@@ -33,9 +35,20 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
 
 
+def _lock_timeout(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--lock-timeout",
+        type=options.seconds,
+        default=migrate.LOCK_TIMEOUT,
+        metavar="SECONDS",
+        help="how long a statement waits for a table's lock, then the run changes nothing"
+        f" (default {migrate.LOCK_TIMEOUT:g})",
+    )
+
+
 def cmd_upgrade(args: argparse.Namespace) -> int:
     url, schema = database_url(args.url), schema_name(args.schema)
-    migrate.upgrade(url, schema, args.revision, sql=args.sql)
+    migrate.upgrade(url, schema, args.revision, sql=args.sql, lock_timeout=args.lock_timeout)
     if not args.sql:
         print(f"# {url.safe} schema {schema!r}: at {', '.join(migrate.revisions(url, schema).current)}")
     return 0
@@ -43,7 +56,9 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
 
 def cmd_downgrade(args: argparse.Namespace) -> int:
     url, schema = database_url(args.url), schema_name(args.schema)
-    migrate.downgrade(url, schema, args.revision, sql=args.sql, force=args.force)
+    migrate.downgrade(
+        url, schema, args.revision, sql=args.sql, force=args.force, lock_timeout=args.lock_timeout
+    )
     if not args.sql:
         current = migrate.revisions(url, schema).current
         print(f"# {url.safe} schema {schema!r}: at {', '.join(current) or 'base (no tables)'}")

@@ -124,6 +124,23 @@ def test_upgrades_started_at_once_all_succeed(database: DatabaseUrl, pg: psycopg
     assert tables(pg, "public") == TABLES
 
 
+def test_an_upgrade_blocked_by_a_transaction_gives_up_in_seconds_and_changes_nothing(
+    database: DatabaseUrl, pg: psycopg.Connection
+) -> None:
+    """0012 alters outbox_events, which waits for every transaction that has read the table; each
+    insert into the outbox then queues behind the waiting ALTER. A deploy's upgrade beside one long
+    transaction stopped the application's writes for as long as that transaction lasted."""
+    env = {"DATABASE_URL": database.raw}
+    assert outbox("db", "upgrade", "0011", env=env).code == 0
+    with psycopg.connect(database.libpq) as holder:
+        holder.execute("SELECT count(*) FROM outbox_events")  # open, as a long report's would be
+        blocked = outbox("db", "upgrade", "--lock-timeout", "1", env=env)
+        assert_one_line_error(blocked, "DB_LOCK_TIMEOUT", "1s", "--lock-timeout", "nothing was changed")
+        assert outbox("db", "current", env=env).out.startswith("0011"), "the run was one transaction"
+    assert outbox("db", "upgrade", env=env).code == 0
+    assert outbox("db", "current", env=env).out.strip() == "0012 (head)"
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     name=st.one_of(
