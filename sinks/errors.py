@@ -201,7 +201,8 @@ CONDITIONS = Conditions(
         "kafka_rc starts from the ledger of sink {source!r} in schema {source_schema!r}, but this sink"
         " keeps its own as {sink!r} in {schema!r}: after a lost checkpoint the query would start where"
         " that one stands (with no rows under the name, at startingOffsets) and skip or repeat events."
-        " Set .option('ledger.sink', {sink!r}) and .option('ledger.schema', {schema!r})",
+        " Set .option('ledger.sink', {sink!r}) and .option('ledger.schema', {schema!r}) (a sink"
+        " renamed or moved keeps its old ledger with PostgresSink(..., name=...))",
     ),
     # -- placement (sinks/postgres/placement.py) -------------------------------------------------------
     SINK_TASKS_UNPROVEN=Condition(

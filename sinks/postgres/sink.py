@@ -37,7 +37,7 @@ from sinks.postgres.spec import Mode, OnError, Outbox, SinkSpec
 from sinks.postgres.stage import RESULT_SCHEMA, StageJob, stager
 from sinks.postgres.statements import Statements
 from sinks.postgres.task import COUNTS, TASK_RESULT, TIMES, TaskJob, applier
-from sinks.postgres.topics import TopicCheck, source_options
+from sinks.postgres.topics import TopicCheck
 
 log = logging.getLogger("sinks.postgres")
 
@@ -290,7 +290,7 @@ class BatchWriter:
         # Proven with the delete rule, which the tasks compute too: a window in it is a shuffle.
         root, position = read_plan(frame.select("*", rule.alias("_delete")))
         self.route = choose(root, position, spec.apply_in)
-        self._topics = TopicCheck(source_options(root, kafka or {}), spec.name, spec.ledger_schema)
+        self._topics = TopicCheck(root, kafka or {}, spec.name, spec.ledger_schema)
         self.last: BatchResult | None = None
         log.info("sink %s %s", spec.name, self.route)
 

@@ -66,23 +66,22 @@ def judge(
     return Verdict(tuple(again), tuple((t, p, ends[t, p]) for t, p in truncated), record, tuple(losses))
 
 
-def source_options(root: Node | None, kafka: Mapping[str, str]) -> SourceOptions | None:
-    """The frame's Kafka source as librdkafka settings; None where the plan shows none.
+def sources(root: Node | None, kafka: Mapping[str, str]) -> list[SourceOptions]:
+    """Each Kafka source of the frame (a union has several) as librdkafka settings, `kafka` over its own.
 
-    Refuses any of Spark's own Kafka sources in the frame (a union's second too) left at its
-    default isolation, read_uncommitted: the sink would apply aborted records, not the user's choice.
+    Refuses any of Spark's own Kafka sources left at its default isolation,
+    read_uncommitted: the sink would apply aborted records, not the user's choice.
     """
-    if any(n.source == "kafka" and "kafka.isolation.level" not in n.options for n in _nodes(root)):
+    nodes = [n for n in _nodes(root) if n.source in ("kafka_rc", "kafka")]
+    if any(n.source == "kafka" and "kafka.isolation.level" not in n.options for n in nodes):
         raise error("SINK_ISOLATION_UNSET")
-    node = root
-    while node is not None and node.source not in ("kafka_rc", "kafka"):
-        node = node.children[0] if node.children else None
-    if node is None:
-        return None
-    if node.source == "kafka_rc":
-        found = parse(node.options)
+    return [_source(n.source, n.options, kafka) for n in nodes]
+
+
+def _source(source: str | None, opts: Mapping[str, str], kafka: Mapping[str, str]) -> SourceOptions:
+    if source == "kafka_rc":
+        found = parse(opts)
         return replace(found, kafka={**found.kafka, **kafka})
-    opts = node.options
     assigned = tuple(json.loads(opts["assign"])) if "assign" in opts else ()
     topics = tuple(t.strip() for t in opts.get("subscribe", "").split(",") if t.strip()) or assigned
     shared = {k: opts[f"kafka.{k}"] for k in _SHARED_SETTINGS if f"kafka.{k}" in opts}
@@ -107,25 +106,27 @@ def _nodes(root: Node | None) -> Iterator[Node]:
 class TopicCheck:
     """The check of one sink's ledger against the frame's Kafka source, run before each batch."""
 
-    def __init__(self, options: SourceOptions | None, sink: str, schema: str) -> None:
-        ledger = options.ledger if options else None
-        if ledger is not None and (ledger.sink, ledger.schema) != (sink, schema):
-            raise error(
-                "SINK_LEDGER_OTHER_SINK",
-                source=ledger.sink,
-                source_schema=ledger.schema,
-                sink=sink,
-                schema=schema,
-            )
-        self.options, self.sink, self.schema = options, sink, schema
-        self.cluster = Cluster(options) if options else None
+    def __init__(self, root: Node | None, kafka: Mapping[str, str], sink: str, schema: str) -> None:
+        self.sources, self.sink, self.schema = sources(root, kafka), sink, schema
+        for ledger in (s.ledger for s in self.sources if s.ledger is not None):
+            if (ledger.sink, ledger.schema) != (sink, schema):
+                raise error(
+                    "SINK_LEDGER_OTHER_SINK",
+                    source=ledger.sink,
+                    source_schema=ledger.schema,
+                    sink=sink,
+                    schema=schema,
+                )
+        # Kafka is asked with the first source's settings: a union's sources share a cluster.
+        self.options = self.sources[0] if self.sources else None
+        self.cluster = Cluster(self.options) if self.options else None
 
     def __call__(self, conn: psycopg.Connection[Any]) -> None:
         if self.cluster is None or self.options is None:
             return
-        subscribed = set(self.options.topics)
-        if self.options.pattern is not None:
-            subscribed = {t for t in self.cluster.topics() if self.options.matches(t)}
+        subscribed = {t for source in self.sources for t in source.topics}
+        if any(source.pattern is not None for source in self.sources):
+            subscribed |= {t for t in self.cluster.topics() if any(s.matches(t) for s in self.sources)}
         # Only the topics read now: a topic the query left may be made again under its name for
         # another use, and is checked when a query reads it again.
         ledger = {tp: o for tp, o in positions(conn, self.schema, self.sink).items() if tp[0] in subscribed}

@@ -24,9 +24,10 @@ from outbox._core.errors import DataLossError
 from outbox._core.kafka import client_settings
 from sinks.kafka_source.ranges import Range
 from sinks.kafka_source.reader import read_range
-from sinks.postgres import PostgresSink
+from sinks.postgres import PostgresSink, parse_json
 from tests.helpers import create_topic, produce_transaction, transactional_producer, unique, wait_for
-from tests.sink_support import event, ledger, run, table
+from tests.sink_support import SCHEMA, event, ledger, run, table
+from tests.source_support import stream
 
 
 def orders(bootstrap: str, topic: str, count: int, partition: int = 0) -> dict[str, tuple]:
@@ -103,6 +104,30 @@ def test_a_topic_the_query_no_longer_reads_stops_nothing_when_created_again(  # 
     assert table(pg) == old | new
     with pytest.raises(StreamingQueryException, match=rf"\[SINK_TOPIC_RECREATED\] topic {old_topic} "):
         run(spark, bootstrap, old_topic, tmp_path / "again", sink)
+
+
+def test_a_topic_created_again_under_a_unions_second_source_stops_the_query(  # type: ignore[no-untyped-def]
+    spark, bootstrap, db, pg: psycopg.Connection, tmp_path: Path
+) -> None:
+    """The topics a union of Kafka sources reads are every source's, not the first one's: the second
+    source's topic created again is still caught before its new records are skipped as applied."""
+    first, second = create_topic(bootstrap, unique("first")), create_topic(bootstrap, unique("second"))
+    applied = orders(bootstrap, first, 5) | orders(bootstrap, second, 30)
+    sink = PostgresSink("orders", url=db.raw)
+
+    def union_run(checkpoint: Path) -> None:
+        both = stream(spark, bootstrap, first).unionByName(stream(spark, bootstrap, second))
+        frame = parse_json(both, SCHEMA, key_column="event_id")
+        query = sink.start(frame, str(checkpoint), trigger={"availableNow": True})
+        query.awaitTermination()
+
+    union_run(tmp_path / "checkpoint")
+    assert table(pg) == applied
+    recreate(bootstrap, second)
+    orders(bootstrap, second, 40)
+    with pytest.raises(StreamingQueryException, match=rf"\[SINK_TOPIC_RECREATED\] topic {second} "):
+        union_run(tmp_path / "new-checkpoint")
+    assert table(pg) == applied, "nothing of the new topic skipped, nothing applied"
 
 
 def test_a_truncated_log_keeps_its_prefix_applied(  # type: ignore[no-untyped-def]

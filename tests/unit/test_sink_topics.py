@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sinks.postgres.placement import Node
-from sinks.postgres.topics import judge, source_options
+from sinks.postgres.topics import judge, sources
 
 
 def test_the_same_topics_need_nothing_and_new_ones_are_recorded() -> None:
@@ -41,8 +41,8 @@ def test_the_source_is_found_under_the_frames_steps_with_its_settings() -> None:
         source="kafka_rc",
         options={"kafka.bootstrap.servers": "h:1", "subscribe": "a,b"},
     )
-    found = source_options(Node("Project", (Node("Filter", (rc,)),)), {"sasl.password": "x"})
-    assert found is not None and found.topics == ("a", "b") and found.kafka == {"sasl.password": "x"}
+    [found] = sources(Node("Project", (Node("Filter", (rc,)),)), {"sasl.password": "x"})
+    assert found.topics == ("a", "b") and found.kafka == {"sasl.password": "x"}
     spark = Node(
         "StreamingRelationV2",
         source="kafka",
@@ -55,8 +55,11 @@ def test_the_source_is_found_under_the_frames_steps_with_its_settings() -> None:
             "kafka.isolation.level": "read_uncommitted",  # the user's choice: taken
         },
     )
-    found = source_options(spark, {})
-    assert found is not None and found.topics == ("t",) and not found.fail_on_data_loss
+    [found] = sources(spark, {})
+    assert found.topics == ("t",) and not found.fail_on_data_loss
     assert found.read_uncommitted  # log ends are then high watermarks
     assert found.kafka == {"security.protocol": "SASL_SSL"}
-    assert source_options(Node("LocalRelation"), {}) is None
+    assert sources(Node("LocalRelation"), {}) == []
+    # A union: every source, the second too (its topics were not checked before they were applied).
+    union = sources(Node("Union", (rc, Node("Project", (spark,)))), {})
+    assert [s.topics for s in union] == [("a", "b"), ("t",)]
