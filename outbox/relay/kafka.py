@@ -113,12 +113,15 @@ class Publisher:
 
     @property
     def window(self) -> float:
-        """Seconds a batch has to reach Kafka: its transaction's timeout (the client times records out
-        by it too), or at least once, the flush's wait and the records' own timeout."""
-        ms = self.settings.get("message.timeout.ms", self.settings.get("delivery.timeout.ms", 300_000))
-        if self.exactly_once:
-            return min(float(ms), float(self.settings["transaction.timeout.ms"])) / 1000  # type: ignore[arg-type]  # a number, or its text from -X
-        return min(float(ms) / 1000, self.timeout)  # type: ignore[arg-type]
+        """Seconds a batch has to reach Kafka: the least of its records' timeout (0: none), its
+        transaction's (the coordinator aborts it then), and how long its commit is asked (at least
+        once: its flush waits)."""
+        limits = [self.retry_for if self.exactly_once else self.timeout]
+        for key in ("message.timeout.ms", "delivery.timeout.ms", "transaction.timeout.ms"):
+            ms = float(self.settings.get(key, 0))  # type: ignore[arg-type]  # a number, or its text from -X
+            if ms > 0 and (self.exactly_once or key != "transaction.timeout.ms"):
+                limits.append(ms / 1000)
+        return min(limits)
 
     # -- start ---------------------------------------------------------------
 

@@ -6,18 +6,22 @@ out). On a link too slow for a whole batch (a throttled link, a producer
 quota) the same batch sent again fails the same way, for ever. So a batch that
 failed after using up half its window makes the next ones half its size, and a
 full batch that took under a quarter of the window lets the next ones be twice
-as large, up to `--batch-size`. A failure early in the window (a broker down,
-a link cut) says nothing of the batch's size and changes nothing.
+as large, up to `--batch-size`. A failure early in the window (a broker down
+when the batch began, a link cut) changes nothing; an outage that fails a
+batch late in it halves them too, and the first fast batches after it double
+them back.
 """
 
 from __future__ import annotations
 
 
 def after_failure(limit: int, sent: int, elapsed: float, window: float) -> int:
-    """The limit after a batch of `sent` rows failed `elapsed` seconds into its `window`."""
-    if elapsed < window / 2:
+    """The limit after a batch of `sent` rows failed `elapsed` seconds into its `window`. A batch
+    of under half the limit (one row at a time after a refusal, the end of a delta) says nothing
+    of the limit's rows."""
+    if elapsed < window / 2 or 2 * sent <= limit:
         return limit
-    return max(1, min(limit, sent // 2))
+    return max(1, min(limit, sent) // 2)
 
 
 def after_success(limit: int, most: int, sent: int, elapsed: float, window: float) -> int:

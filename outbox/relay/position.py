@@ -186,11 +186,15 @@ def latest_position(records: Sequence[tuple[bytes | None, bytes | None]], relay:
 
 def further(a: Position, b: Position) -> bool:
     """Whether the relay wrote `a` after `b`, in the order it writes positions: each delta with rows
-    takes a new, higher mark, its batches count up `after_id`, and its end finishes it. Positions
-    from before marks cannot be told apart (False)."""
-    if a.mark is None or b.mark is None:
+    takes a new, higher mark, its batches count up `after_id`, and its end finishes it. A position
+    from before marks comes before every one with a mark; two such cannot be told apart (False)."""
+    if a.mark is None and b.mark is None:
         return False
-    return (a.mark, a.target is None, a.after_id) > (b.mark, b.target is None, b.after_id)
+    return _order(a) > _order(b)
+
+
+def _order(p: Position) -> tuple[int, bool, int]:
+    return (-1 if p.mark is None else p.mark, p.target is None, p.after_id)
 
 
 @dataclass(frozen=True)

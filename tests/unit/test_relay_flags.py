@@ -66,6 +66,13 @@ def test_the_variable_is_the_default_and_the_flag_wins(setting, monkeypatch) -> 
     assert getattr(parsed, setting.key) == setting.read(flag), "the flag wins over the variable"
 
 
+def test_a_switch_given_alone_is_on_and_takes_no_following_flag(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("OUTBOX_RELAY_NO_CLEANUP", "false")
+    parsed = build_parser().parse_args(["relay", "--no-cleanup", "--name", "r"])
+    assert (parsed.no_cleanup, parsed.name) == (True, "r")
+    assert build_parser().parse_args(["relay", "--no-cleanup"]).no_cleanup is True
+
+
 def test_without_flag_or_variable_the_declared_default_holds(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     for setting in SETTINGS:
         monkeypatch.delenv(setting.env, raising=False)

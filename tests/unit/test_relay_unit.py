@@ -143,6 +143,17 @@ def test_the_last_position_written_is_found_however_partitions_split_it(deltas, 
     assert latest_position(records, relay) == written[-1]
 
 
+def test_a_position_from_before_marks_never_outranks_one_with_a_mark() -> None:
+    """A relay from before marks wrote positions without one; once upgraded, every position it writes
+    has one. Read after them from another partition, the old one was taken (and published again)."""
+    relay = Identity("r", A)
+    legacy, m3, m5 = Position("2:2:"), Position("3:3:", mark=3), Position("5:5:", mark=5)
+    for order in ([m3, m5, legacy], [m5, legacy, m3], [legacy, m5, m3]):
+        assert latest_position([record(relay, p) for p in order], relay) == m5, order
+    old, older = Position("2:2:"), Position("1:1:", "2:2:", 7)
+    assert latest_position([record(relay, p) for p in (older, old)], relay) == old  # read order
+
+
 def test_the_same_name_on_two_outboxes_is_two_relays() -> None:
     """Keys and transactional ids differ by outbox: a relay never fences nor reads another outbox's."""
     a, b = Identity("shared", A), Identity("shared", B)
@@ -381,6 +392,24 @@ def test_a_row_written_by_hand_that_cannot_go_out_as_written_is_named() -> None:
     assert unpublishable(batch[2:], "positions")[0] == 3  # type: ignore[index]
 
 
+@pytest.mark.parametrize(
+    ("exactly_once", "settings", "window"),
+    [
+        (True, {}, 60.0),  # the commit asked for 2 x 30 s; the transaction's 60 s
+        (True, {"transaction.timeout.ms": "8000"}, 8.0),  # a -X value is text
+        (True, {"transaction.timeout.ms": 900_000}, 60.0),  # the commit gives up first
+        (True, {"delivery.timeout.ms": "20000"}, 20.0),
+        (False, {"message.timeout.ms": "0"}, 30.0),  # 0: records never time out; the flush waits 30 s
+        (False, {"message.timeout.ms": 10_000, "transaction.timeout.ms": 1000}, 10.0),
+    ],
+)
+def test_the_window_a_batch_has_is_the_first_limit_it_meets(
+    exactly_once: bool, settings: dict[str, object], window: float
+) -> None:
+    publisher = Publisher("h:1", settings, Identity("r", A), "p", exactly_once=exactly_once, timeout=30)
+    assert publisher.window == window
+
+
 @given(
     limit=st.integers(1, 10_000),
     sent=st.integers(1, 10_000),
@@ -396,9 +425,9 @@ def test_batches_shrink_after_one_that_ran_out_of_time_and_grow_back_when_fast(
     sent = min(sent, limit)
     failed = pace.after_failure(limit, sent, elapsed, window)
     assert 1 <= failed <= limit
-    assert (failed < limit) == (elapsed >= window / 2 and limit > 1)
-    if elapsed >= window / 2:
-        assert failed <= max(1, sent // 2)
+    assert (failed < limit) == (elapsed >= window / 2 and 2 * sent > limit > 1)
+    if failed < limit:
+        assert failed == max(1, sent // 2)
     most = limit * 3
     grown = pace.after_success(limit, most, sent, elapsed, window)
     assert limit <= grown <= most
