@@ -247,9 +247,7 @@ def test_a_link_too_slow_for_a_whole_batch_in_one_transaction(
     writers.join()
     for link in kafka.links:  # 8 kB/s toward Kafka: 500 rows take some 11 s, past its 8 s
         link.add("bandwidth", "upstream", rate=8)
-    # Kafka's calls may take their time: the transaction's own timeout is what a batch runs into.
-    slow = ("--kafka-timeout", "60", "-X", "request.timeout.ms=60000")
-    job, _ = proxied_relay(tmp_path, db, kafka, unique("relay"), "--batch-size", "500", *slow)
+    job, _ = proxied_relay(tmp_path, db, kafka, unique("relay"), "--batch-size", "500")
     job.wait_for_output(ACTIVE, 60)
     try:
         check_two_readers(kafka.direct, topic, PARTITIONS, writers.committed, url, timeout=150)
