@@ -1,9 +1,10 @@
 """How many rows a batch may take: fewer after one that ran out of time, more again once they go fast.
 
-A batch must reach Kafka within its window (`transaction.timeout.ms`, past
-which the coordinator aborts the transaction and the client times its records
-out). On a link too slow for a whole batch (a throttled link, a producer
-quota) the same batch sent again fails the same way, for ever. So a batch that
+A batch must reach Kafka within its window (`Publisher.window`: past
+`transaction.timeout.ms` the coordinator aborts the transaction and the client
+times its records out; the commit is asked for twice `--kafka-timeout`). On a
+link too slow for a whole batch (a throttled link, a producer quota) the same
+batch sent again fails the same way, for ever. So a batch that
 failed after using up half its window makes the next ones half its size, and a
 full batch that took under a quarter of the window lets the next ones be twice
 as large, up to `--batch-size`. A failure early in the window (a broker down
