@@ -25,6 +25,9 @@ CONDITIONS = Conditions(
     CORE,
     # writer: add_event(s) and the outbox table
     OUTBOX_EVENT_TOPIC_MISSING=Condition(OutboxError, "an outbox event needs a topic"),
+    OUTBOX_EVENT_TOPIC_NOT_TEXT=Condition(
+        OutboxError, "an outbox event's topic is text, the topic's name; got a value of type {given}{hint}"
+    ),
     OUTBOX_EVENT_TOPIC_INVALID=Condition(
         OutboxError,
         "{topic!r} is no name Kafka takes for a topic: give 1 to 249 ASCII letters, digits,"

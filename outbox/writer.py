@@ -46,6 +46,10 @@ class Event:
     def row(self) -> tuple[object, ...]:
         """The event as the outbox stores it; refused here, with one line, whatever Kafka or the
         table would refuse later (a topic Kafka cannot have halts the relay at that event)."""
+        if not isinstance(self.topic, str):  # named by its type: the repr of an Event holds its value
+            given = type(self.topic).__name__
+            hint = " (add_events(conn, [event]) takes Event objects)" if isinstance(self.topic, Event) else ""
+            raise error("OUTBOX_EVENT_TOPIC_NOT_TEXT", given=given, hint=hint)
         if not self.topic:
             raise error("OUTBOX_EVENT_TOPIC_MISSING")
         if not topic_name_valid(self.topic):

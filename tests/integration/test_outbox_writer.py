@@ -213,7 +213,7 @@ def test_an_unknown_notify_setting_is_refused_not_taken_for_on(db: DatabaseUrl, 
         ({"topic": "t", "value": "x", "headers": {"event_id": "e"}}, "OUTBOX_HEADER_RESERVED", "'event_id'"),
         # Stored, these halted the relay (a topic that can never exist, its poison) or aborted the
         # caller's transaction with a raw error, instead of one line here.
-        ({"topic": b"orders", "value": "x"}, "OUTBOX_EVENT_TOPIC_INVALID", "b'orders'"),
+        ({"topic": b"orders", "value": "x"}, "OUTBOX_EVENT_TOPIC_NOT_TEXT", "bytes"),
         ({"topic": "or ders", "value": "x"}, "OUTBOX_EVENT_TOPIC_INVALID", "'or ders'"),
         ({"topic": "ord\x00ers", "value": "x"}, "OUTBOX_EVENT_TOPIC_INVALID", "'ord\\x00ers'"),
         ({"topic": "t" * 250, "value": "x"}, "OUTBOX_EVENT_TOPIC_INVALID", "249"),
@@ -240,6 +240,16 @@ def test_bad_events_are_refused_before_anything_is_written(
         assert names in refused.value.message  # which field is at fault
         conn.execute("INSERT INTO orders VALUES (1, 'still usable')")
     assert outbox_rows(pg) == []
+
+
+def test_an_event_given_to_add_event_is_named_and_its_value_not_shown(db: DatabaseUrl) -> None:
+    """add_event(conn, Event(...)), for add_events(conn, [event]): the line showed the Event, its
+    value (a card number, an address) and all, as a topic Kafka cannot take."""
+    with psycopg.connect(db.libpq) as conn, conn.transaction(), pytest.raises(OutboxError) as refused:
+        add_event(conn, Event("orders", {"card": "4111111111111111"}))  # type: ignore[arg-type]
+    assert refused.value.code == "OUTBOX_EVENT_TOPIC_NOT_TEXT"
+    assert "add_events(conn, [event])" in refused.value.message
+    assert "4111" not in str(refused.value)
 
 
 def test_missing_table_names_the_fix(database: DatabaseUrl) -> None:
