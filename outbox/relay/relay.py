@@ -227,9 +227,10 @@ class Relay:
                 if step.persist:
                     if limit == self._limit and step.position.target is not None:
                         ahead = reader.submit(self._fetch, table, step.position)
-                    started = time.perf_counter()
+                    started = None  # once the rows are checked: a topic list timing out is an outage
                     try:
                         publisher.check_rows(batch)
+                        started = time.perf_counter()
                         publisher.publish(batch, step.position)
                     except Poison as poison:
                         m.aborts.inc()
@@ -254,8 +255,11 @@ class Relay:
                             self._halt(poison, topic)
                         continue
                     except (OutboxError, KafkaException):
-                        self._paced(len(batch), time.perf_counter() - started, publisher.window, failed=True)
+                        if started is not None:
+                            elapsed = time.perf_counter() - started
+                            self._paced(len(batch), elapsed, publisher.window, failed=True)
                         raise
+                    assert started is not None  # published
                     elapsed = time.perf_counter() - started
                     m.commit_seconds.observe(elapsed)
                     if limit == self._limit:
