@@ -204,6 +204,13 @@ CONDITIONS = Conditions(
         " Set .option('ledger.sink', {sink!r}) and .option('ledger.schema', {schema!r}) (a sink"
         " renamed or moved keeps its old ledger with PostgresSink(..., name=...))",
     ),
+    SINK_LEDGER_OTHER_DATABASE=Condition(
+        ConfigError,
+        "kafka_rc starts from the ledger in {ledger} ({there}), but this sink keeps its own in {url}"
+        " ({here}): after a lost checkpoint the query would start where that ledger stands (with no"
+        " rows there, at startingOffsets) and skip or repeat events. Set .option('ledger.url') to the"
+        " database this sink writes to",
+    ),
     # -- placement (sinks/postgres/placement.py) -------------------------------------------------------
     SINK_TASKS_UNPROVEN=Condition(
         ConfigError,

@@ -291,6 +291,7 @@ class BatchWriter:
         root, position = read_plan(frame.select("*", rule.alias("_delete")))
         self.route = choose(root, position, spec.apply_in)
         self._topics = TopicCheck(root, kafka or {}, spec.name, spec.ledger_schema)
+        self._topics.check_ledgers(spec.url)
         self.last: BatchResult | None = None
         log.info("sink %s %s", spec.name, self.route)
 

@@ -24,7 +24,9 @@ import psycopg
 from psycopg import sql
 
 from outbox._core import tables
+from outbox._core.config import DatabaseUrl
 from outbox._core.errors import OutboxError
+from outbox._core.postgres import connect
 from outbox._core.sqltext import bindable
 from sinks.errors import error
 from sinks.kafka_source.cluster import Cluster
@@ -96,6 +98,19 @@ def _source(source: str | None, opts: Mapping[str, str], kafka: Mapping[str, str
     )
 
 
+def _database(conn: psycopg.Connection[Any]) -> tuple[str, str]:
+    """Which database a connection reached: its server's system identifier and its name."""
+    row = conn.execute(
+        "SELECT system_identifier::text, current_database() FROM pg_control_system()"
+    ).fetchone()
+    assert row is not None
+    return str(row[0]), str(row[1])
+
+
+def _said(database: tuple[str, str]) -> str:
+    return f"database {database[1]!r} of server {database[0]}"
+
+
 def _nodes(root: Node | None) -> Iterator[Node]:
     if root is not None:
         yield root
@@ -120,6 +135,27 @@ class TopicCheck:
         # Kafka is asked with the first source's settings: a union's sources share a cluster.
         self.options = self.sources[0] if self.sources else None
         self.cluster = Cluster(self.options) if self.options else None
+
+    def check_ledgers(self, url: DatabaseUrl) -> None:
+        """Refuse a kafka_rc source that reads its ledger from another database than the sink's `url`:
+        the same server (its system identifier, which a streaming replica shares) and database name,
+        whatever the URL's spelling."""
+        others = sorted({s.ledger.url for s in self.sources if s.ledger and s.ledger.url != url}, key=str)
+        if not others:
+            return
+        with connect(url) as conn:
+            here = _database(conn)
+        for ledger in others:
+            with connect(ledger) as conn:
+                there = _database(conn)
+            if there != here:
+                raise error(
+                    "SINK_LEDGER_OTHER_DATABASE",
+                    ledger=ledger.safe,
+                    there=_said(there),
+                    url=url.safe,
+                    here=_said(here),
+                )
 
     def __call__(self, conn: psycopg.Connection[Any]) -> None:
         if self.cluster is None or self.options is None:

@@ -14,6 +14,7 @@ from decimal import Decimal
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from outbox import migrate
 from outbox._core.config import DatabaseUrl
@@ -22,7 +23,7 @@ from sinks.postgres import Outbox, PostgresSink, parse_json
 from sinks.postgres.clock import STAGES
 from sinks.postgres.refusal import SinkError
 from tests.cli import outbox
-from tests.helpers import produce_transaction, transactional_producer, unique
+from tests.helpers import fresh_database, produce_transaction, transactional_producer, unique
 from tests.sink_support import KAFKA, ORDERS, SCHEMA, apply_batches, event, ledger, log_ends, run, table
 from tests.source_support import stream
 
@@ -231,6 +232,29 @@ def test_a_ledger_start_from_another_sinks_ledger_is_refused(spark, bootstrap, t
         assert f".option('ledger.sink', {sink.name!r})" in str(refused.value), refused.value
     same = stream(spark, bootstrap, topic, **{"ledger.sink": sink.name, "ledger.url": db.raw})
     sink.writer(parse_json(same, SCHEMA, key_column="event_id"))  # its own ledger: taken
+
+
+def test_a_ledger_start_from_another_database_is_refused(spark, bootstrap, topic, db, server_url) -> None:  # type: ignore[no-untyped-def]
+    """kafka_rc's `ledger.url` naming another database than the sink writes to (staging's, a copy
+    restored elsewhere, a host name off by one), under the right sink name: after a lost checkpoint the
+    query starts where that database's ledger stands, or with no rows there at startingOffsets. The
+    same database under another spelling of its URL is the sink's own."""
+    sink = PostgresSink("orders", url=db.raw)
+    with fresh_database(server_url) as other:
+        migrate.upgrade(other, "public")  # a ledger there, empty: the silent case
+        frame = stream(spark, bootstrap, topic, **{"ledger.sink": sink.name, "ledger.url": other.raw})
+        with pytest.raises(ConfigError) as refused:
+            sink.writer(parse_json(frame, SCHEMA, key_column="event_id"))
+    assert refused.value.code == "SINK_LEDGER_OTHER_DATABASE", refused.value
+    assert other.safe in str(refused.value) and db.safe in str(refused.value), refused.value
+    password = conninfo_to_dict(other.libpq).get("password")
+    assert not password or password not in str(refused.value), "a password in the line"
+    spelled = (
+        db.raw.replace("127.0.0.1", "localhost") + ("&" if "?" in db.raw else "?") + "application_name=x"
+    )
+    assert spelled != db.raw
+    same = stream(spark, bootstrap, topic, **{"ledger.sink": sink.name, "ledger.url": spelled})
+    sink.writer(parse_json(same, SCHEMA, key_column="event_id"))  # its own database: taken
 
 
 def test_poison_records_go_to_dead_letters_and_the_batch_goes_on(spark, db, pg) -> None:  # type: ignore[no-untyped-def]
