@@ -184,7 +184,7 @@ def check_two_readers(
     assert_exactly_once(ours, committed)
     theirs = [
         (r.partition, r.offset, r.key or "", r.headers["event_id"])
-        for r in kafka_tools.console_consume(bootstrap, topic)
+        for r in kafka_tools.console_consume(bootstrap, topic, expected=bool(ours))
     ]
     assert_exactly_once(theirs, committed)
     assert sorted(theirs) == sorted(ours)
