@@ -112,6 +112,11 @@ CONDITIONS = Conditions(
     RELAY_KAFKA_SETTING_REFUSED=Condition(
         ConfigError, "Kafka at {bootstrap} refuses the relay's {setting} (-X {setting}=...): {reason}"
     ),
+    RELAY_KAFKA_NOT_AUTHORIZED=Condition(
+        ConfigError,
+        "Kafka at {bootstrap} refuses the relay ({reason}): it needs a grant {why}. Add it, then start"
+        " the relay again: {command} (docs/relay.md lists every grant a relay needs)",
+    ),
     RELAY_KAFKA_SETTING_INVALID=Condition(
         ConfigError,
         "the Kafka client (librdkafka) does not take the relay's settings: {reason} (-X, --kafka-config)",

@@ -36,7 +36,9 @@ SETTINGS = {
     "process.roles": "broker,controller",
     "controller.listener.names": "CONTROLLER",
     "inter.broker.listener.name": "PLAINTEXT",
-    "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,PROXIED:PLAINTEXT",
+    "listener.security.protocol.map": (
+        "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,PROXIED:PLAINTEXT,SECURED:SASL_PLAINTEXT"
+    ),
     "offsets.topic.num.partitions": "1",
     "transaction.state.log.num.partitions": "1",
     "group.initial.rebalance.delay.ms": "0",
@@ -64,6 +66,38 @@ class Proxied:
 
 
 @dataclass(frozen=True)
+class Secured:
+    """A SASL/PLAIN listener on `port` for `users` (name, password), each allowed only what ACLs grant
+    (Kafka's StandardAuthorizer), as a production cluster's clients are. The node itself and the plain
+    listener's clients (the tests' own admin and readers) are ANONYMOUS there, a super user."""
+
+    port: int
+    users: tuple[tuple[str, str], ...]
+
+    def client(self, user: str) -> dict[str, str]:
+        """librdkafka's settings for `user` on this listener."""
+        password = dict(self.users)[user]
+        return {
+            "bootstrap.servers": f"127.0.0.1:{self.port}",
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "PLAIN",
+            "sasl.username": user,
+            "sasl.password": password,
+        }
+
+    def settings(self) -> dict[str, str]:
+        logins = " ".join(f'user_{name}="{password}"' for name, password in self.users)
+        return {
+            "listener.name.secured.sasl.enabled.mechanisms": "PLAIN",
+            "listener.name.secured.plain.sasl.jaas.config": (
+                f"org.apache.kafka.common.security.plain.PlainLoginModule required {logins};"
+            ),
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "super.users": "User:ANONYMOUS",
+        }
+
+
+@dataclass(frozen=True)
 class Node:
     """One node of a KRaft quorum: its id, its client port and its controller port (and a proxied one)."""
 
@@ -71,6 +105,7 @@ class Node:
     port: int
     controller_port: int
     proxied: Proxied | None = None
+    secured: Secured | None = None
 
 
 def replicas(nodes: int) -> tuple[int, int]:
@@ -87,8 +122,12 @@ def server_properties(data_dir: Path, node: Node, voters: Sequence[Node]) -> dic
     if node.proxied:
         listeners += f",PROXIED://127.0.0.1:{node.proxied.port}"
         advertised += f",PROXIED://127.0.0.1:{node.proxied.advertised}"
+    if node.secured:
+        listeners += f",SECURED://127.0.0.1:{node.secured.port}"
+        advertised += f",SECURED://127.0.0.1:{node.secured.port}"
     return {
         **SETTINGS,
+        **(node.secured.settings() if node.secured else {}),
         "node.id": str(node.id),
         "controller.quorum.voters": ",".join(f"{v.id}@127.0.0.1:{v.controller_port}" for v in voters),
         "listeners": listeners,
@@ -124,7 +163,14 @@ def cluster_id() -> str:
     return text
 
 
-def start(data_dir: Path, port: int, *, die_with_parent: bool, proxied: Proxied | None = None) -> Service:
+def start(
+    data_dir: Path,
+    port: int,
+    *,
+    die_with_parent: bool,
+    proxied: Proxied | None = None,
+    secured: Secured | None = None,
+) -> Service:
     """Start a one-node cluster on 127.0.0.1:port; wait until it answers metadata requests.
 
     A data directory the broker already ran in is started again as it was
@@ -133,7 +179,7 @@ def start(data_dir: Path, port: int, *, die_with_parent: bool, proxied: Proxied 
     config = data_dir / "server.properties"
     known = read_properties(config) if config.exists() else {}
     if not known.get("listeners", "").startswith(f"PLAINTEXT://127.0.0.1:{port},"):
-        node = Node(1, port, free_port(), proxied)
+        node = Node(1, port, free_port(), proxied, secured)
         configure(data_dir, node, [node], cluster_id())
     proc = launch(data_dir, die_with_parent=die_with_parent)
     wait_until(lambda: _answers(port), proc, what="Kafka broker", log=data_dir / "server.log", timeout=120)
@@ -207,11 +253,22 @@ def _answers(port: int) -> bool:
 class Broker:
     """A broker of one run's own (a test's, the demo's), so it can be restarted or killed -9."""
 
-    def __init__(self, root: Path, port: int | None = None, *, proxied: bool = False) -> None:
-        """proxied: a second listener too, for a fault proxy in front of it (`self.proxied`)."""
+    def __init__(
+        self,
+        root: Path,
+        port: int | None = None,
+        *,
+        proxied: bool = False,
+        users: Mapping[str, str] | None = None,
+    ) -> None:
+        """proxied: a second listener too, for a fault proxy in front of it (`self.proxied`). users:
+        names and passwords of a listener whose clients are authorised by ACLs (`self.secured`)."""
         self.root = root
         wanted = Proxied.new() if proxied else None
-        self.service: Service = start(root, port or free_port(), die_with_parent=True, proxied=wanted)
+        self.secured = Secured(free_port(), tuple(users.items())) if users else None
+        self.service: Service = start(
+            root, port or free_port(), die_with_parent=True, proxied=wanted, secured=self.secured
+        )
         self.proxied = proxied_listener(root)
 
     @property

@@ -20,12 +20,15 @@ from confluent_kafka import (
     KafkaException,
     Message,
     Producer,
+    TopicCollection,
 )
+from confluent_kafka.admin import AclOperation, AdminClient
 
 from outbox._core.errors import OutboxError
 from outbox._core.kafka import client_settings
 from outbox._core.tables import EVENT_ID_HEADER
 from outbox.errors import error
+from outbox.relay.acls import Access
 from outbox.relay.outcomes import FENCED_CODES, Action, Call, classify, outcome
 from outbox.relay.pause import BEFORE_COMMIT, BEFORE_POSITION, BEFORE_PRODUCE, MID_TRANSACTION, Pause
 from outbox.relay.poison import (
@@ -39,7 +42,7 @@ from outbox.relay.poison import (
     unpublishable,
 )
 from outbox.relay.position import Identity, Position
-from outbox.relay.positions import PositionStore
+from outbox.relay.positions import PositionStore, answer
 from outbox.relay.row import Row
 
 log = logging.getLogger("outbox.relay")
@@ -105,7 +108,8 @@ class Publisher:
         self.exactly_once, self.timeout, self.pause = exactly_once, timeout, pause
         self.retry_for = 2 * timeout  # how long a call the outcome table retries is asked again
         self.settings = {**PRODUCER_DEFAULTS, **kafka}
-        self.positions = PositionStore(positions_topic, self.settings, bootstrap, timeout)
+        self.access = Access.of(bootstrap, relay.name, positions_topic, self.settings)
+        self.positions = PositionStore(self.access, self.settings, timeout)
         self._producer: Producer | None = None
         self._known_topics: set[str] = set()
         self._failures: list[tuple[KafkaError, Message]] = []
@@ -147,14 +151,14 @@ class Publisher:
             # Error callbacks run from poll: the cause arrives now (a fatal error is raised again).
             with contextlib.suppress(KafkaException):
                 self._producer.poll(0)
-            raise kafka_failure(exc, self.bootstrap, self._cause) from None
+            raise self._failure(exc) from None
 
     def position(self) -> Position | None:
         """This shard's last committed position (None: it never ran); call after `start` fenced the rest."""
         try:
             return self.positions.latest(self.relay)
         except KafkaException as exc:
-            raise kafka_failure(exc, self.bootstrap, self._cause) from None
+            raise self._failure(exc) from None
 
     def restart(self) -> None:
         """A new producer, initialised again: after a refused record, whose sequence number the
@@ -176,7 +180,43 @@ class Publisher:
         missing = wanted - self._known_topics
         if missing:
             row = next(r for r in rows if r.topic in missing)
-            raise Poison(row.id, missing_topic(row.topic), topic=True)
+            raise Poison(row.id, self._unlisted(row.topic), topic=True)
+        self._refuse_unwritable(rows, wanted)
+
+    def _refuse_unwritable(self, rows: Sequence[Row], topics: Iterable[str]) -> None:
+        """Raise Poison for the first row whose topic Kafka's authoriser does not let the relay write.
+
+        A transaction holding a record it may not write fails as a whole, and
+        names no topic (librdkafka purges every record of it): the topics are
+        asked for the operations the relay may do on them (KIP-430), which any
+        client may ask of a topic it may describe.
+        """
+        admin = AdminClient(client_settings(self.settings, "admin", bootstrap=self.bootstrap))
+        asked = admin.describe_topics(
+            TopicCollection(sorted(topics)), include_authorized_operations=True, request_timeout=self.timeout
+        )
+        refused: dict[str, KafkaError] = {}
+        for topic, future in asked.items():
+            try:
+                allowed = answer(future, self.timeout).authorized_operations
+            except KafkaException as exc:
+                if exc.args[0].code() not in TOPIC_CODES:
+                    raise
+                refused[topic] = exc.args[0]  # not the relay's to see, or deleted since
+                continue
+            if allowed is not None and not {AclOperation.WRITE, AclOperation.ALL} & set(allowed):
+                refused[topic] = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)
+        if refused:
+            row = next(r for r in rows if r.topic in refused)
+            raise Poison(row.id, explain(refused[row.topic], row.topic, record_size(row)), topic=True)
+
+    def _unlisted(self, topic: str) -> str:
+        """Why a topic is not in the cluster's list: it does not exist, or the relay may not see it
+        (Kafka lists only the topics a client may describe)."""
+        found = self.producer.list_topics(topic, timeout=self.timeout).topics.get(topic)
+        if found is not None and found.error is not None and found.error.code() in TOPIC_CODES:
+            return explain(found.error, topic, 0)
+        return missing_topic(topic)
 
     def publish(self, rows: Sequence[Row], position: Position) -> None:
         """Publish rows and then the position: one Kafka transaction (or, at least once, two flushes).
@@ -223,6 +263,8 @@ class Publisher:
             if action is Action.ABORT:
                 self.abort()
                 self._raise_poison(rows)
+                if exc.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:  # of which topic?
+                    self._refuse_unwritable(rows, {r.topic for r in rows})
             elif call is Call.COMMIT and action is Action.RETRY:
                 log.warning(
                     "the commit's outcome is still unknown after %.0fs (%s): a new producer will settle it,"
@@ -230,8 +272,14 @@ class Publisher:
                     self.retry_for,
                     exc.args[0].str(),
                 )
-            raise kafka_failure(exc, self.bootstrap, self._cause) from None
+            raise self._failure(exc) from None
         self._raise_poison(rows)
+
+    def _failure(self, exc: KafkaException) -> OutboxError:
+        """The error a failed call ends the session with: a grant Kafka's authoriser asks for, which
+        no retry changes, or else what `kafka_failure` says."""
+        refused = self.access.refused(exc.args[0]) if isinstance(exc.args[0], KafkaError) else None
+        return refused or kafka_failure(exc, self.bootstrap, self._cause)
 
     def _call(self, call: Call, run: Callable[[], object]) -> None:
         """Run one transactional call, and again while the outcome table says retry, for `retry_for`."""

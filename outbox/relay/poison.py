@@ -87,7 +87,10 @@ def explain(error: KafkaError, topic: str, size: int) -> str:
     if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
         return missing_topic(topic)
     if code == KafkaError.TOPIC_AUTHORIZATION_FAILED:
-        return f"not authorized to write to topic {topic!r} (grant WRITE, or fix the relay's credentials)"
+        return (
+            f"not authorized to write to topic {topic!r}: grant the relay's principal Write on it"
+            f" (kafka-acls --add --operation Write --topic {topic}), or fix the relay's credentials"
+        )
     return f"Kafka refused the record for topic {topic!r}: {error.str()}"
 
 

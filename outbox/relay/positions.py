@@ -21,6 +21,7 @@ from outbox._core.committed import read_committed
 from outbox._core.errors import ConfigError
 from outbox._core.kafka import client_settings
 from outbox.errors import error
+from outbox.relay.acls import Access
 from outbox.relay.position import Identity, Position, latest_position
 
 log = logging.getLogger("outbox.relay")
@@ -112,8 +113,9 @@ def problems(
 
 
 class PositionStore:
-    def __init__(self, topic: str, settings: Mapping[str, object], bootstrap: str, timeout: float) -> None:
-        self.topic, self.settings, self.bootstrap, self.timeout = topic, settings, bootstrap, timeout
+    def __init__(self, access: Access, settings: Mapping[str, object], timeout: float) -> None:
+        self.topic, self.bootstrap = access.positions_topic, access.bootstrap
+        self.access, self.settings, self.timeout = access, settings, timeout
 
     def latest(self, relay: Identity) -> Position | None:
         """This relay's last committed position (None: it never ran), creating the topic if need be."""
@@ -126,6 +128,8 @@ class PositionStore:
         metadata = admin.list_topics(timeout=self.timeout)
         live, brokers = len(metadata.brokers), cluster_size(metadata)
         existing = metadata.topics.get(self.topic)
+        if existing is not None and existing.error is not None and self.access.grant(existing.error):
+            raise KafkaException(existing.error)  # there, but not the relay's to see
         if existing is not None and existing.error is None:
             replicas = min((len(p.replicas) for p in existing.partitions.values()), default=0)
             resource = ConfigResource(ConfigResource.Type.TOPIC, self.topic)
@@ -145,10 +149,13 @@ class PositionStore:
                 answer(future, self.timeout)
             except KafkaException as exc:
                 failure = exc.args[0]
-                if failure.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-                    continue
+                if failure.code() == KafkaError.TOPIC_ALREADY_EXISTS:  # made meanwhile, or not ours to see
+                    self._wait_for_leader(admin)
+                    return
                 if not refused(failure):
                     raise  # Kafka not answering now (a timeout, a broker leaving): asked again
+                if (not_granted := self.access.refused(failure, create=True)) is not None:
+                    raise not_granted from None
                 raise error(
                     "RELAY_POSITIONS_TOPIC_NOT_CREATED",
                     topic=self.topic,
@@ -163,6 +170,8 @@ class PositionStore:
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
             found = admin.list_topics(self.topic, timeout=self.timeout).topics.get(self.topic)
+            if found is not None and found.error is not None and self.access.grant(found.error):
+                raise KafkaException(found.error)  # made, but not the relay's to see
             leaders = [p.leader for p in found.partitions.values()] if found is not None else []
             if found is not None and found.error is None and min(leaders, default=-1) >= 0:
                 return

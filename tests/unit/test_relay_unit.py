@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from outbox._core.errors import ConfigError, OutboxError
 from outbox.cli.relay import kafka_settings, redacted
-from outbox.relay import pace
+from outbox.relay import acls, pace
 from outbox.relay.kafka import Publisher
 from outbox.relay.poison import explain, is_poison, unpublishable
 from outbox.relay.position import (
@@ -30,6 +30,7 @@ from outbox.relay.positions import answer, cluster_size, problems, refused, repl
 from outbox.relay.relay import backoff
 from outbox.relay.row import Row
 from outbox.relay.settings import RelaySettings, relay_name
+from tests.helpers import REPO
 
 SNAP = "100:105:101,103"
 TARGET = Target(SNAP, 7)  # a fresh delta's snapshot and the mark written for it
@@ -432,3 +433,33 @@ def test_batches_shrink_after_one_that_ran_out_of_time_and_grow_back_when_fast(
     grown = pace.after_success(limit, most, sent, elapsed, window)
     assert limit <= grown <= most
     assert (grown > limit) == (sent == limit and elapsed < window / 4)
+
+
+def test_the_docs_list_the_acls_the_relay_declares() -> None:
+    """docs/relay.md's kafka-acls lines are the grants `outbox.relay.acls` declares, for its example."""
+    docs = (REPO / "docs" / "relay.md").read_text()
+    lines = {line.strip() for line in docs.splitlines() if line.strip().startswith("kafka-acls ")}
+    declared = [*acls.grants("NAME", "outbox-relay-positions"), acls.events_topic("orders.changed")]
+    assert {g.command("B", "User:relay") for g in declared} == lines
+
+
+@pytest.mark.parametrize(
+    ("code", "create", "wanted"),
+    [
+        (KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, False, acls.transactions("r")),
+        (KafkaError.TOPIC_AUTHORIZATION_FAILED, False, acls.positions("p")),
+        (KafkaError.TOPIC_AUTHORIZATION_FAILED, True, acls.creating("p")),
+        (KafkaError.CLUSTER_AUTHORIZATION_FAILED, True, acls.creating("p")),
+        (KafkaError._TIMED_OUT, False, None),
+        (KafkaError.UNKNOWN_TOPIC_OR_PART, False, None),
+    ],
+)
+def test_a_refusal_names_the_grant_it_asks_for(code: int, create: bool, wanted: acls.Grant | None) -> None:
+    access = acls.Access.of("b:9092", "r", "p", {"sasl.username": "svc relay"})
+    assert access.grant(KafkaError(code), create=create) == wanted
+    said = access.refused(KafkaError(code), create=create)
+    assert (said is None) == (wanted is None)
+    if wanted is not None and said is not None:
+        assert said.code == "RELAY_KAFKA_NOT_AUTHORIZED"
+        assert wanted.command("b:9092", "User:svc relay") in said.message
+        assert "--allow-principal 'User:svc relay'" in said.message  # quoted for a shell

@@ -1,0 +1,176 @@
+"""The relay on a Kafka that authorises its clients by ACLs, as production clusters do.
+
+The broker's SASL listener lets the relay's user do only what ACLs grant; the
+tests' own admin and readers use its plain listener. With the grants
+docs/relay.md lists (`outbox.relay.acls`) and nothing more, the relay publishes
+every event once; with any one of them missing it stops with one line that
+holds the kafka-acls command adding it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from confluent_kafka.admin import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ResourcePatternType,
+    ResourceType,
+)
+
+from outbox._core.config import DatabaseUrl
+from outbox.relay.acls import TOPIC, TRANSACTIONAL_ID, Grant, events_topic, grants
+from outbox.writer import add_event
+from outbox_dev.kafka import Broker
+from tests.helpers import create_topic, unique
+from tests.relay_support import ACTIVE, Committed, check_two_readers, relay_job, terminate
+
+USER, PASSWORD = "relay", "relay-s3cret"
+PRINCIPAL = f"User:{USER}"
+_RESOURCES = {
+    TOPIC: ResourceType.TOPIC,
+    TRANSACTIONAL_ID: ResourceType.TRANSACTIONAL_ID,
+}
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    broker = Broker(tmp_path_factory.mktemp("secured"), users={USER: PASSWORD})
+    yield broker
+    broker.stop()
+
+
+def bindings(grant: Grant) -> list[AclBinding]:
+    pattern = ResourcePatternType.PREFIXED if grant.prefixed else ResourcePatternType.LITERAL
+    return [
+        AclBinding(
+            _RESOURCES[grant.resource],
+            grant.name,
+            pattern,
+            PRINCIPAL,
+            "*",
+            AclOperation[_snake(operation)],
+            AclPermissionType.ALLOW,
+        )
+        for operation in grant.operations
+    ]
+
+
+def _snake(operation: str) -> str:
+    return "".join(f"_{c}" if c.isupper() and i else c for i, c in enumerate(operation)).upper()
+
+
+def set_acls(broker: Broker, wanted: list[Grant]) -> None:
+    """The relay's user may do what `wanted` grants, and nothing else."""
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    everything = AclBindingFilter(
+        ResourceType.ANY,
+        None,
+        ResourcePatternType.ANY,
+        PRINCIPAL,
+        None,
+        AclOperation.ANY,
+        AclPermissionType.ANY,
+    )
+    for future in admin.delete_acls([everything]).values():
+        future.result(30)
+    if wanted:
+        for future in admin.create_acls([b for g in wanted for b in bindings(g)]).values():
+            future.result(30)
+
+
+def relay_env(broker: Broker, url: DatabaseUrl, tmp_path: Path) -> tuple[dict[str, str], str]:
+    """The relay's environment on the SASL listener, its settings in a file (no password on a command
+    line), and the positions topic it is given."""
+    assert broker.secured is not None
+    client = broker.secured.client(USER)
+    config = tmp_path / "kafka.properties"
+    config.write_text("".join(f"{k}={v}\n" for k, v in client.items() if k != "bootstrap.servers"))
+    positions = unique("positions")
+    return {
+        "DATABASE_URL": url.raw,
+        "KAFKA_BOOTSTRAP_SERVERS": client["bootstrap.servers"],
+        "OUTBOX_RELAY_KAFKA_CONFIG": str(config),
+        "OUTBOX_RELAY_POSITIONS_TOPIC": positions,
+    }, positions
+
+
+def write_events(url: DatabaseUrl, topic: str, count: int) -> Committed:
+    committed = Committed()
+    with psycopg.connect(url.libpq) as conn:
+        for n in range(count):
+            key = f"k{n % 4}"
+            committed.add(key, [str(add_event(conn, topic, {"n": n}, key=key))])
+            conn.commit()
+    return committed
+
+
+@pytest.mark.parametrize("delivery", ["exactly-once", "at-least-once"])
+def test_the_grants_the_docs_list_are_all_a_relay_needs(
+    tmp_path: Path, outbox_db: DatabaseUrl, secured: Broker, delivery: str
+) -> None:
+    env, positions = relay_env(secured, outbox_db, tmp_path)
+    topic, name = create_topic(secured.bootstrap, unique("events"), 3), unique("relay")
+    set_acls(
+        secured, [*grants(name, positions, exactly_once=delivery == "exactly-once"), events_topic(topic)]
+    )
+    committed = write_events(outbox_db, topic, 30)
+    job, _ = relay_job(tmp_path, env, name, "--delivery", delivery)
+    job.wait_for_output(ACTIVE, 60)
+    check_two_readers(secured.bootstrap, topic, 3, committed, outbox_db)
+    assert terminate(job) == 0
+    assert PASSWORD not in job.output()
+
+
+@pytest.mark.parametrize("missing", ["positions topic", "create", "transactional id"])
+def test_a_grant_missing_stops_the_relay_with_the_command_that_adds_it(
+    tmp_path: Path, outbox_db: DatabaseUrl, secured: Broker, missing: str
+) -> None:
+    """Before, a grant missing was retried as an outage until RELAY_GAVE_UP (2.5 minutes by default),
+    naming the broker's refusal at best, or a positions topic "with no leader"."""
+    env, positions = relay_env(secured, outbox_db, tmp_path)
+    topic, name = create_topic(secured.bootstrap, unique("events"), 3), unique("relay")
+    needed = grants(name, positions)
+    left_out = needed[["positions topic", "create", "transactional id"].index(missing)]
+    set_acls(secured, [g for g in needed if g != left_out] + [events_topic(topic)])
+    committed = write_events(outbox_db, topic, 10)
+    job, _ = relay_job(tmp_path, env, name)
+    assert job.wait(60) == 2, job.output()
+    said = [line for line in job.output().splitlines() if line.startswith("outbox: error: ")]
+    assert len(said) == 1 and "[RELAY_KAFKA_NOT_AUTHORIZED]" in said[0], job.output()
+    assert left_out.command(env["KAFKA_BOOTSTRAP_SERVERS"], PRINCIPAL) in said[0], said
+    assert "retrying" not in job.output(), job.output()
+
+    set_acls(secured, [*needed, events_topic(topic)])  # the grant added: it goes on from there
+    again, _ = relay_job(tmp_path, env, name)
+    again.wait_for_output(ACTIVE, 60)
+    check_two_readers(secured.bootstrap, topic, 3, committed, outbox_db)
+    assert terminate(again) == 0
+
+
+@pytest.mark.parametrize("granted", [(), ("Describe",)], ids=["nothing", "describe"])
+def test_an_events_topic_the_relay_may_not_write_is_a_halt_naming_the_grant(
+    tmp_path: Path, outbox_db: DatabaseUrl, secured: Broker, granted: tuple[str, ...]
+) -> None:
+    """Where the relay may not even see the topic, it said the topic does not exist; where it may see
+    it but not write, it retried until RELAY_GAVE_UP, naming no topic."""
+    env, positions = relay_env(secured, outbox_db, tmp_path)
+    topic, name = create_topic(secured.bootstrap, unique("events"), 3), unique("relay")
+    other = create_topic(secured.bootstrap, unique("other"), 3)
+    partial = [Grant(TOPIC, topic, granted, "test")] if granted else []
+    set_acls(secured, [*grants(name, positions), events_topic(other), *partial])
+    before = write_events(outbox_db, other, 5)
+    write_events(outbox_db, topic, 3)
+    job, _ = relay_job(tmp_path, env, name)
+    job.wait_for_output("halted on a poison row", 60)
+    assert f"not authorized to write to topic {topic!r}" in job.output(), job.output()
+    assert f"--operation Write --topic {topic}" in job.output(), job.output()
+    check_two_readers(secured.bootstrap, other, 3, before, outbox_db)  # the rows before it, once
+    assert job.process.poll() is None, job.output()
+    assert terminate(job) == 0
