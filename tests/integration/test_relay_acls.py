@@ -29,7 +29,7 @@ from outbox.relay.acls import TOPIC, TRANSACTIONAL_ID, Grant, events_topic, gran
 from outbox.writer import add_event
 from outbox_dev.kafka import Broker
 from tests.helpers import create_topic, unique
-from tests.relay_support import ACTIVE, Committed, check_two_readers, relay_job, terminate
+from tests.relay_support import ACTIVE, Committed, check_two_readers, relay_job, terminate, wait_published
 
 USER, PASSWORD = "relay", "relay-s3cret"
 PRINCIPAL = f"User:{USER}"
@@ -173,4 +173,28 @@ def test_an_events_topic_the_relay_may_not_write_is_a_halt_naming_the_grant(
     assert f"--operation Write --topic {topic}" in job.output(), job.output()
     check_two_readers(secured.bootstrap, other, 3, before, outbox_db)  # the rows before it, once
     assert job.process.poll() is None, job.output()
+    assert terminate(job) == 0
+
+
+def test_a_write_grant_revoked_while_it_runs_halts_on_the_topic_and_resumes_once_granted(
+    tmp_path: Path, outbox_db: DatabaseUrl, secured: Broker
+) -> None:
+    """The transaction that meets the revoked grant fails as a whole, naming no topic: before, the relay
+    retried it until RELAY_GAVE_UP. Now the rows before it are out, the topic is named, and once the
+    grant is back every event goes out once."""
+    env, positions = relay_env(secured, outbox_db, tmp_path)
+    topic, name = create_topic(secured.bootstrap, unique("events"), 3), unique("relay")
+    needed = [*grants(name, positions), events_topic(topic)]
+    set_acls(secured, needed)
+    committed = write_events(outbox_db, topic, 10)
+    job, _ = relay_job(tmp_path, env, name)
+    job.wait_for_output(ACTIVE, 60)
+    wait_published(secured.bootstrap, topic, 3, committed.count)
+    set_acls(secured, [*grants(name, positions), Grant(TOPIC, topic, ("Describe",), "test")])
+    later = write_events(outbox_db, topic, 10)
+    job.wait_for_output("halted on a poison row", 60)
+    assert f"not authorized to write to topic {topic!r}" in job.output(), job.output()
+    assert "RELAY_GAVE_UP" not in job.output()
+    set_acls(secured, needed)
+    check_two_readers(secured.bootstrap, topic, 3, Committed.merged(committed, later), outbox_db, timeout=90)
     assert terminate(job) == 0
