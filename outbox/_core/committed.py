@@ -26,7 +26,7 @@ from confluent_kafka import (
 )
 
 from outbox._core.errors import error
-from outbox._core.kafka import client_settings
+from outbox._core.kafka import about_the_group, client_settings
 
 NEW_TOPIC_S = 5.0  # how long a topic that is not found is asked for again before it is said missing
 
@@ -90,6 +90,8 @@ def read_committed(
             elif failure.code() == KafkaError._PARTITION_EOF:
                 if offset >= ends[partition]:
                     pending.discard(partition)
+            elif about_the_group(failure):
+                continue
             elif failure.code() == KafkaError._AUTO_OFFSET_RESET and first[partition] >= 0:
                 # A start below the log's (the beginning's own lookup failing is no such loss).
                 raise error("KAFKA_START_GONE", topic=topic, partition=partition, offset=first[partition])

@@ -19,6 +19,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from confluent_kafka import KafkaError
+
 Role = Literal["producer", "consumer", "admin"]
 
 CLIENT_LOG = "outbox.kafka"
@@ -90,3 +92,12 @@ def client_settings(
     if bootstrap is not None:
         kept["bootstrap.servers"] = bootstrap
     return {**kept, "logger": _log}
+
+
+def about_the_group(failure: KafkaError) -> bool:
+    """Whether a consumer's error is of the consumer group librdkafka looks up for any consumer with a
+    group.id, even one that only assigns partitions and never commits, as every reader here does. On
+    a cluster that authorises by ACLs, a principal with no grant on that group gets
+    GROUP_AUTHORIZATION_FAILED as each consumer starts, which says nothing about the read (Java's
+    consumer, which the same reads need no group grant for, never asks)."""
+    return failure.code() == KafkaError.GROUP_AUTHORIZATION_FAILED

@@ -19,7 +19,7 @@ from typing import Any, cast
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from outbox._core.kafka import client_settings
+from outbox._core.kafka import about_the_group, client_settings
 from sinks.errors import error
 from sinks.kafka_source.ranges import Range
 
@@ -121,6 +121,7 @@ def _drain(
                 if not messages and (ahead := fetched.take()) is not None and ahead > position:
                     position = min(ahead, rng.end)
         if messages:
+            messages = [m for m in messages if not ((e := m.error()) is not None and about_the_group(e))]
             failed = [m for m in messages if m.error() is not None]
             if failed:
                 _raise(failed, rng, position)
