@@ -43,7 +43,7 @@ class Grant:
 def grants(name: str, positions_topic: str, *, exactly_once: bool = True) -> list[Grant]:
     """What relay `name` needs, besides Write on each topic its outbox rows name (`events_topic`)."""
     needed = [positions(positions_topic), creating(positions_topic)]
-    # At least once, the idempotent producer needs no more than Write on a topic (Kafka 3.2, KIP-679).
+    # At least once, the idempotent producer needs no more than Write on a topic (KIP-679).
     return [*needed, transactions(name)] if exactly_once else needed
 
 
@@ -99,8 +99,13 @@ class Access:
         code = failure.code()
         if code == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
             return transactions(self.name)
-        if code in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED):
-            return creating(self.positions_topic) if create else positions(self.positions_topic)
+        if create and code in (
+            KafkaError.TOPIC_AUTHORIZATION_FAILED,
+            KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        ):
+            return creating(self.positions_topic)
+        if code == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            return positions(self.positions_topic)
         return None
 
     def refused(self, failure: KafkaError, *, create: bool = False) -> OutboxError | None:

@@ -181,10 +181,17 @@ class Publisher:
         if missing:
             row = next(r for r in rows if r.topic in missing)
             raise Poison(row.id, self._unlisted(row.topic), topic=True)
-        self._refuse_unwritable(rows, wanted)
+        self._refuse_unwritable(rows, self._unwritable(wanted))
 
-    def _refuse_unwritable(self, rows: Sequence[Row], topics: Iterable[str]) -> None:
-        """Raise Poison for the first row whose topic Kafka's authoriser does not let the relay write.
+    def _refuse_unwritable(self, rows: Sequence[Row], refused: Mapping[str, KafkaError]) -> None:
+        """Raise Poison for the first row whose topic is `refused` (by `_unwritable`)."""
+        row = next((r for r in rows if r.topic in refused), None)
+        if row is not None:
+            self._known_topics -= refused.keys()  # asked again before its rows are sent again
+            raise Poison(row.id, explain(refused[row.topic], row.topic, record_size(row)), topic=True)
+
+    def _unwritable(self, topics: Iterable[str]) -> dict[str, KafkaError]:
+        """The topics the relay may not write, and why.
 
         A transaction holding a record it may not write fails as a whole, and
         names no topic (librdkafka purges every record of it): the topics are
@@ -204,11 +211,10 @@ class Publisher:
                     raise
                 refused[topic] = exc.args[0]  # not the relay's to see, or deleted since
                 continue
-            if allowed is not None and not {AclOperation.WRITE, AclOperation.ALL} & set(allowed):
+            # None or empty: the broker did not say (before KIP-430, or a Kafka-compatible one).
+            if allowed and AclOperation.WRITE not in allowed:
                 refused[topic] = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)
-        if refused:
-            row = next(r for r in rows if r.topic in refused)
-            raise Poison(row.id, explain(refused[row.topic], row.topic, record_size(row)), topic=True)
+        return refused
 
     def _unlisted(self, topic: str) -> str:
         """Why a topic is not in the cluster's list: it does not exist, or the relay may not see it
@@ -264,7 +270,12 @@ class Publisher:
                 self.abort()
                 self._raise_poison(rows)
                 if exc.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:  # of which topic?
-                    self._refuse_unwritable(rows, {r.topic for r in rows})
+                    refused = self._unwritable({r.topic for r in rows} | {self.positions.topic})
+                    self._refuse_unwritable(rows, refused)
+                    if self.positions.topic not in refused:
+                        # Every topic writable now: a grant given back, or a broker that had not
+                        # seen it yet. Retried, as an outage.
+                        raise kafka_failure(exc, self.bootstrap, self._cause) from None
             elif call is Call.COMMIT and action is Action.RETRY:
                 log.warning(
                     "the commit's outcome is still unknown after %.0fs (%s): a new producer will settle it,"

@@ -1,19 +1,22 @@
-"""The relay on a Kafka that authorises its clients by ACLs, as production clusters do.
+"""The relay and the sink on a Kafka that authorises its clients by ACLs, as production clusters do.
 
-The broker's SASL listener lets the relay's user do only what ACLs grant; the
-tests' own admin and readers use its plain listener. With the grants
-docs/relay.md lists (`outbox.relay.acls`) and nothing more, the relay publishes
-every event once; with any one of them missing it stops with one line that
-holds the kafka-acls command adding it.
+The broker's SASL listener lets the user under test do only what ACLs grant;
+the tests' own admin, producers and readers use its plain listener. With the
+grants docs/relay.md lists (`outbox.relay.acls`) and nothing more, the relay
+publishes every event once; with any one of them missing it stops with one
+line that holds the kafka-acls command adding it. The sink applies every
+committed event once with Read on its topic and no other grant.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
+from confluent_kafka import Producer
 from confluent_kafka.admin import (
     AclBinding,
     AclBindingFilter,
@@ -24,12 +27,16 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
+from outbox._core.committed import read_committed
 from outbox._core.config import DatabaseUrl
 from outbox.relay.acls import TOPIC, TRANSACTIONAL_ID, Grant, events_topic, grants
 from outbox.writer import add_event
 from outbox_dev.kafka import Broker
-from tests.helpers import create_topic, unique
+from sinks.postgres import PostgresSink
+from tests.helpers import create_topic, produce_transaction, transactional_producer, unique
 from tests.relay_support import ACTIVE, Committed, check_two_readers, relay_job, terminate, wait_published
+from tests.sink_support import check_with_console, event, ledger, log_ends, run
+from tests.source_support import batch_read
 
 USER, PASSWORD = "relay", "relay-s3cret"
 PRINCIPAL = f"User:{USER}"
@@ -190,11 +197,55 @@ def test_a_write_grant_revoked_while_it_runs_halts_on_the_topic_and_resumes_once
     job, _ = relay_job(tmp_path, env, name)
     job.wait_for_output(ACTIVE, 60)
     wait_published(secured.bootstrap, topic, 3, committed.count)
-    set_acls(secured, [*grants(name, positions), Grant(TOPIC, topic, ("Describe",), "test")])
+    other = create_topic(secured.bootstrap, unique("other"), 3)
+    set_acls(secured, [*needed[:-1], events_topic(other), Grant(TOPIC, topic, ("Describe",), "test")])
+    before = write_events(outbox_db, other, 4)  # in the batch of the refused rows, ahead of them
     later = write_events(outbox_db, topic, 10)
     job.wait_for_output("halted on a poison row", 60)
     assert f"not authorized to write to topic {topic!r}" in job.output(), job.output()
     assert "RELAY_GAVE_UP" not in job.output()
-    set_acls(secured, needed)
+    check_two_readers(secured.bootstrap, other, 3, before, outbox_db)
+    set_acls(secured, [*needed, events_topic(other)])
     check_two_readers(secured.bootstrap, topic, 3, Committed.merged(committed, later), outbox_db, timeout=90)
     assert terminate(job) == 0
+
+
+def test_the_sink_applies_every_event_once_with_read_on_its_topic_and_no_other_grant(
+    spark, secured: Broker, db: DatabaseUrl, pg: psycopg.Connection, checkpoint: Path
+) -> None:
+    """kafka_rc reads as the user, and the sink's check of the topic's id and log ends asks as it: no
+    group, no cluster grant. An aborted transaction in the topic, applied by neither."""
+    assert secured.secured is not None
+    client = secured.secured.client(USER)
+    topic = create_topic(secured.bootstrap, unique("orders"), 2)
+    producer = transactional_producer(secured.bootstrap)
+    produce_transaction(producer, topic, [event(str(uuid.uuid4()), n) for n in range(40)])
+    produce_transaction(producer, topic, [event(str(uuid.uuid4()), 99)], commit=False)
+    set_acls(secured, [Grant(TOPIC, topic, ("Read",), "the sink's input")])
+    options = {f"kafka.{k}": v for k, v in client.items() if k != "bootstrap.servers"}
+    sink = run(
+        spark, client["bootstrap.servers"], topic, checkpoint, PostgresSink("orders", url=db.raw), **options
+    )
+    assert sink.last is not None
+    check_with_console(pg, secured.bootstrap, topic)
+    assert ledger(pg) == log_ends(secured.bootstrap, topic)
+
+
+def test_the_readers_need_no_grant_on_the_group_they_never_use(spark, secured: Broker) -> None:
+    """librdkafka looks up the group of any consumer with a group.id, and a principal with no grant on
+    it gets GROUP_AUTHORIZATION_FAILED as the consumer starts, though these readers only assign
+    partitions. Before, kafka_rc's reads (KAFKA_RC_READ_FAILED) and the reader of the relay's positions
+    and of `outbox verify` (KAFKA_READ_FAILED) failed on it whenever it came before the read's end."""
+    assert secured.secured is not None
+    client = secured.secured.client(USER)
+    topic, count = create_topic(secured.bootstrap, unique("many"), 1), 100_000
+    producer = Producer({"bootstrap.servers": secured.bootstrap, "linger.ms": 50})
+    for n in range(count):
+        producer.produce(topic, str(n).encode(), b"k")
+        if n % 10_000 == 0:
+            producer.poll(0)
+    assert producer.flush(60) == 0
+    set_acls(secured, [Grant(TOPIC, topic, ("Read",), "the readers' input")])
+    assert len(read_committed(client, topic, timeout=120)) == count
+    options = {f"kafka.{k}": v for k, v in client.items() if k != "bootstrap.servers"}
+    assert len(batch_read(spark, client["bootstrap.servers"], topic, **options)) == count

@@ -235,8 +235,8 @@ def test_a_ledger_start_from_another_sinks_ledger_is_refused(spark, bootstrap, t
 
 
 def test_a_ledger_start_from_another_database_is_refused(spark, bootstrap, topic, db, server_url) -> None:  # type: ignore[no-untyped-def]
-    """kafka_rc's `ledger.url` naming another database than the sink writes to (staging's, a copy
-    restored elsewhere, a host name off by one), under the right sink name: after a lost checkpoint the
+    """kafka_rc's `ledger.url` naming another database than the sink writes to (staging's, another
+    cluster's, a database name off by one), under the right sink name: after a lost checkpoint the
     query starts where that database's ledger stands, or with no rows there at startingOffsets. The
     same database under another spelling of its URL is the sink's own."""
     sink = PostgresSink("orders", url=db.raw)

@@ -450,6 +450,7 @@ def test_the_docs_list_the_acls_the_relay_declares() -> None:
         (KafkaError.TOPIC_AUTHORIZATION_FAILED, False, acls.positions("p")),
         (KafkaError.TOPIC_AUTHORIZATION_FAILED, True, acls.creating("p")),
         (KafkaError.CLUSTER_AUTHORIZATION_FAILED, True, acls.creating("p")),
+        (KafkaError.CLUSTER_AUTHORIZATION_FAILED, False, None),  # an older broker's IdempotentWrite
         (KafkaError._TIMED_OUT, False, None),
         (KafkaError.UNKNOWN_TOPIC_OR_PART, False, None),
     ],
