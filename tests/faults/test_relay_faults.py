@@ -299,3 +299,39 @@ def test_a_batch_that_fails_after_the_next_delta_was_read_loses_nothing_to_anoth
     assert_exactly_once(wait_published(slow_kafka, topic, 3, committed.count, timeout=60), committed)
     assert [e for *_, e in wait_published(slow_kafka, missing, 3, 1, timeout=30)] == [str(first[14].event_id)]
     assert terminate(slow) == 0 and terminate(fast) == 0
+
+
+def test_a_relay_on_a_logical_subscriber_publishes_every_row_replication_brings(
+    tmp_path: Path, own_postgres: OwnPostgres, bootstrap: str, events_topic: str
+) -> None:
+    """A move to a new cluster by logical replication (a major-version upgrade, a blue/green
+    cutover), the relay on the subscriber. Replication's apply skips ordinary triggers, so 0010's
+    stamp did not run there: a row kept the id of the publisher's transaction, which means nothing
+    in the subscriber's snapshots. With the subscriber's ids ahead of the publisher's, the relay
+    took each replicated row for published long ago, never read it, and cleanup deleted it."""
+    subscriber = own_postgres
+    publisher = OwnPostgres(tmp_path / "publisher")
+    try:
+        migrate.upgrade(publisher.url, "public")
+        publisher.execute("CREATE PUBLICATION outbox FOR TABLE outbox_events")
+        with psycopg.connect(subscriber.url.libpq, autocommit=True) as conn:
+            for _ in range(3000):  # the subscriber's transaction ids well ahead of the publisher's
+                conn.execute("SELECT pg_current_xact_id()")
+        with psycopg.connect(subscriber.url.libpq, autocommit=True) as conn:
+            connection = sql.Literal(publisher.url.libpq)
+            conn.execute(
+                sql.SQL("CREATE SUBSCRIPTION outbox CONNECTION {} PUBLICATION outbox").format(connection)
+            )
+        local = Writers(subscriber.url, events_topic).start(transactions=5)
+        local.join()
+        env = {"DATABASE_URL": subscriber.url.raw, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
+        job, _ = relay_job(tmp_path, env, unique("relay"))
+        wait_published(bootstrap, events_topic, 3, local.committed.count)  # the relay has a base
+        replicated = Writers(publisher.url, events_topic).start(transactions=20)
+        replicated.join()
+        committed = Committed.merged(local.committed, replicated.committed)
+        check_two_readers(bootstrap, events_topic, 3, committed, subscriber.url, timeout=60)
+        assert terminate(job) == 0
+    finally:
+        subscriber.execute("DROP SUBSCRIPTION IF EXISTS outbox")
+        publisher.stop()
