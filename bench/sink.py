@@ -22,6 +22,12 @@ its cost is measured alone too; the peers are also fed that same frame
   source_memory, source_memory_ranged: the Parquet feeds -> noop;
   source_memory_arrow: the sink's Parquet feed (by range) handed to Python as Arrow, dropped;
   sink_rc: the sink fed by kafka_rc instead, the framework's own source;
+  tasks_read_kafka: not a writer this project has: the ceiling of a sink whose Python tasks read
+           Kafka themselves. Spark hands it only each micro-batch's offset ranges (a file of them
+           a batch); each task reads its range read_committed with confluent-kafka, parses the
+           values with Arrow's JSON reader, and COPYs, upserts and moves a ledger row in one
+           transaction: no Spark JVM between Kafka and the task, and the bare apply (no dead
+           letters, no fresh-row filter, no checks). It says what that design would leave.
   sink_driver: the sink from Kafka with apply_in="driver", the staged path.
   sink_traced: the sink from Kafka with trace=True (each record's outcome recorded for
            `outbox trace`): what tracing costs, against `sink`.
@@ -56,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import json
 import os
 import sys
@@ -84,7 +91,13 @@ from sinks.postgres.clock import STAGES
 
 # The hand-written peer's stages: rows from Spark, COPY (row by row: encode and send), upsert, commit.
 HAND_STAGES = ("input", "copy", "apply", "commit")
+# tasks_read_kafka's: the range read from Kafka, its values parsed, encoded as CSV, COPY, apply, commit.
+RANGE_STAGES = ("read", "parse", "encode", "copy", "apply", "commit")
 SCHEMA = "event_id string, n long, amount decimal(12,2), note string"
+ARROW_SCHEMA = pa.schema(
+    [("event_id", pa.string()), ("n", pa.int64()), ("amount", pa.decimal128(12, 2)), ("note", pa.string())]
+)
+RANGES = "topic string, partition int, start long, end long"
 TABLE = "CREATE TABLE {} (event_id uuid PRIMARY KEY, n bigint, amount numeric(12,2), note text)"
 # The Spark runs that write, each to bench_<name>.
 SINKS = ("sink", "sink_memory", "sink_rc", "sink_driver", "sink_traced", "sink_rf3")
@@ -101,20 +114,22 @@ WRITERS = (
     "sink_driver",
     "sink_traced",
     "sink_rf3",
+    "tasks_read_kafka",
 )
 # The runs the targets compare, measured in --rounds rounds, by feed: the feed handed to Python as Arrow,
 # then the writers of that feed, whose order turns by one each round. A round ran them in one order
 # before, the sink first: in three one-round runs it cost 5-10 CPU us per event more in the Spark JVM
 # than the same sink run later (tracing, on the driver), and in two kept runs of three its first
-# round's ratio was the lowest; now each writer takes each place once in three rounds.
+# round's ratio was the lowest; now each writer's place turns by one each round.
 COMPARED = (
-    ("source_arrow", ("sink", "jdbc", "hand")),
+    ("source_arrow", ("sink", "jdbc", "hand", "tasks_read_kafka")),
     (
         "source_memory_arrow",
         ("sink_memory", "jdbc_memory", "hand_memory", "jdbc_memory_ranged", "hand_memory_ranged"),
     ),
 )
 ROUNDED = tuple(name for feed, writers in COMPARED for name in (feed, *writers))
+WARMED = COMPARED[0][1]  # each writer from Kafka runs once unmeasured first (the JVMs' first reads)
 
 
 def round_order(k: int) -> list[str]:
@@ -254,6 +269,29 @@ def write_parquet(rows: pa.Table, topic: str, partitions: int, per_batch: int, f
             pq.write_table(part, folder / f"batch-{k:05d}-partition-{p:05d}.parquet")
 
 
+def write_ranges(bootstrap: str, topic: str, batches: int, folder: Path) -> list[int]:
+    """Each partition of `topic` cut into `batches` offset ranges, one JSON file a micro-batch reads;
+    the events each batch holds. The topic was written without transactions: its offsets run on."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-ranges"})
+    try:
+        count = len(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
+        ends = [consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in range(count)]
+    finally:
+        consumer.close()
+    folder.mkdir()
+    sizes = []
+    for k in range(batches):
+        cut = [(p, end * k // batches, end * (k + 1) // batches) for p, end in enumerate(ends)]
+        lines = [json.dumps({"topic": topic, "partition": p, "start": a, "end": b}) for p, a, b in cut]
+        path = folder / f"batch-{k:05d}.json"
+        path.write_text("\n".join(lines) + "\n")
+        os.utime(path, (k + 1, k + 1))  # the file source reads in modification order
+        sizes.append(sum(b - a for _, a, b in cut))
+    return sizes
+
+
 def spark_runs(
     url: DatabaseUrl,
     bootstrap: str,
@@ -265,10 +303,13 @@ def spark_runs(
     partitions: int,
     replicated: str | None,
     rounds: int,
+    ranges: Path,
+    sizes: list[int],
 ) -> dict[str, dict[str, Any]]:
     """Every Spark run, in one SparkSession: from Kafka, then from Parquet, each of `total` rows.
 
-    replicated: the servers of the RF 3 cluster holding the same topic, or None."""
+    replicated: the servers of the RF 3 cluster holding the same topic, or None.
+    ranges: the files of the topic's offset ranges (write_ranges), `sizes` the events of each."""
     from outbox_dev.jvm import maven
     from outbox_dev.local_spark import kafka_connector_jars, local_session, stop_session
     from sinks.kafka_source import register
@@ -329,6 +370,13 @@ def spark_runs(
             clock = clocks[table] = {stage: spark.sparkContext.accumulator(0.0) for stage in HAND_STAGES}
             return hand_written_upsert(url.libpq, table, clock)
 
+        def offsets():  # type: ignore[no-untyped-def]
+            return spark.readStream.schema(RANGES).option("maxFilesPerTrigger", 1).json(str(ranges))
+
+        def read_kafka(table: str, _frame):  # type: ignore[no-untyped-def]
+            clock = clocks[table] = {stage: spark.sparkContext.accumulator(0.0) for stage in RANGE_STAGES}
+            return tasks_read_kafka(url.libpq, bootstrap, table, partitions, clock)
+
         def to_arrow(batch, _: int) -> None:  # type: ignore[no-untyped-def]
             """The rows handed to Python as Arrow, as the sink's tasks get them, and dropped."""
             batch.mapInArrow(lambda batches: (b.slice(0, 0) for b in batches), batch.schema).write.format(
@@ -356,6 +404,7 @@ def spark_runs(
             "sink_traced": (kafka, lambda table, frame: sink(table, frame, trace=True)),
             "sink_rc": (lambda: kafka("kafka_rc"), sink),
             "sink_driver": (kafka, lambda table, frame: sink(table, frame, "driver")),
+            "tasks_read_kafka": (offsets, read_kafka),
         }
         if replicated is not None:
             plan["source_rf3"] = (lambda: kafka(servers=replicated), fixed(noop))
@@ -363,22 +412,30 @@ def spark_runs(
         again = [f"bench_{n}_{k}" for n in ROUNDED if n in WRITERS for k in range(2, rounds + 1)]
         tables = [*(f"bench_{n}" for n in WRITERS), *again]
         with psycopg.connect(url.libpq, autocommit=True) as conn:
-            for table in (*tables, "bench_warm_sink", "bench_warm_jdbc", "bench_warm_hand"):
+            for table in (*tables, *(f"bench_warm_{w}" for w in WARMED)):
                 conn.execute(TABLE.format(table))
+            conn.execute(
+                "CREATE TABLE bench_ledger (tbl text, p int, next_offset bigint, PRIMARY KEY (tbl, p))"
+            )
+            conn.execute(
+                "INSERT INTO bench_ledger SELECT t, p, 0"
+                " FROM unnest(%s::text[]) AS t, generate_series(0, %s) AS p",
+                [[*tables, "bench_warm_tasks_read_kafka"], partitions - 1],
+            )
 
         def measure(name: str, table: str) -> dict:
             feed, make = plan[name]
             events = feed()
             each = make(table, events)
             settle(url)
-            result = run(events, each, work / f"chk-{table}", total)
+            result = run(events, each, work / f"chk-{table}", total, sizes if feed is offsets else None)
             if name in WRITERS:
                 result["written"] = count(url, table)
             return result
 
         # The broker's and Spark's JVMs are slower on their first reads of a topic (JIT): one unreported
         # pass of each writer from Kafka first, so that no measured run pays for coming first.
-        for writer in ("sink", "jdbc", "hand"):
+        for writer in WARMED:
             measure(writer, f"bench_warm_{writer}")
         runs = {name: measure(name, f"bench_{name}") for name in plan if name not in ROUNDED}
         # The compared runs, round after round, each into fresh tables: two runs here differ by up to
@@ -483,8 +540,85 @@ def hand_written_upsert(libpq: str, table: str, clock: dict[str, Any]) -> Callab
     return each
 
 
-def run(frame, each_batch: Callable, checkpoint: Path, total: int) -> dict:  # type: ignore[no-untyped-def]
+def tasks_read_kafka(libpq: str, bootstrap: str, table: str, tasks: int, clock: dict[str, Any]) -> Callable:
+    """foreachBatch over a frame of offset ranges: each of `tasks` tasks reads its ranges from Kafka
+    and applies each in a transaction.
+
+    clock: a Spark accumulator per stage (RANGE_STAGES), which the tasks add their seconds to.
+    """
+
+    def each(batch, _: int) -> None:  # type: ignore[no-untyped-def]
+        def task(ranges) -> None:  # type: ignore[no-untyped-def]
+            from confluent_kafka import Consumer, TopicPartition
+            from pyarrow import json as pajson
+
+            for r in ranges:
+                laps = [time.perf_counter()]
+                consumer = Consumer(
+                    {
+                        "bootstrap.servers": bootstrap,
+                        "group.id": "bench-tasks",
+                        "isolation.level": "read_committed",
+                        "enable.auto.commit": False,
+                        "fetch.max.bytes": 50_000_000,
+                        "max.partition.fetch.bytes": 10_000_000,
+                    }
+                )
+                consumer.assign([TopicPartition(r.topic, r.partition, r.start)])
+                values: list[bytes] = []
+                last = r.start - 1
+                while (
+                    last < r.end - 1
+                ):  # consume(n, t) waits for n records or t: ask for no more than are left
+                    for m in consumer.consume(min(10_000, r.end - 1 - last), 10.0):
+                        if m.error() is None and m.offset() < r.end:
+                            values.append(m.value())
+                            last = m.offset()
+                consumer.close()
+                laps.append(time.perf_counter())
+                parsed = pajson.read_json(
+                    io.BytesIO(b"\n".join(values)),
+                    parse_options=pajson.ParseOptions(explicit_schema=ARROW_SCHEMA),
+                )
+                laps.append(time.perf_counter())
+                data = io.BytesIO()
+                pacsv.write_csv(parsed, data, pacsv.WriteOptions(include_header=False))
+                laps.append(time.perf_counter())
+                with psycopg.connect(libpq) as conn:
+                    conn.execute(
+                        "CREATE TEMP TABLE incoming"
+                        " (event_id uuid, n bigint, amount numeric(12,2), note text) ON COMMIT DROP"
+                    )
+                    conn.execute(
+                        "SELECT next_offset FROM bench_ledger WHERE tbl = %s AND p = %s FOR UPDATE",
+                        [table, r.partition],
+                    )
+                    with conn.cursor().copy("COPY incoming FROM STDIN (FORMAT csv)") as copy:
+                        copy.write(data.getvalue())
+                    laps.append(time.perf_counter())
+                    conn.execute(
+                        f"INSERT INTO {table} SELECT * FROM incoming ON CONFLICT (event_id) DO UPDATE"
+                        " SET n = EXCLUDED.n, amount = EXCLUDED.amount, note = EXCLUDED.note"
+                    )
+                    conn.execute(
+                        "UPDATE bench_ledger SET next_offset = %s WHERE tbl = %s AND p = %s",
+                        [r.end, table, r.partition],
+                    )
+                    laps.append(time.perf_counter())
+                    conn.commit()
+                laps.append(time.perf_counter())
+                for stage, (a, b) in zip(RANGE_STAGES, itertools.pairwise(laps), strict=True):
+                    clock[stage].add(b - a)
+
+        batch.repartition(tasks).foreachPartition(task)
+
+    return each
+
+
+def run(frame, each_batch: Callable, checkpoint: Path, total: int, sizes: list[int] | None = None) -> dict:  # type: ignore[no-untyped-def]
     """Stream `frame` (which holds `total` records) through `each_batch`, timed and measured.
+
+    sizes: the events each batch holds, where its rows are not the events (a frame of offset ranges).
 
     Spark counts a source's rows once per read: a range repartition reads each
     micro-batch twice, once to sample the ranges' bounds, so its numInputRows is
@@ -513,8 +647,8 @@ def run(frame, each_batch: Callable, checkpoint: Path, total: int) -> dict:  # t
 
     query, usage = measured(go)
     batches = [p for p in query.recentProgress if p["numInputRows"] > 0]
-    reads = sum(b["numInputRows"] for b in batches) / total
-    rows = [round(b["numInputRows"] / reads) for b in batches]
+    reads = sum(b["numInputRows"] for b in batches) / total if sizes is None else 1
+    rows = [round(b["numInputRows"] / reads) for b in batches] if sizes is None else sizes
     result = figures(rows, [b["durationMs"]["triggerExecution"] / 1000 for b in batches])
     result["batches"] = len(batches)
     # Spark's own phases of a steady batch, median ms: addBatch is the writer (its tasks and its own
@@ -575,6 +709,7 @@ def main() -> int:
             base = psycopg_alone(url, rows, per_batch)
             tracing = trace_cost(url, rows, per_batch)
             write_parquet(rows, topic, args.partitions, per_batch, work / "parquet")
+            sizes = write_ranges(bootstrap, topic, args.batches, work / "ranges")
             cluster = Cluster(work / "cluster", size=3) if args.cluster else None
             try:
                 if cluster is not None:
@@ -590,6 +725,8 @@ def main() -> int:
                     args.partitions,
                     cluster.bootstrap if cluster else None,
                     args.rounds,
+                    work / "ranges",
+                    sizes,
                 )
             finally:
                 if cluster is not None:
@@ -639,6 +776,9 @@ def main() -> int:
         "ratio_sink_memory_vs_jdbc_memory_ranged": paired("sink_memory", "jdbc_memory_ranged"),
         "ratio_sink_memory_vs_hand_memory_ranged": paired("sink_memory", "hand_memory_ranged"),
         "ratio_sink_rc_vs_sink": paired("sink_rc", "sink"),
+        "ratio_tasks_read_kafka_vs_jdbc": paired("tasks_read_kafka", "jdbc"),
+        "ratio_tasks_read_kafka_vs_hand": paired("tasks_read_kafka", "hand"),
+        "ratio_sink_vs_tasks_read_kafka": paired("sink", "tasks_read_kafka"),
         "ratio_sink_vs_sink_driver": paired("sink", "sink_driver"),
         "ratio_sink_traced_vs_sink": paired("sink_traced", "sink"),
         "sink_batches": {n: runs[n]["batches_detail"] for n in SINKS if n in runs},
@@ -655,6 +795,7 @@ def main() -> int:
         ("from Kafka: PostgresSink, tracing", "sink_traced", steady("sink_traced")),
         ("from Kafka: JDBC append", "jdbc", steady("jdbc")),
         ("from Kafka: hand-written upsert", "hand", steady("hand")),
+        ("from Kafka: tasks read Kafka (not built)", "tasks_read_kafka", steady("tasks_read_kafka")),
         ("from Parquet: source alone, no writes", "source_memory", steady("source_memory")),
         ("from Parquet, by range: source alone", "source_memory_ranged", steady("source_memory_ranged")),
         ("from Parquet, by range: PostgresSink", "sink_memory", steady("sink_memory")),
@@ -686,6 +827,9 @@ def main() -> int:
         ("by range, sink / jdbc", "ratio_sink_memory_vs_jdbc_memory_ranged", "the same feed"),
         ("by range, sink / hand-written", "ratio_sink_memory_vs_hand_memory_ranged", "the same feed"),
         ("sink from kafka_rc / from Spark's", "ratio_sink_rc_vs_sink", ""),
+        ("tasks read Kafka / jdbc", "ratio_tasks_read_kafka_vs_jdbc", "what that design would leave"),
+        ("tasks read Kafka / hand-written", "ratio_tasks_read_kafka_vs_hand", "the same"),
+        ("sink / tasks read Kafka", "ratio_sink_vs_tasks_read_kafka", ""),
     ]
     if "sink_rf3" in runs:
         ratios += [
