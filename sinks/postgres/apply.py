@@ -97,6 +97,10 @@ def apply_rows(conn: psycopg.Connection, st: Statements, params: dict[str, Any])
     fail = st.spec.on_error == "fail"
     # Enough memory to number a batch's events in one in-memory sort, not in temp files.
     conn.execute("SET LOCAL work_mem = '256MB'")
+    # Deferred constraints (Django makes every foreign key so) are checked as each statement ends,
+    # where a refused row is found and dead-lettered, not at COMMIT, which would fail the batch and
+    # every replay of it.
+    conn.execute("SET CONSTRAINTS ALL IMMEDIATE")
     if fail and (bad := conn.execute(st.first_error(), params).fetchone()):
         topic, partition, offset, why = bad
         raise error(

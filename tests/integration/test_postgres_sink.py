@@ -296,6 +296,28 @@ def test_poison_records_go_to_dead_letters_and_the_batch_goes_on(spark, db, pg) 
 
 
 @pytest.mark.parametrize("tasks", [True, False], ids=["in-tasks", "on-driver"])
+def test_a_deferred_foreign_key_that_refuses_a_row_is_a_dead_letter_and_the_batch_goes_on(  # type: ignore[no-untyped-def]
+    spark, db, pg, tasks
+) -> None:
+    """Django makes every foreign key DEFERRABLE INITIALLY DEFERRED. Checked at COMMIT, outside the
+    statements that find and dead-letter a refused row, an orphan failed the batch's commit, and
+    every replay of it: the query could not get past one event."""
+    pg.execute("CREATE TABLE customers (id bigint PRIMARY KEY); INSERT INTO customers VALUES (1), (2)")
+    pg.execute(
+        "ALTER TABLE orders ADD CONSTRAINT orders_customer FOREIGN KEY (n) REFERENCES customers"
+        " DEFERRABLE INITIALLY DEFERRED"
+    )
+    good, orphan = [str(uuid.uuid4()) for _ in range(2)], str(uuid.uuid4())
+    batch = [event(good[0], 1), event(orphan, 99), event(good[1], 2)]
+    writer = apply_batches(spark, PostgresSink("orders", url=db.raw), [batch], tasks=tasks)
+    assert sorted(table(pg)) == sorted(good)
+    dead = pg.execute("SELECT kafka_offset, key, error FROM sink_dead_letters").fetchall()
+    assert [(o, bytes(k)) for o, k, _ in dead] == [(1, orphan.encode())], dead
+    assert "orders_customer" in dead[0][2], dead
+    assert writer.last.dead == 1 and ledger(pg) == {0: 3}
+
+
+@pytest.mark.parametrize("tasks", [True, False], ids=["in-tasks", "on-driver"])
 def test_fail_mode_stops_and_commits_nothing(spark, db, pg, tasks) -> None:  # type: ignore[no-untyped-def]
     sink = PostgresSink("orders", url=db.raw, on_error="fail")
     with pytest.raises(SinkError, match="@1: the value is not a JSON object of the schema") as caught:
