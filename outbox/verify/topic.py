@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
 from confluent_kafka import Message
@@ -39,10 +40,12 @@ def record(
 
 
 def _json(value: bytes | None) -> dict[str, Any]:
+    """The value as a JSON object; numbers with a fraction as written (Decimal), not as binary floats,
+    whose 16 digits made 1700000000.1234567 and ...566 one number, and hid the decrease."""
     if value is None:
         return {}
     try:
-        doc = json.loads(value)
+        doc = json.loads(value, parse_float=Decimal)
     except ValueError:
         return {}
     return doc if isinstance(doc, dict) else {}

@@ -5,9 +5,11 @@ from __future__ import annotations
 from decimal import Decimal
 
 import hypothesis.strategies as st
+from confluent_kafka import Message
 from hypothesis import given
 
 from outbox.verify.findings import Record, check, sequence
+from outbox.verify.topic import record
 
 
 @st.composite
@@ -64,3 +66,18 @@ def test_a_source_event_without_an_id_is_a_finding_a_repeated_one_is_not() -> No
     assert check(records, ["e1", "e2", "e2"]).ok  # a source repeat: what an idempotent sink absorbs
     [finding] = check(records, ["e1", None, "e2", None]).findings
     assert (finding.kind, finding.detail.split(":")[0]) == ("source-no-id", "2 source events have no id")
+
+
+@given(st.lists(st.decimals(allow_nan=False, allow_infinity=False), min_size=2, max_size=2, unique=True))
+def test_an_order_field_is_read_as_written_any_decrease_is_found(pair: list[Decimal]) -> None:
+    """Parsed as binary floats, versions past about 16 significant digits (1700000000.1234567 and
+    ...566, an epoch in seconds to the 10 ns) read as one number: a decrease passed unseen."""
+    low, high = sorted(pair)
+    values = [f'{{"v": {n}}}'.encode() for n in (high, low)]
+    messages = [
+        Message(topic="t", partition=0, offset=i, key=b"k", value=v, headers=[("event_id", f"e{i}".encode())])
+        for i, v in enumerate(values)
+    ]
+    records = [record(m, id_header=None, id_field=None, order_field="v") for m in messages]
+    assert [r.sequence for r in records] == [high, low]
+    assert [f.kind for f in check(records).findings] == ["out-of-order"]
