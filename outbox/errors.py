@@ -237,6 +237,11 @@ CONDITIONS = Conditions(
     DB_NOT_AT_HEAD=Condition(
         OutboxError, "schema {schema!r} is at {current}, head is {head}: run `outbox db upgrade`"
     ),
+    DB_TXID_TRIGGER_DISABLED=Condition(
+        OutboxError,
+        "trigger {trigger} on {table} is disabled: a row whose INSERT sets txid, or that logical"
+        " replication brings, is taken for published and never sent; run {fix}",
+    ),
 )
 
 error = CONDITIONS.error

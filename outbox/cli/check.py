@@ -33,6 +33,23 @@ def leftover_stages(url: DatabaseUrl, schema: str) -> list[str]:
         return [name for (name,) in rows]
 
 
+# 0010's trigger, which 0013 makes fire on a logical replica's apply too ('A'). `ENABLE TRIGGER ALL`
+# (which pg_restore --disable-triggers runs after a data-only load) sets it back to origin only ('O').
+TXID_TRIGGER = "outbox_events_txid"
+
+
+def txid_trigger(url: DatabaseUrl, schema: str) -> str | None:
+    """How PostgreSQL fires the trigger that stamps each outbox row's txid: pg_trigger.tgenabled."""
+    with connect(url) as conn:
+        row = conn.execute(
+            "SELECT t.tgenabled FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relname = %s AND t.tgname = %s",
+            [schema, tables.OUTBOX_EVENTS, TXID_TRIGGER],
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     check = commands.add_parser("check", help="check PostgreSQL, Kafka, migrations and Java")
     check.add_argument("--url", help="PostgreSQL URL (default: env DATABASE_URL)")
@@ -69,6 +86,21 @@ def cmd_check(args: argparse.Namespace) -> int:
             " those of sinks that are gone"
         )
 
+    def stamp() -> str:
+        url, schema = database_url(args.url), schema_name(args.schema)
+        state = txid_trigger(url, schema)
+        table = f"{schema}.{tables.OUTBOX_EVENTS}"
+        fix = f"ALTER TABLE {table} ENABLE ALWAYS TRIGGER {TXID_TRIGGER}"
+        if state in (None, "A"):  # None: not migrated yet, which `migrations` says
+            return f"{TXID_TRIGGER} fires on every insert into {table}"
+        if state == "D":
+            raise error("DB_TXID_TRIGGER_DISABLED", table=table, trigger=TXID_TRIGGER, fix=fix)
+        raise Notice(
+            f"{TXID_TRIGGER} does not fire on a logical replica's apply (an ENABLE TRIGGER ALL, as"
+            f" pg_restore --disable-triggers runs, reset it): a relay on a subscriber would never publish"
+            f" the rows replication brings; run {fix}"
+        )
+
     def pooler() -> str:
         with connect(database_url(args.url), autocommit=True) as conn:
             if pooled(conn):
@@ -91,6 +123,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     checks: list[tuple[str, Callable[[], str]]] = [
         ("postgres", postgres),
         ("migrations", migrations),
+        ("txid stamp", stamp),
         ("stage tables", stages),
         ("pooler", pooler),
         ("kafka", kafka),

@@ -172,3 +172,28 @@ def test_rows_from_before_0012_with_an_id_at_or_below_0_do_not_stop_a_rebase(
     assert outbox("db", "upgrade", env=env).code == 0
     rebased = outbox("relays", "rebase", env=env)
     assert rebased.code == 0, rebased
+
+
+def test_check_says_when_the_txid_stamp_would_not_fire_on_a_logical_replica(
+    database: DatabaseUrl, pg: psycopg.Connection
+) -> None:
+    """0013 makes the stamp fire on a logical replica's apply. ENABLE TRIGGER ALL, which pg_restore
+    --disable-triggers runs after a data-only load, sets it back to origin only, with nothing else to
+    show it: a relay on a subscriber would again never publish what replication brings."""
+    env = {"DATABASE_URL": database.raw, "KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"}
+    assert outbox("db", "upgrade", env=env).code == 0
+
+    def said() -> str:
+        [line] = [
+            line for line in outbox("check", "--no-java", env=env).out.splitlines() if "txid stamp" in line
+        ]
+        return line
+
+    assert said() == "ok   txid stamp: outbox_events_txid fires on every insert into public.outbox_events"
+    pg.execute("ALTER TABLE outbox_events ENABLE TRIGGER ALL")
+    assert said().startswith("WARN txid stamp: outbox_events_txid does not fire on a logical replica's apply")
+    assert "ENABLE ALWAYS TRIGGER outbox_events_txid" in said()
+    pg.execute("ALTER TABLE outbox_events DISABLE TRIGGER outbox_events_txid")
+    assert said().startswith("FAIL txid stamp: [DB_TXID_TRIGGER_DISABLED] ")
+    pg.execute("ALTER TABLE outbox_events ENABLE ALWAYS TRIGGER outbox_events_txid")
+    assert said().startswith("ok   txid stamp: ")
