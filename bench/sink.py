@@ -567,10 +567,13 @@ def tasks_read_kafka(libpq: str, bootstrap: str, table: str, tasks: int, clock: 
                 consumer.assign([TopicPartition(r.topic, r.partition, r.start)])
                 values: list[bytes] = []
                 last = r.start - 1
-                while (
-                    last < r.end - 1
-                ):  # consume(n, t) waits for n records or t: ask for no more than are left
-                    for m in consumer.consume(min(10_000, r.end - 1 - last), 10.0):
+                # consume(n, t) waits for n records or for t: it asks for no more than are left. The
+                # bench's topic has no transactions, so its offsets run on: a range read to its end.
+                while last < r.end - 1:
+                    got = consumer.consume(min(10_000, r.end - 1 - last), 10.0)
+                    if not got:
+                        raise RuntimeError(f"{r.topic}-{r.partition}: nothing after offset {last} in 10 s")
+                    for m in got:
                         if m.error() is None and m.offset() < r.end:
                             values.append(m.value())
                             last = m.offset()
