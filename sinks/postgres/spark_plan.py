@@ -176,7 +176,8 @@ def _classic(plan: Any) -> Node:
     children = tuple(_classic(c) for c in _seq(plan.children()))
     if name == "StreamingRelationV2":
         options = {str(k).lower(): str(v) for k, v in plan.extraOptions().items()}
-        return Node(name, children, source=plan.sourceName(), options=options)
+        # As the user wrote it: Spark takes a format's name in any case ("Kafka").
+        return Node(name, children, source=str(plan.sourceName()).lower(), options=options)
     if name == "Repartition":
         return Node(name, children, partitions=plan.numPartitions(), shuffle=plan.shuffle())
     if name == "RepartitionByExpression":
