@@ -14,13 +14,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+import psycopg
 from pyspark.sql import DataFrame
 
 from outbox._core.errors import OutboxError
 from sinks.errors import error
 from sinks.kafka_source.ranges import to_offsets
-from sinks.ledger import Positions
+from sinks.ledger import Positions, positions
 from sinks.postgres.spark_plan import is_connect
+from sinks.postgres.statements import Statements
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,21 @@ def query_id(batch: DataFrame, checkpoint: str | None = None) -> str | None:
         return None
     metadata = batch.sparkSession.read.text(f"{checkpoint.rstrip('/')}/metadata").first()
     return str(json.loads(metadata[0])["id"]) if metadata else None
+
+
+def check(conn: psycopg.Connection, st: Statements, query: str | None, batch: int) -> None:
+    """Raise SINK_BATCH_LOST where the database no longer shows the batch of `query` before `batch`.
+
+    The driver asks before a batch; each task asks again in its own transaction, before it
+    commits: the database can go back between the two (the tasks wait on a lock, a crash takes
+    the batch before), and a task starting over on the server that came back would move the
+    ledger on past the lost batch's events, which then no remedy reads again.
+    """
+    row = conn.execute(st.last_batch(), {"sink": st.spec.name}).fetchone()
+    gone = lost(LastBatch(*row) if row else None, query, batch)
+    if gone:
+        ledger = positions(conn, st.spec.ledger_schema, st.spec.name)
+        raise lost_batches(st.spec.name, gone, batch, ledger)
 
 
 def lost_batches(sink: str, gone: range, batch: int, ledger: Positions) -> OutboxError:

@@ -23,11 +23,12 @@ from outbox._core.config import database_url, schema_name
 from outbox._core.postgres import connect, pooled
 from sinks.errors import SinkError, error
 from sinks.ledger import Positions, positions
+from sinks.postgres import continuity
 from sinks.postgres import settings as S
 from sinks.postgres.apply import BatchResult, apply_batch
 from sinks.postgres.catalog import describe
 from sinks.postgres.clock import STAGES
-from sinks.postgres.continuity import LastBatch, behind, lost, lost_batches, query_id
+from sinks.postgres.continuity import behind, query_id
 from sinks.postgres.metrics import SinkMetrics
 from sinks.postgres.placement import ApplyIn, Route, choose
 from sinks.postgres.plan import Conversion, Plan, plan
@@ -318,7 +319,7 @@ class BatchWriter:
         query = self.query_id(batch)
         with self.exclusive() as conn:
             self._check(conn, query, batch_id)
-            done = self.tasks(batch).collect()
+            done = self.tasks(batch, (query, batch_id) if query else None).collect()
             result = self.summarize(batch_id, done)
             ends = {(e.topic, e.partition): e.offset for task in done for e in task.ends}
             self._record_after_tasks(conn, query, result, ends)
@@ -352,9 +353,13 @@ class BatchWriter:
         params = {**self._batch(query, result.batch_id), "result": json.dumps(asdict(result))}
         conn.execute(self.statements.report_batch(), params)
 
-    def tasks(self, batch: DataFrame) -> DataFrame:
-        """The batch's tasks, one result row each once its transaction committed; lazy until collected."""
-        return batch.select(*self._columns).mapInArrow(applier(self._task_job), TASK_RESULT)
+    def tasks(self, batch: DataFrame, after: tuple[str, int] | None = None) -> DataFrame:
+        """The batch's tasks, one result row each once its transaction committed; lazy until collected.
+
+        after: (query, batch id), whose batch before the database must still show as each task
+        commits (continuity.check)."""
+        job = replace(self._task_job, after=after)
+        return batch.select(*self._columns).mapInArrow(applier(job), TASK_RESULT)
 
     def summarize(self, batch_id: int, done: list[Row]) -> BatchResult:
         """The batch's result from its tasks' rows; a task's refusal fails the batch with its line."""
@@ -457,11 +462,7 @@ class BatchWriter:
     def _check(self, conn: psycopg.Connection, query: str | None, batch_id: int) -> None:
         """Before a batch: the database lost no batch before it (continuity.py), and the ledger's
         offsets are of the topics Kafka has now (topics.py)."""
-        row = conn.execute(self.statements.last_batch(), {"sink": self.spec.name}).fetchone()
-        gone = lost(LastBatch(*row) if row else None, query, batch_id)
-        if gone:
-            ledger = positions(conn, self.spec.ledger_schema, self.spec.name)
-            raise lost_batches(self.spec.name, gone, batch_id, ledger)
+        continuity.check(conn, self.statements, query, batch_id)
         self._topics(conn)
 
     def _emptied(self, conn: psycopg.Connection) -> bool:

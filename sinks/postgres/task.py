@@ -27,6 +27,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from outbox._core.postgres import connect, keepalive, limit_session, server_limits, watched
 from sinks.errors import SinkError
+from sinks.postgres import continuity
 from sinks.postgres.apply import Counts, apply_rows
 from sinks.postgres.clock import STAGES, Clock
 from sinks.postgres.retry import with_retries
@@ -55,6 +56,7 @@ class TaskJob:
 
     stage: StageJob  # its COPY statements write the task's temp table
     statements: Statements  # built with in_task=True; its spec has the timeouts
+    after: tuple[str, int] | None = None  # (query, batch): the batch before it must still be there
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,8 @@ def apply_task(job: TaskJob, rows: list[pa.RecordBatch], attempt: int, clock: Cl
                     with clock.stage("lock"):
                         conn.execute(st.claim(), params)
                         conn.execute(st.lock(), params)
+                        if job.after is not None:
+                            continuity.check(conn, st, *job.after)
                     with clock.stage("apply"):
                         counts = apply_rows(conn, st, params)
                     committing = time.perf_counter()

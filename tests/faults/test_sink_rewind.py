@@ -9,6 +9,7 @@ name what reads them again; that remedy must then leave the table whole.
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable
 from decimal import Decimal
@@ -19,7 +20,7 @@ import pytest
 from pyspark.errors import StreamingQueryException
 
 from sinks.postgres import PostgresSink
-from tests.helpers import OwnPostgres, produce_transaction, transactional_producer
+from tests.helpers import OwnPostgres, produce_transaction, transactional_producer, wait_for
 from tests.sink_support import event, ledger, log_ends, run, table
 
 
@@ -102,3 +103,58 @@ def test_batches_postgres_lost_after_the_checkpoint_moved_on_fail_the_next_and_a
     finally:
         if server is not own_postgres:
             server.stop()
+
+
+def test_a_batch_lost_while_the_next_ones_tasks_wait_is_said_and_read_again(  # type: ignore[no-untyped-def]
+    spark, bootstrap, topic, own_postgres: OwnPostgres, tmp_path: Path
+) -> None:
+    """PostgreSQL goes back in time after the driver checked the batch before this one, and before
+    this batch's tasks commit (here they wait on a lock). The tasks started over on the server that
+    came back, moved the ledger on from where it then stood, and the batch was recorded: the lost
+    batch's events were never applied, and nothing said so."""
+    url = own_postgres.url.raw
+    options = {"ledger.sink": "orders", "ledger.url": url}
+
+    def sink_run(checkpoint: Path) -> PostgresSink:
+        sink = PostgresSink("orders", url=url, name="orders")
+        return run(spark, bootstrap, topic, checkpoint, sink, **options)
+
+    expected = orders(bootstrap, topic, 50)
+    sink_run(tmp_path / "checkpoint")  # batch 0
+    own_postgres.execute("CHECKPOINT")
+    own_postgres.pause_wal_writer()  # what commits from now on stays in memory, for the crash to take
+    expected |= orders(bootstrap, topic, 40)
+    sink_run(tmp_path / "checkpoint")  # batch 1: applied, and recorded by Spark's checkpoint
+    expected |= orders(bootstrap, topic, 30)
+    holder = psycopg.connect(url)
+    holder.execute("SELECT FROM sink_progress WHERE sink = 'orders' FOR UPDATE")  # batch 2's task waits
+    failed: list[BaseException] = []
+
+    def batch_2() -> None:
+        try:
+            sink_run(tmp_path / "checkpoint")
+        except BaseException as exc:  # the test's thread: said below
+            failed.append(exc)
+
+    thread = threading.Thread(target=batch_2)
+    thread.start()
+    waiting = (
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        " AND starts_with(application_name, 'outbox-sink task')"
+    )
+    wait_for(
+        lambda: own_postgres.execute(waiting) == [(1,)], 120, "batch 2's task waiting, its batch checked"
+    )
+    own_postgres.crash()  # batch 1 is lost
+    holder.close()
+    own_postgres.start()
+    thread.join(300)
+    assert not thread.is_alive()
+    assert failed and isinstance(failed[0], StreamingQueryException), failed
+    assert "[SINK_BATCH_LOST] sink orders: PostgreSQL no longer holds batch 1," in str(failed[0])
+    with psycopg.connect(url, autocommit=True) as pg:
+        assert len(table(pg)) == 50, "nothing of batch 2 was to be applied"
+    sink_run(tmp_path / "new-checkpoint")  # the remedy the error names
+    with psycopg.connect(url, autocommit=True) as pg:
+        assert table(pg) == expected
+        assert ledger(pg) == {0: log_ends(bootstrap, topic)[0]}
