@@ -17,10 +17,11 @@ from __future__ import annotations
 
 
 def after_failure(limit: int, sent: int, elapsed: float, window: float) -> int:
-    """The limit after a batch of `sent` rows failed `elapsed` seconds into its `window`. A batch
-    of under half the limit (one row at a time after a refusal, the end of a delta) says nothing
-    of the limit's rows."""
-    if elapsed < window / 2 or 2 * sent <= limit:
+    """The limit after a batch of `sent` rows failed `elapsed` seconds into its `window`: half what
+    it sent, also where that was less than the limit (cut by the byte budget, or by the end of its
+    delta: read again, it is cut the same way; only a batch of over half the limit counted before
+    2026-11-28, and large rows failed for ever)."""
+    if elapsed < window / 2:
         return limit
     return max(1, min(limit, sent) // 2)
 

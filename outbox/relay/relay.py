@@ -255,7 +255,7 @@ class Relay:
                             self._halt(poison, topic)
                         continue
                     except (OutboxError, KafkaException):
-                        if started is not None:
+                        if started is not None and limit == self._limit:  # not one row at a time
                             elapsed = time.perf_counter() - started
                             self._paced(len(batch), elapsed, publisher.window, failed=True)
                         raise

@@ -29,6 +29,7 @@ from outbox import migrate
 from outbox._core.config import DatabaseUrl
 from outbox._core.errors import ServiceUnavailable
 from outbox.relay.pause import BEFORE_CLEANUP, BEFORE_COMMIT, MID_TRANSACTION
+from outbox.writer import Event, add_events
 from outbox_dev.kafka import Broker, Cluster
 from outbox_dev.spark import StandaloneCluster
 from outbox_dev.toxiproxy import Link, Stream, Toxiproxy
@@ -251,6 +252,33 @@ def test_a_link_too_slow_for_a_whole_batch_in_one_transaction(
     job.wait_for_output(ACTIVE, 60)
     try:
         check_two_readers(kafka.direct, topic, PARTITIONS, writers.committed, url, timeout=150)
+    finally:
+        kafka.heal()
+    assert terminate(job) == 0
+    assert "smaller batches" in job.output(), job.output()[-4000:]
+
+
+def test_a_link_too_slow_for_a_batch_of_large_rows_cut_by_its_bytes(
+    tmp_path: Path, db: Proxied, kafka: Proxied
+) -> None:
+    """Large rows: the byte budget (--batch-bytes) cuts each batch well below half of --batch-size.
+    Only a batch of over half the limit made the next ones smaller, so such a batch, too slow for
+    the link, was read and cut the same way again and failed for ever."""
+    url = DatabaseUrl.parse(db.direct)
+    topic = create_topic(kafka.direct, unique("slow"), partitions=PARTITIONS)
+    events = [Event(topic, {"n": i, "pad": "x" * 2000}, key=f"k{i % 5}") for i in range(100)]
+    with psycopg.connect(url.libpq) as conn:
+        add_events(conn, events)
+    committed = Committed()
+    for e in events:
+        committed.add(str(e.key), [str(e.event_id)])
+    for link in kafka.links:  # 8 kB/s toward Kafka: a batch of 50 such rows takes some 13 s, past 8 s
+        link.add("bandwidth", "upstream", rate=8)
+    flags = ("--batch-size", "500", "--batch-bytes", "100000")  # some 50 rows a batch, of 500
+    job, _ = proxied_relay(tmp_path, db, kafka, unique("relay"), *flags)
+    job.wait_for_output(ACTIVE, 60)
+    try:
+        check_two_readers(kafka.direct, topic, PARTITIONS, committed, url, timeout=150)
     finally:
         kafka.heal()
     assert terminate(job) == 0
