@@ -14,6 +14,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from confluent_kafka import (
     KafkaError,
@@ -248,10 +249,11 @@ class Publisher:
                 self._flush(producer, rows)
             self._hold(BEFORE_POSITION)
             call = Call.POSITION
-            producer.produce(
+            _enqueue(
+                producer,
                 self.positions.topic,
-                key=self.relay.position_key,
-                value=position.to_json(self.relay),
+                position.to_json(self.relay),
+                self.relay.position_key,
                 on_delivery=self._delivered,
             )
             self._hold(BEFORE_COMMIT)
@@ -313,26 +315,22 @@ class Publisher:
             self.pause(point)
 
     def _produce_rows(self, producer: Producer, rows: Iterable[Row]) -> None:
-        produce, delivered = producer.produce, self._delivered
+        delivered = self._delivered
         for row in rows:
             headers: list[tuple[str, str | bytes | None]] = [(EVENT_ID_HEADER, row.event_id)]
             if row.header_keys:
                 headers += zip(row.header_keys, row.header_values or (), strict=True)
-            while True:
-                try:
-                    produce(row.topic, row.value, row.key, headers=headers, on_delivery=delivered)
-                    break
-                except BufferError:  # local queue full: let deliveries drain it
-                    producer.poll(0.05)
-                except KafkaException as exc:
-                    error = exc.args[0]
-                    if is_poison(error):
-                        raise Poison(
-                            row.id,
-                            explain(error, row.topic, record_size(row)),
-                            topic=error.code() in TOPIC_CODES,
-                        ) from None
-                    raise
+            try:
+                _enqueue(producer, row.topic, row.value, row.key, headers=headers, on_delivery=delivered)
+            except KafkaException as exc:
+                error = exc.args[0]
+                if is_poison(error):
+                    raise Poison(
+                        row.id,
+                        explain(error, row.topic, record_size(row)),
+                        topic=error.code() in TOPIC_CODES,
+                    ) from None
+                raise
 
     def _flush(self, producer: Producer, rows: Sequence[Row]) -> None:
         if producer.flush(self.timeout) > 0:
@@ -395,3 +393,17 @@ class Publisher:
         if error.code() in _UNREACHABLE:
             self._cause = error.str()
         log.log(logging.ERROR if error.fatal() else logging.DEBUG, "kafka client: %s", error.str())
+
+
+def _enqueue(
+    producer: Producer, topic: str, value: bytes | str | None, key: bytes | str | None, **kw: Any
+) -> None:
+    """producer.produce, waiting while librdkafka's local queue is full for its deliveries to drain
+    it: the position's record too, whose BufferError (a full queue after a batch's last row) ended
+    the process with a traceback before 2026-11-28."""
+    while True:
+        try:
+            producer.produce(topic, value, key, **kw)
+            return
+        except BufferError:
+            producer.poll(0.05)

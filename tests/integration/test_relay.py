@@ -387,6 +387,27 @@ def test_a_row_written_by_hand_with_an_id_the_relay_cannot_read_is_refused(outbo
         )
 
 
+def test_a_full_local_queue_after_a_batchs_last_row_is_waited_out(
+    tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, events_topic: str
+) -> None:
+    """librdkafka's local queue holds a batch's rows, and is full after the last one (a batch as
+    large as queue.buffering.max.messages: a catch-up setting). The rows waited for deliveries to
+    drain it; the position's record, produced next, raised BufferError, and the process ended with
+    a traceback at every batch."""
+    with psycopg.connect(outbox_db.libpq) as conn:
+        sent = add_events(conn, [Event(events_topic, {"n": n}, key=f"k{n % 3}") for n in range(250)])
+    flags = ("--batch-size", "100", "-X", "queue.buffering.max.messages=100")
+    job, _ = relay_job(tmp_path, env, unique("relay"), *flags)
+
+    def done() -> bool:  # or not to be: it ended, or said a traceback (and hung on to its threads)
+        return job.process.poll() is not None or "Traceback" in job.output()
+
+    wait_for(lambda: done() or len(published(bootstrap, events_topic, 3)) >= 250, 60, "them")
+    assert not done(), job.output()
+    assert sorted(e for *_, e in published(bootstrap, events_topic, 3)) == sorted(map(str, sent))
+    assert terminate(job) == 0
+
+
 def test_an_outbox_id_used_again_is_not_taken_for_a_dead_letter(
     tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, events_topic: str
 ) -> None:
