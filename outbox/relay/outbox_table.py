@@ -214,6 +214,11 @@ class OutboxTable:
                 " AND pg_snapshot_xmax(base::pg_snapshot) < pg_snapshot_xmax(%(base)s::pg_snapshot)"
             ).format(**names)
         )
+        self._read_layouts = bindable(
+            sql.SQL(
+                "SELECT DISTINCT shards FROM {positions} WHERE relay = %s AND shards <> %s ORDER BY 1"
+            ).format(**names)
+        )
         self._read_mark = bindable(
             sql.SQL(
                 "SELECT base, target, mark, system_identifier FROM {positions}"
@@ -308,6 +313,11 @@ class OutboxTable:
         horizon = self.conn.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text").fetchone()
         assert horizon is not None
         return (Mark(row[0], row[1], int(row[2]), row[3]) if row else None), int(horizon[0])
+
+    def layouts(self) -> list[int]:
+        """The other shard counts this relay name has rows of in `relay_positions`."""
+        rows = self.conn.execute(self._read_layouts, [self.relay, self.shard.count]).fetchall()
+        return [count for (count,) in rows]
 
     @round_trip("recording the relay")
     def register(self, position: Position) -> None:

@@ -152,6 +152,10 @@ class Relay:
                 publisher.start()
                 in_kafka = publisher.position()
                 mark, horizon = table.mark()
+                # Kafka holds no position of a layout that has published nothing yet, or whose
+                # positions topic was lost: the database's record of each shard says it too.
+                if others := table.layouts():
+                    raise error("RELAY_SHARD_COUNT_CHANGED", relay=s.name, count=others[-1], shard=s.shard)
                 rebase = f"outbox relays rebase --schema {s.schema}"
                 resumed = resume(in_kafka, mark, table.system, horizon, rebase)
                 position = resumed.position

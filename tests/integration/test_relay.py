@@ -124,6 +124,24 @@ def test_shards_split_the_keys_and_together_publish_everything(
     assert "outbox: error: [RELAY_SHARD_COUNT_CHANGED] " in wrong.output()
 
 
+def test_another_shard_count_under_one_name_is_refused_before_it_has_published_anything(
+    tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, events_topic: str
+) -> None:
+    """The shard count was checked against the positions in Kafka only. A layout that had published
+    nothing yet (empty deltas write no position), or whose positions topic was lost, left none
+    there: 0/2 and 1/2 went active beside a running 0/1, and every event went out once from each."""
+    name = unique("relay")
+    first, _ = relay_job(tmp_path, env, name, "--shard", "0/1")
+    first.wait_for_output(ACTIVE, 60)  # recorded in relay_positions, nothing in Kafka
+    other, _ = relay_job(tmp_path, env, name, "--shard", "0/2")
+    assert other.wait(60) == 2, other.output()
+    assert "outbox: error: [RELAY_SHARD_COUNT_CHANGED] " in other.output()
+    with psycopg.connect(outbox_db.libpq) as conn:
+        sent = add_event(conn, events_topic, {"n": 1}, key="a")
+    assert [e for *_, e in wait_published(bootstrap, events_topic, 3, 1)] == [str(sent)]
+    assert terminate(first) == 0
+
+
 def test_poison_rows_halt_by_default_and_dead_letter_on_request(
     tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, events_topic: str
 ) -> None:
