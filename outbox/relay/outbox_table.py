@@ -314,6 +314,7 @@ class OutboxTable:
         assert horizon is not None
         return (Mark(row[0], row[1], int(row[2]), row[3]) if row else None), int(horizon[0])
 
+    @round_trip("reading the relay's shard counts")
     def layouts(self) -> list[int]:
         """The other shard counts this relay name has rows of in `relay_positions`."""
         rows = self.conn.execute(self._read_layouts, [self.relay, self.shard.count]).fetchall()

@@ -7,10 +7,11 @@ link too slow for a whole batch (a throttled link, a producer quota) the same
 batch sent again fails the same way, for ever. So a batch that
 failed after using up half its window makes the next ones half its size, and a
 full batch that took under a quarter of the window lets the next ones be twice
-as large, up to `--batch-size`. A failure early in the window (a broker down
-when the batch began, a link cut) changes nothing; an outage that fails a
-batch late in it halves them too, and the first fast batches after it double
-them back.
+as large, up to `--batch-size`. A failure early in the window (a link cut, a
+broker refusing at once) changes nothing; an outage that fails a batch late
+in it halves them too (exactly once, a commit to brokers that are down is
+asked for again for half the window), and the first fast full batches after
+it double them back.
 """
 
 from __future__ import annotations

@@ -58,6 +58,17 @@ def read_plan(frame: Any) -> tuple[Node | None, frozenset[int]]:
     return _classic(plan), position
 
 
+# Spark's Kafka source by its provider's class name, which Spark takes as a format too.
+_KAFKA_PROVIDER = "org.apache.spark.sql.kafka010.kafkasourceprovider"
+
+
+def source_name(written: str) -> str:
+    """A source's format as the checks know it: the plan keeps it as the user wrote it, and Spark
+    takes it in any case ("Kafka") and Kafka's by its provider's class name."""
+    name = written.lower()
+    return "kafka" if name == _KAFKA_PROVIDER else name
+
+
 # -- Spark Connect: the client's proto plan ---------------------------------------------------------------
 
 
@@ -70,7 +81,7 @@ def node(relation: Any, names: dict[str, int]) -> Node:
         if message.WhichOneof("read_type") == "data_source" and message.is_streaming:
             source = message.data_source
             options = {k.lower(): v for k, v in source.options.items()}
-            return Node("StreamingRelationV2", source=source.format.lower(), options=options)
+            return Node("StreamingRelationV2", source=source_name(source.format), options=options)
         return Node("Read")
     if kind == "repartition":
         child = node(message.input, names)
@@ -176,8 +187,7 @@ def _classic(plan: Any) -> Node:
     children = tuple(_classic(c) for c in _seq(plan.children()))
     if name == "StreamingRelationV2":
         options = {str(k).lower(): str(v) for k, v in plan.extraOptions().items()}
-        # As the user wrote it: Spark takes a format's name in any case ("Kafka").
-        return Node(name, children, source=str(plan.sourceName()).lower(), options=options)
+        return Node(name, children, source=source_name(str(plan.sourceName())), options=options)
     if name == "Repartition":
         return Node(name, children, partitions=plan.numPartitions(), shuffle=plan.shuffle())
     if name == "RepartitionByExpression":

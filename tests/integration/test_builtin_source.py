@@ -84,9 +84,11 @@ def test_spark_source_left_at_its_default_isolation_is_refused_before_it_applies
 
     sink = PostgresSink("orders", url=db.raw)
     committed = kafka(**{"kafka.isolation.level": "read_committed"})
-    # Alone, a union's second source, or named in another case, which Spark takes (the plan keeps the
-    # name as written: "Kafka" passed every check of a Kafka source, this one included).
-    for unset in (kafka(), committed.unionByName(kafka()), kafka("Kafka")):
+    # Alone, a union's second source, or named in another case or by its provider's class, which
+    # Spark takes (the plan keeps the name as written: such a frame passed every check of a Kafka
+    # source, this one included).
+    provider = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
+    for unset in (kafka(), committed.unionByName(kafka()), kafka("Kafka"), kafka(provider)):
         with pytest.raises(ConfigError) as caught:
             sink.writer(parse_json(unset, SCHEMA, key_column="event_id"))
         assert caught.value.code == "SINK_ISOLATION_UNSET", caught.value
