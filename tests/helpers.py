@@ -204,6 +204,7 @@ class OwnPostgres:
         settings: dict[str, str] | None = None,
     ) -> None:
         self.durable, self.settings = durable, settings
+        self._paused: list[int] = []  # WAL writers SIGSTOPped (pause_wal_writer)
         self.server = self._start(data_dir, port or free_port())
         self.url = DatabaseUrl.parse(self.server.env["DATABASE_URL"])
 
@@ -228,6 +229,14 @@ class OwnPostgres:
     def crash(self) -> None:
         """`pg_ctl stop -m immediate`: SIGQUIT, no checkpoint, WAL not yet flushed is lost."""
         stop(self.server.pid, signal.SIGQUIT, timeout=10)
+        self._end_paused()
+
+    def _end_paused(self) -> None:
+        """A stopped process takes no SIGQUIT: a paused WAL writer outlived its server, for good."""
+        for pid in self._paused:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self._paused = []
 
     def pause_wal_writer(self) -> None:
         """SIGSTOP the WAL writer: asynchronous commits and aborts stay in memory until a
@@ -236,6 +245,7 @@ class OwnPostgres:
         assert writers, "no walwriter process found"
         for pid in writers:
             os.kill(pid, signal.SIGSTOP)
+        self._paused = writers
 
     def copy(self, data_dir: Path, *, standby: bool) -> Path:
         """A base backup of this server in data_dir: a streaming replica or, later, a restore."""
@@ -249,3 +259,4 @@ class OwnPostgres:
 
     def stop(self) -> None:
         stop(self.server.pid, signal.SIGINT, timeout=30)
+        self._end_paused()
