@@ -25,6 +25,7 @@ SINK_TOPICS = "sink_topics"
 SINK_DEAD_LETTERS = "sink_dead_letters"
 SINK_TRACES = "sink_traces"  # what a tracing sink applied, per statement (outbox/_core/trace.py)
 SINK_STAGE_PREFIX = "sink_stage_"  # + a digest of the sink's name: one staged batch's rows
+TXID_TRIGGER = "outbox_events_txid"  # stamps each outbox row's txid (0010), on a replica's apply too (0013)
 
 # Columns that later revisions added to a table: whoever requires the table needs them too.
 ADDED_COLUMNS = {SINK_BATCHES: ("result",)}

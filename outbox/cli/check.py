@@ -33,19 +33,16 @@ def leftover_stages(url: DatabaseUrl, schema: str) -> list[str]:
         return [name for (name,) in rows]
 
 
-# 0010's trigger, which 0013 makes fire on a logical replica's apply too ('A'). `ENABLE TRIGGER ALL`
-# (which pg_restore --disable-triggers runs after a data-only load) sets it back to origin only ('O').
-TXID_TRIGGER = "outbox_events_txid"
-
-
 def txid_trigger(url: DatabaseUrl, schema: str) -> str | None:
-    """How PostgreSQL fires the trigger that stamps each outbox row's txid: pg_trigger.tgenabled."""
+    """How PostgreSQL fires the trigger that stamps each outbox row's txid: pg_trigger.tgenabled.
+    'A' always, as 0013 makes it; `ENABLE TRIGGER ALL` (which pg_restore --disable-triggers runs
+    after a data-only load) sets it back to 'O', origin only; 'D' disabled."""
     with connect(url) as conn:
         row = conn.execute(
             "SELECT t.tgenabled FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid"
             " JOIN pg_namespace n ON n.oid = c.relnamespace"
             " WHERE n.nspname = %s AND c.relname = %s AND t.tgname = %s",
-            [schema, tables.OUTBOX_EVENTS, TXID_TRIGGER],
+            [schema, tables.OUTBOX_EVENTS, tables.TXID_TRIGGER],
         ).fetchone()
         return None if row is None else str(row[0])
 
@@ -90,13 +87,14 @@ def cmd_check(args: argparse.Namespace) -> int:
         url, schema = database_url(args.url), schema_name(args.schema)
         state = txid_trigger(url, schema)
         table = f"{schema}.{tables.OUTBOX_EVENTS}"
-        fix = f"ALTER TABLE {table} ENABLE ALWAYS TRIGGER {TXID_TRIGGER}"
+        trigger = tables.TXID_TRIGGER
+        fix = f"ALTER TABLE {table} ENABLE ALWAYS TRIGGER {trigger}"
         if state in (None, "A"):  # None: not migrated yet, which `migrations` says
-            return f"{TXID_TRIGGER} fires on every insert into {table}"
+            return f"{trigger} fires on every insert into {table}"
         if state == "D":
-            raise error("DB_TXID_TRIGGER_DISABLED", table=table, trigger=TXID_TRIGGER, fix=fix)
+            raise error("DB_TXID_TRIGGER_DISABLED", table=table, trigger=trigger, fix=fix)
         raise Notice(
-            f"{TXID_TRIGGER} does not fire on a logical replica's apply (an ENABLE TRIGGER ALL, as"
+            f"{trigger} does not fire on a logical replica's apply (an ENABLE TRIGGER ALL, as"
             f" pg_restore --disable-triggers runs, reset it): a relay on a subscriber would never publish"
             f" the rows replication brings; run {fix}"
         )
