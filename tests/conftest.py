@@ -19,6 +19,7 @@ from outbox import migrate
 from outbox._core.config import DatabaseUrl
 from outbox_dev.connect import ConnectServer
 from outbox_dev.kafka import Broker
+from outbox_dev.process import PORT_SHARE
 from outbox_dev.stack import running
 from tests import containers
 from tests.helpers import MEASURED, REPO, OwnPostgres, create_topic, fresh_database, unique
@@ -31,6 +32,11 @@ def pytest_configure(config: pytest.Config) -> None:
         Path(config.option.basetemp).parent.mkdir(parents=True, exist_ok=True)
     # Every Spark JVM a test starts, in this process or a job's, runs C1 only (see the file).
     os.environ["SPARK_CONF_DIR"] = str(REPO / "tests" / "spark-conf")
+    # Each test worker (and what it starts) chooses service ports from a share of its own: another
+    # worker's service never binds a port one of ours chose and has yet to bind.
+    if worker := os.environ.get("PYTEST_XDIST_WORKER"):
+        count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")
+        os.environ[PORT_SHARE] = f"{worker.removeprefix('gw')}/{count}"
 
 
 # Hypothesis's 200 ms deadline per example measures the machine, not the rule: the workers share

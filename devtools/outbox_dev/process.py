@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -23,6 +24,7 @@ from typing import Any
 from outbox_dev.errors import error
 
 _PR_SET_PDEATHSIG = 1
+_STACK_FRAME = re.compile(r"\s+(at |\.\.\. \d+ more)")
 
 
 def _die_with_parent(sig: int) -> Callable[[], None]:
@@ -130,10 +132,13 @@ def stop(pid: int, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
 # fault proxy that binds a broker's advertised port only when a test links it. Meanwhile the
 # kernel gives ports of its ephemeral range to any process's outgoing connections, and the bind
 # then fails ("address already in use", seen with three test workers). Below that range only
-# another listener can take a port, and a free one is checked for that.
+# another listener can take a port: one of ours, which this process never chooses twice, and
+# another test worker's, which chooses from a share of its own (PORT_SHARE).
 _LINUX_EPHEMERAL = (32768, 60999)
 _QUIET_FROM = 20000  # above the registered ports most services use
+PORT_SHARE = "OUTBOX_DEV_PORT_SHARE"  # "i/n": choose from the i-th of n equal parts (i from 0)
 _choice = random.Random()  # its own: Hypothesis seeds the global one alike in every worker
+_chosen: set[int] = set()
 
 
 def ephemeral_ports(setting: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> tuple[int, int]:
@@ -145,16 +150,26 @@ def ephemeral_ports(setting: Path = Path("/proc/sys/net/ipv4/ip_local_port_range
     return low, high
 
 
-def quiet_ports(ephemeral_low: int) -> range | None:
-    """Where to choose a port that waits to be bound: below the ephemeral range; None if no room."""
-    return range(_QUIET_FROM, ephemeral_low) if ephemeral_low - _QUIET_FROM >= 1000 else None
+def quiet_ports(ephemeral_low: int, share: str = "") -> range | None:
+    """Where to choose a port that waits to be bound: below the ephemeral range, in this process's
+    `share` of it ("i/n") where that leaves room; None if the range has none."""
+    quiet = range(_QUIET_FROM, ephemeral_low)
+    if len(quiet) < 1000:
+        return None
+    index, _, count = share.partition("/")
+    if index.isdigit() and count.isdigit() and int(index) < int(count):
+        part = quiet[int(index) :: int(count)]
+        return part if len(part) >= 1000 else quiet
+    return quiet
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port free now that no outgoing connection is given before its service binds it."""
-    ports = quiet_ports(ephemeral_ports()[0]) or range(0)
+    """A port free now that no outgoing connection, nor another service we start, is given before
+    its service binds it."""
+    ports = quiet_ports(ephemeral_ports()[0], os.environ.get(PORT_SHARE, "")) or range(0)
     for port in _choice.sample(ports, min(100, len(ports))):
-        if not port_in_use(port, host):
+        if port not in _chosen and not port_in_use(port, host):
+            _chosen.add(port)
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -205,5 +220,6 @@ def tail(log: Path, lines: int = 3) -> str:
         text = log.read_text(errors="replace").strip().splitlines()
     except OSError:
         return f"(no log at {log})"
-    interesting = [line for line in text if "GLIBC" not in line]
+    # A JVM's stack frames say where, not what: its exception's own line is the one to show.
+    interesting = [line for line in text if "GLIBC" not in line and not _STACK_FRAME.match(line)]
     return " | ".join(interesting[-lines:]) + f" (full log: {log})"

@@ -616,6 +616,10 @@ def loop(
             sink.wait_for_output("started", 180)
             relay.wait_for_output(ACTIVE, 60)
             yield Loop(kafka, source, topic, relay, sink, conn)
+        except AssertionError as exc:  # a stall says little by itself: the jobs' lines say why
+            exc.add_note(f"--- the sink job's log, its end:\n{sink.output()[-6000:]}")
+            exc.add_note(f"--- the relay's log, its end:\n{relay.output()[-2000:]}")
+            raise
         finally:
             sink.kill9()
             assert terminate(relay) == 0
