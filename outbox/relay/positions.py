@@ -51,7 +51,8 @@ def replication(brokers: int) -> tuple[int, dict[str, str]]:
     Kafka never compacts a log's open segment, by default open for 1 GiB or 7
     days: millions of records a relay read at each session's start. Segments of
     16 MiB (about 50,000 positions) or an hour keep it to the last position per
-    key and what came since.
+    key and what came since. Never an unclean leader election, whatever the
+    cluster's default: a replica out of sync made leader drops the latest ones.
     """
     factor = max(1, min(3, brokers))
     in_sync = min(2, max(1, factor - 1))
@@ -60,6 +61,7 @@ def replication(brokers: int) -> tuple[int, dict[str, str]]:
         "min.insync.replicas": str(in_sync),
         "segment.bytes": str(SEGMENT_BYTES),
         "segment.ms": str(SEGMENT_MS),
+        "unclean.leader.election.enable": "false",
     }
 
 
@@ -80,12 +82,25 @@ def problems(
     lines an operator can act on."""
     found = []
     policy = config.get("cleanup.policy") or "delete"
-    wanted, _ = replication(brokers)
+    wanted, made = replication(brokers)
     if replicas < wanted:
         found.append(
             f"the relay positions topic {topic!r} has {replicas} replica(s) on a cluster of {brokers}:"
             f" losing its broker loses every relay's position (each then publishes its outbox again)."
             f" Reassign it to {wanted} replicas (kafka-reassign-partitions)"
+        )
+    in_sync, least = int(config.get("min.insync.replicas") or 1), int(made["min.insync.replicas"])
+    if replicas > 1 and in_sync < min(least, replicas):
+        found.append(
+            f"the relay positions topic {topic!r} takes a write on {in_sync} replica(s)"
+            f" (min.insync.replicas={in_sync}): a position only one broker held is lost with it, and the"
+            f" relay then publishes again what its outbox still holds. Set min.insync.replicas={least}"
+        )
+    if config.get("unclean.leader.election.enable") == "true":
+        found.append(
+            f"the relay positions topic {topic!r} allows an unclean leader election: a replica out of"
+            " sync made leader drops the latest positions, and the relay then publishes again what its"
+            " outbox still holds. Set unclean.leader.election.enable=false"
         )
     if policy.split(",") != ["compact"]:
         found.append(

@@ -687,10 +687,10 @@ def test_a_relay_name_added_beside_a_cleaning_one_publishes_its_whole_first_delt
 def test_the_positions_topic_is_made_compacted_and_an_uncompacted_one_is_named(
     tmp_path: Path, env: dict[str, str], bootstrap: str
 ) -> None:
-    made, given = (
-        unique("positions"),
-        create_topic(bootstrap, unique("positions"), config={"cleanup.policy": "delete"}),
-    )
+    """Made compacted and never electing an out-of-sync leader, whatever the cluster's default; an
+    existing one that does either is named at the start."""
+    unclean = {"cleanup.policy": "delete", "unclean.leader.election.enable": "true"}
+    made, given = (unique("positions"), create_topic(bootstrap, unique("positions"), config=unclean))
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for topic in (made, given):
         job, _ = relay_job(tmp_path, env, unique("relay"), "--positions-topic", topic)
@@ -702,7 +702,10 @@ def test_the_positions_topic_is_made_compacted_and_an_uncompacted_one_is_named(
     # Kafka never compacts a log's open segment, which by default stays open for 1 GiB or 7 days:
     # millions of position records, each read into memory at every session's start.
     assert (config["segment.bytes"].value, config["segment.ms"].value) == (str(16 * 2**20), "3600000")
+    election = config["unclean.leader.election.enable"]
+    assert (election.value, election.is_default) == ("false", False)  # the topic's own, not the cluster's
     assert f"the relay positions topic {given!r} is not compacted" in job.output()
+    assert f"the relay positions topic {given!r} allows an unclean leader election" in job.output()
 
 
 def test_the_same_name_on_two_schemas_publishes_each_outbox_exactly_once(

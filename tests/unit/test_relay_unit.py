@@ -307,6 +307,7 @@ def test_the_positions_topic_is_replicated_as_the_cluster_allows(
             "min.insync.replicas": in_sync,
             "segment.bytes": str(16 * 2**20),
             "segment.ms": "3600000",
+            "unclean.leader.election.enable": "false",
         },
     )
 
@@ -330,7 +331,12 @@ def test_the_cluster_counts_its_brokers_that_are_down_too(
 
 
 def test_an_under_replicated_or_uncompacted_positions_topic_is_named_with_the_remedy() -> None:
-    made = {"cleanup.policy": "compact", "segment.bytes": "16777216", "segment.ms": "3600000"}
+    made = {
+        "cleanup.policy": "compact",
+        "min.insync.replicas": "2",
+        "segment.bytes": "16777216",
+        "segment.ms": "3600000",
+    }
     assert problems("p", 3, 3, made) == []
     [few] = problems("p", 1, 3, made)
     assert "1 replica(s) on a cluster of 3" in few and "3 replicas" in few
@@ -345,6 +351,19 @@ def test_an_under_replicated_or_uncompacted_positions_topic_is_named_with_the_re
     [open_long] = problems("p", 3, 3, {**made, "segment.bytes": "1073741824", "segment.ms": "604800000"})
     assert "segment.bytes=1073741824 or segment.ms=604800000" in open_long
     assert "segment.bytes=16777216 and segment.ms=3600000" in open_long
+
+
+def test_a_positions_topic_that_can_lose_an_acknowledged_position_is_named_with_the_remedy() -> None:
+    """Each loses the latest positions with a broker (the relay then publishes again what its outbox
+    holds): a write one replica took, or an out-of-sync replica made leader."""
+    made = replication(3)[1]
+    assert problems("p", 3, 3, made) == []
+    [one] = problems("p", 3, 3, {**made, "min.insync.replicas": "1"})
+    assert "min.insync.replicas=1" in one and "Set min.insync.replicas=2" in one
+    assert problems("p", 2, 2, {**replication(2)[1]}) == []  # two brokers: one in sync is all there is
+    assert problems("p", 1, 1, {**replication(1)[1]}) == []
+    [unclean] = problems("p", 3, 3, {**made, "unclean.leader.election.enable": "true"})
+    assert "unclean.leader.election.enable=false" in unclean
 
 
 def test_an_admin_answer_that_does_not_come_in_time_is_a_kafka_timeout_the_relay_retries() -> None:
