@@ -252,6 +252,20 @@ class OwnPostgres:
         postgres.base_backup(self.port, data_dir, standby=standby)
         return data_dir
 
+    def replica(self, data_dir: Path, *, synchronous: bool) -> OwnPostgres:
+        """A streaming replica of this server, durable as it is; `synchronous`: every commit here
+        waits for it (set once it streams, or commits would wait for it from the start)."""
+        replica = OwnPostgres(self.copy(data_dir, standby=True), durable=self.durable, settings=self.settings)
+        if synchronous:
+            self.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+            self.execute("SELECT pg_reload_conf()")
+            wait_for(
+                lambda: self.execute("SELECT sync_state FROM pg_stat_replication") == [("sync",)],
+                30,
+                "the replica to stream synchronously",
+            )
+        return replica
+
     def execute(self, query: str, params: Sequence[object] = ()) -> list[tuple]:
         with psycopg.connect(self.url.libpq, autocommit=True) as conn:
             cur = conn.execute(query, params)

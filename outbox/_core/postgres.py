@@ -166,7 +166,9 @@ def watched(conn: psycopg.Connection[Any], url: DatabaseUrl, timeout: float) -> 
     that goes unanswered is the pool's (full, it queues the second connection), not a partition:
     there the connection is dropped only on the server's word, and keepalives catch a partition.
     """
-    pid, done, why = server_pid(conn), threading.Event(), []
+    with answered_within(conn, timeout, url, "the session's pid"):  # idle for long, it may be silent
+        pid = server_pid(conn)
+    done, why = threading.Event(), []
     behind_pooler = pid != conn.info.backend_pid
 
     def state() -> tuple[str | None, float]:

@@ -22,21 +22,23 @@ MOMENTARY = (psycopg.OperationalError, ServiceUnavailable)
 
 
 def with_retries(attempt: Callable[[], T], budget: float, who: str) -> tuple[T, int]:
-    """Run `attempt` again on MOMENTARY errors for up to `budget` seconds; its result and how many
-    times it started over. The ledger makes a repeat harmless. The first error is said in one line,
-    and the end of the trouble in another: no line a retry."""
-    began = time.monotonic()
+    """Run `attempt` again on MOMENTARY errors for up to `budget` seconds from the first one; its
+    result and how many times it started over. The ledger makes a repeat harmless. The first error
+    is said in one line, and the end of the trouble in another: no line a retry. (Counted from the
+    first attempt's start, a batch whose tasks ran longer than the budget was never retried.)"""
+    began: float | None = None
     pause, retries = 0.1, 0
     while True:
         try:
             done = attempt()
         except MOMENTARY as exc:
+            if began is None:
+                began = time.monotonic()
+                log.warning("%s: %s; starting over for up to %.0fs", who, first_line(exc).rstrip("."), budget)
             if time.monotonic() + pause > began + budget:
                 raise
-            if not retries:
-                log.warning("%s: %s; starting over for up to %.0fs", who, first_line(exc).rstrip("."), budget)
         else:
-            if retries:
+            if began is not None:
                 log.warning("%s: applied after %d retries, %.1fs", who, retries, time.monotonic() - began)
             return done, retries
         time.sleep(pause)

@@ -20,7 +20,8 @@ from pyspark.sql.streaming import StreamingQuery
 
 from outbox._core import tables
 from outbox._core.config import database_url, schema_name
-from outbox._core.postgres import connect, pooled
+from outbox._core.errors import ServiceUnavailable
+from outbox._core.postgres import connect, keepalive, pooled, watched
 from sinks.errors import SinkError, error
 from sinks.ledger import Positions, positions
 from sinks.postgres import continuity
@@ -32,7 +33,7 @@ from sinks.postgres.continuity import behind, query_id
 from sinks.postgres.metrics import SinkMetrics
 from sinks.postgres.placement import ApplyIn, Route, choose
 from sinks.postgres.plan import Conversion, Plan, plan
-from sinks.postgres.retry import start_query, with_retries
+from sinks.postgres.retry import MOMENTARY, start_query, with_retries
 from sinks.postgres.spark_plan import is_connect, read_plan
 from sinks.postgres.spec import Mode, OnError, Outbox, SinkSpec
 from sinks.postgres.stage import RESULT_SCHEMA, StageJob, stager
@@ -318,7 +319,8 @@ class BatchWriter:
         """
         query = self.query_id(batch)
         with self.exclusive() as conn:
-            self._check(conn, query, batch_id)
+            with self.watched(conn):
+                self._check(conn, query, batch_id)
             done = self.tasks(batch, (query, batch_id) if query else None).collect()
             result = self.summarize(batch_id, done)
             ends = {(e.topic, e.partition): e.offset for task in done for e in task.ends}
@@ -343,9 +345,10 @@ class BatchWriter:
                 self._report(conn, query, result)
 
         try:
-            record(conn)
-        except psycopg.OperationalError:
-            with connect(self.spec.url, autocommit=True) as again:
+            with self.watched(conn):
+                record(conn)
+        except MOMENTARY:
+            with self._connect() as again, self.watched(again):
                 record(again)
 
     def _report(self, conn: psycopg.Connection, query: str, result: BatchResult) -> None:
@@ -382,12 +385,31 @@ class BatchWriter:
     @contextmanager
     def exclusive(self) -> Iterator[psycopg.Connection]:
         """Hold the sink's advisory lock: one query writes a sink at a time."""
-        with connect(self.spec.url, autocommit=True) as conn:
-            self._lock(conn)
+        with self._connect() as conn:
+            with self.watched(conn):
+                self._lock(conn)
             try:
                 yield conn
             finally:
-                _unlock(conn)
+                with suppress(ServiceUnavailable), self.watched(conn):
+                    _unlock(conn)
+
+    def _connect(self) -> psycopg.Connection:
+        """The driver's connection: its kernel gives up on a server gone silent (a partition, a host
+        lost in a failover) in about `database_timeout`, as the tasks' do."""
+        return connect(self.spec.url, autocommit=True, settings=keepalive(self.spec.database_timeout))
+
+    @contextmanager
+    def watched(self, conn: psycopg.Connection) -> Iterator[None]:
+        """What the driver asks on a connection that waited idle while the executors worked, dropped
+        if the server stops working for it (outbox._core.postgres.watched): a proxy's partition,
+        which keepalives do not see, held the batch for ever, after its tasks had moved to the
+        server a failover made primary."""
+        if conn.closed:
+            yield
+            return
+        with watched(conn, self.spec.url, self.spec.database_timeout):
+            yield
 
     # -- staged, then on the driver ----------------------------------------------------------------------
 
@@ -398,15 +420,17 @@ class BatchWriter:
         sink would share its stage table, so the second one fails at once instead.
         """
         start, query = time.perf_counter(), self.query_id(batch)
-        conn = connect(self.spec.url, autocommit=True)
+        conn = self._connect()
         try:
-            self._lock(conn)
-            self._check(conn, query, batch_id)
+            with self.watched(conn):
+                self._lock(conn)
+                self._check(conn, query, batch_id)
         except BaseException:
             conn.close()  # the stage table is the other writer's: leave it alone
             raise
         try:
-            conn.execute(self.statements.create_stage())
+            with self.watched(conn):
+                conn.execute(self.statements.create_stage())
             job = replace(self._stage_job, token=secrets.randbits(31))
             tasks = batch.select(*self._columns).mapInArrow(stager(job), RESULT_SCHEMA).collect()
         except BaseException:
@@ -419,19 +443,20 @@ class BatchWriter:
         """Apply a staged batch in one transaction with the ledger; a replay changes nothing."""
         start = time.perf_counter()
         try:
-            result = apply_batch(
-                staged.conn,
-                self.statements,
-                staged.batch_id,
-                staged.attempts,
-                staged.rows,
-                self._batch(staged.query, staged.batch_id) if staged.query else None,
-            )
+            with self.watched(staged.conn):
+                result = apply_batch(
+                    staged.conn,
+                    self.statements,
+                    staged.batch_id,
+                    staged.attempts,
+                    staged.rows,
+                    self._batch(staged.query, staged.batch_id) if staged.query else None,
+                )
         except BaseException:
             _drop_stage(staged.conn, self.statements)  # a failed batch leaves nothing behind
             raise
         self.last = replace(result, stage_seconds=staged.seconds, apply_seconds=time.perf_counter() - start)
-        with staged.conn:
+        with staged.conn, self.watched(staged.conn):
             if staged.query:
                 self._report(staged.conn, staged.query, self.last)
             _unlock(staged.conn)

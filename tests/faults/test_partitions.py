@@ -38,6 +38,7 @@ from sinks.kafka_source.reader import read_range
 from sinks.ledger import positions
 from tests.helpers import (
     Job,
+    OwnPostgres,
     committed_messages,
     create_topic,
     fresh_database,
@@ -536,6 +537,51 @@ def test_every_executor_cut_from_postgres_mid_apply_resumes_after_the_heal(  # t
                 link.heal()
     check_exactly_once(pg, bootstrap, topic, expected, dead=dead)
     check_with_console(pg, bootstrap, topic, dead=dead)
+
+
+def test_a_failover_away_from_a_primary_cut_off_mid_batch_applies_every_event_once(  # type: ignore[no-untyped-def]
+    toxiproxy: Toxiproxy, bootstrap: str, topic: str, tmp_path: Path
+) -> None:
+    """The primary goes silent behind its link (a partition: nothing answered, nothing closed) while a
+    batch's task waits on a ledger row, and its synchronous replica is promoted; the job's URL names
+    both, as HA setups do. The task drops its silent session and applies on the new primary; so does
+    the driver, whose connection waited idle through the tasks, for the batch's record. (Before, the
+    driver waited on that connection for ever, and the query with it.)"""
+    primary = OwnPostgres(tmp_path / "primary", durable=True)
+    replica: OwnPostgres | None = None
+    link = toxiproxy.link(unique("primary"), f"127.0.0.1:{primary.port}")
+    try:
+        migrate.upgrade(primary.url, "public")
+        primary.execute(ORDERS)
+        replica = primary.replica(tmp_path / "replica", synchronous=True)
+        url = (
+            f"postgresql://postgres@127.0.0.1:{link.port},127.0.0.1:{replica.port}/postgres"
+            "?target_session_attrs=read-write"
+        )
+        expected = produce_orders(bootstrap, topic, 1500)
+        argv = ["tests/jobs/sink_tasks_job.py", bootstrap, topic, url, str(tmp_path / "checkpoint")]
+        env = {"DATABASE_TIMEOUT": str(SINK_TIMEOUT)}
+        with psycopg.connect(primary.url.libpq) as blocker, psycopg.connect(primary.url.libpq) as pg:
+            hold_partition_1(blocker, topic)
+            job = Job(
+                [*argv, str(tmp_path / "work"), "400", "plain", "available-now"], tmp_path / "job.log", env
+            )
+            try:
+                wait_for(lambda: partition_0_applied_1_waiting(pg), 240, "partition 0 committed, 1 waiting")
+                link.cut()
+                replica.execute("SELECT pg_promote()")
+                assert job.wait(180) == 0, job.output()[-6000:]
+            finally:
+                job.kill9()
+                blocker.rollback()  # a commit would wait for ever for the replica promoted away
+        with psycopg.connect(replica.url.libpq, autocommit=True) as promoted:
+            check_exactly_once(promoted, bootstrap, topic, expected)
+            check_with_console(promoted, bootstrap, topic)
+    finally:
+        link.close()
+        for server in (primary, replica):
+            if server is not None:
+                server.stop()
 
 
 # -- d: the sink job's links, and e: the whole loop on a bad link -------------------------------------

@@ -97,17 +97,7 @@ def test_failover_to_a_promoted_replica_loses_no_event(
     replica: OwnPostgres | None = None
     try:
         migrate.upgrade(primary.url, "public")
-        replica = OwnPostgres(
-            primary.copy(tmp_path / "replica", standby=True), durable=True, settings=settings
-        )
-        if sync:  # set once the standby streams, or commits would wait for it from the start
-            primary.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
-            primary.execute("SELECT pg_reload_conf()")
-            wait_for(
-                lambda: primary.execute("SELECT sync_state FROM pg_stat_replication") == [("sync",)],
-                30,
-                "the replica to stream synchronously",
-            )
+        replica = primary.replica(tmp_path / "replica", synchronous=sync)
         both = (
             f"postgresql://postgres@127.0.0.1:{primary.port},127.0.0.1:{replica.port}/postgres"
             "?target_session_attrs=read-write"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import psycopg
 import pyarrow as pa
 import pytest
@@ -62,6 +64,23 @@ def test_starting_over_stops_at_the_budget() -> None:
     with pytest.raises(psycopg.OperationalError):
         with_retries(down, 0.5, "a task")
     assert 2 <= len(calls) <= 5
+
+
+def test_the_budget_counts_from_the_first_failure_not_from_the_first_attempts_start() -> None:
+    """A batch whose tasks ran longer than the budget, then lost the server at its end, failed the
+    query at once: its budget was spent before the trouble began."""
+    tries = iter(["long", "lost", "done"])
+
+    def attempt() -> str:
+        step = next(tries)
+        if step == "long":
+            time.sleep(0.6)  # longer than the whole budget, and yet it fails only now
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        if step == "lost":
+            raise psycopg.OperationalError("connection refused")
+        return step
+
+    assert with_retries(attempt, 0.5, "a batch") == ("done", 2)
 
 
 def test_a_query_starts_again_only_when_the_servers_python_process_was_late() -> None:
