@@ -259,11 +259,15 @@ class OwnPostgres:
         if synchronous:
             self.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
             self.execute("SELECT pg_reload_conf()")
-            wait_for(
-                lambda: self.execute("SELECT sync_state FROM pg_stat_replication") == [("sync",)],
-                30,
-                "the replica to stream synchronously",
-            )
+            try:
+                wait_for(
+                    lambda: self.execute("SELECT sync_state FROM pg_stat_replication") == [("sync",)],
+                    30,
+                    "the replica to stream synchronously",
+                )
+            except BaseException:
+                replica.stop()
+                raise
         return replica
 
     def execute(self, query: str, params: Sequence[object] = ()) -> list[tuple]:

@@ -319,8 +319,7 @@ class BatchWriter:
         """
         query = self.query_id(batch)
         with self.exclusive() as conn:
-            with self.watched(conn):
-                self._check(conn, query, batch_id)
+            self._check(conn, query, batch_id)
             done = self.tasks(batch, (query, batch_id) if query else None).collect()
             result = self.summarize(batch_id, done)
             ends = {(e.topic, e.partition): e.offset for task in done for e in task.ends}
@@ -391,7 +390,7 @@ class BatchWriter:
             try:
                 yield conn
             finally:
-                with suppress(ServiceUnavailable), self.watched(conn):
+                with suppress(ServiceUnavailable, psycopg.Error), self.watched(conn):
                     _unlock(conn)
 
     def _connect(self) -> psycopg.Connection:
@@ -424,7 +423,7 @@ class BatchWriter:
         try:
             with self.watched(conn):
                 self._lock(conn)
-                self._check(conn, query, batch_id)
+            self._check(conn, query, batch_id)
         except BaseException:
             conn.close()  # the stage table is the other writer's: leave it alone
             raise
@@ -486,8 +485,11 @@ class BatchWriter:
 
     def _check(self, conn: psycopg.Connection, query: str | None, batch_id: int) -> None:
         """Before a batch: the database lost no batch before it (continuity.py), and the ledger's
-        offsets are of the topics Kafka has now (topics.py)."""
-        continuity.check(conn, self.statements, query, batch_id)
+        offsets are of the topics Kafka has now (topics.py). Only the first is watched: the second
+        waits on Kafka too, and a Kafka stall would leave the session idle long enough to be taken
+        for a lost one."""
+        with self.watched(conn):
+            continuity.check(conn, self.statements, query, batch_id)
         self._topics(conn)
 
     def _emptied(self, conn: psycopg.Connection) -> bool:

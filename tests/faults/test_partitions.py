@@ -561,7 +561,10 @@ def test_a_failover_away_from_a_primary_cut_off_mid_batch_applies_every_event_on
         expected = produce_orders(bootstrap, topic, 1500)
         argv = ["tests/jobs/sink_tasks_job.py", bootstrap, topic, url, str(tmp_path / "checkpoint")]
         env = {"DATABASE_TIMEOUT": str(SINK_TIMEOUT)}
-        with psycopg.connect(primary.url.libpq) as blocker, psycopg.connect(primary.url.libpq) as pg:
+        with (
+            psycopg.connect(primary.url.libpq) as blocker,
+            psycopg.connect(primary.url.libpq, autocommit=True) as pg,
+        ):
             hold_partition_1(blocker, topic)
             job = Job(
                 [*argv, str(tmp_path / "work"), "400", "plain", "available-now"], tmp_path / "job.log", env
