@@ -55,10 +55,9 @@ def replication(brokers: int) -> tuple[int, dict[str, str]]:
     cluster's default: a replica out of sync made leader drops the latest ones.
     """
     factor = max(1, min(3, brokers))
-    in_sync = min(2, max(1, factor - 1))
     return factor, {
         "cleanup.policy": "compact",
-        "min.insync.replicas": str(in_sync),
+        "min.insync.replicas": str(in_sync(factor)),
         "segment.bytes": str(SEGMENT_BYTES),
         "segment.ms": str(SEGMENT_MS),
         "unclean.leader.election.enable": "false",
@@ -66,6 +65,12 @@ def replication(brokers: int) -> tuple[int, dict[str, str]]:
 
 
 SEGMENT_BYTES, SEGMENT_MS = 16 * 2**20, 3_600_000
+
+
+def in_sync(replicas: int) -> int:
+    """The replicas a position's write needs: two where there are three, so that one broker down
+    stops nothing and a position is never held by one broker only; one below three."""
+    return min(2, max(1, replicas - 1))
 
 
 def cluster_size(metadata: ClusterMetadata) -> int:
@@ -82,18 +87,18 @@ def problems(
     lines an operator can act on."""
     found = []
     policy = config.get("cleanup.policy") or "delete"
-    wanted, made = replication(brokers)
+    wanted, _ = replication(brokers)
     if replicas < wanted:
         found.append(
             f"the relay positions topic {topic!r} has {replicas} replica(s) on a cluster of {brokers}:"
             f" losing its broker loses every relay's position (each then publishes its outbox again)."
             f" Reassign it to {wanted} replicas (kafka-reassign-partitions)"
         )
-    in_sync, least = int(config.get("min.insync.replicas") or 1), int(made["min.insync.replicas"])
-    if replicas > 1 and in_sync < min(least, replicas):
+    taken, least = int(config.get("min.insync.replicas") or 1), in_sync(replicas)
+    if taken < least:
         found.append(
-            f"the relay positions topic {topic!r} takes a write on {in_sync} replica(s)"
-            f" (min.insync.replicas={in_sync}): a position only one broker held is lost with it, and the"
+            f"the relay positions topic {topic!r} takes a write on {taken} of its {replicas} replicas"
+            f" (min.insync.replicas={taken}): a position only one broker held is lost with it, and the"
             f" relay then publishes again what its outbox still holds. Set min.insync.replicas={least}"
         )
     if config.get("unclean.leader.election.enable") == "true":

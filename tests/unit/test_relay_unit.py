@@ -360,8 +360,11 @@ def test_a_positions_topic_that_can_lose_an_acknowledged_position_is_named_with_
     assert problems("p", 3, 3, made) == []
     [one] = problems("p", 3, 3, {**made, "min.insync.replicas": "1"})
     assert "min.insync.replicas=1" in one and "Set min.insync.replicas=2" in one
-    assert problems("p", 2, 2, {**replication(2)[1]}) == []  # two brokers: one in sync is all there is
-    assert problems("p", 1, 1, {**replication(1)[1]}) == []
+    assert problems("p", 2, 2, replication(2)[1]) == []  # two replicas: one in sync is all there is
+    assert problems("p", 1, 1, replication(1)[1]) == []
+    # Two replicas on three brokers: reassigning is the remedy; two in sync would stop at a broker down.
+    [short] = problems("p", 2, 3, {**made, "min.insync.replicas": "1"})
+    assert "Reassign it to 3 replicas" in short
     [unclean] = problems("p", 3, 3, {**made, "unclean.leader.election.enable": "true"})
     assert "unclean.leader.election.enable=false" in unclean
 
