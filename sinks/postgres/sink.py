@@ -332,23 +332,23 @@ class BatchWriter:
         """Record the batch and its outcome once the ledger shows every task's commit (continuity.
         behind); if PostgreSQL restarted under the batch (its tasks retried), on a new session."""
 
-        def record(conn: psycopg.Connection) -> None:
+        def record(conn: psycopg.Connection) -> list[tuple[str, int]]:
+            """The topic-partitions whose commit is gone; the batch recorded if none."""
             gone = behind(positions(conn, self.spec.ledger_schema, self.spec.name), ends)
-            if gone:
-                which = ", ".join(f"{t}-{p}" for t, p in gone)
-                raise error(
-                    "SINK_TASK_COMMIT_LOST", sink=self.spec.name, batch=result.batch_id, partitions=which
-                )
-            if query:
+            if not gone and query:
                 conn.execute(self.statements.record_batch(), self._batch(query, result.batch_id))
                 self._report(conn, query, result)
+            return gone
 
         try:
             with self.watched(conn):
-                record(conn)
-        except MOMENTARY:
+                gone = record(conn)
+        except MOMENTARY:  # the connection lost, not the verdict: that is raised once, below
             with self._connect() as again, self.watched(again):
-                record(again)
+                gone = record(again)
+        if gone:
+            which = ", ".join(f"{t}-{p}" for t, p in gone)
+            raise error("SINK_TASK_COMMIT_LOST", sink=self.spec.name, batch=result.batch_id, partitions=which)
 
     def _report(self, conn: psycopg.Connection, query: str, result: BatchResult) -> None:
         """The batch's outcome beside its record, where a Spark Connect client reads `sink.last`."""
