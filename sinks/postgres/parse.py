@@ -9,6 +9,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from sinks.errors import error
+from sinks.postgres.direct import JsonValues, remember
 from sinks.postgres.plan import ERROR_COLUMN
 
 KEEP = ("key", "value", "topic", "partition", "offset")
@@ -79,7 +80,8 @@ def parse_json(
         unreadable = F.when(tombstone & F.col("key").isNotNull() & key.isNull(), F.lit(why)).otherwise(
             unreadable
         )
-    return parsed.select(*(field(f) for f in event.fields), *KEEP, unreadable.alias(ERROR_COLUMN))
+    out = parsed.select(*(field(f) for f in event.fields), *KEEP, unreadable.alias(ERROR_COLUMN))
+    return remember(out, JsonValues(frame, event, key_column, key_format, options))
 
 
 def _tombstone_key(field: T.StructField, key_format: KeyFormat) -> Column:

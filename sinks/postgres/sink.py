@@ -10,6 +10,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, replace
 from decimal import Decimal
+from functools import reduce
+from operator import or_
 from typing import Any, Literal
 
 import psycopg
@@ -24,7 +26,7 @@ from outbox._core.errors import ServiceUnavailable
 from outbox._core.postgres import connect, keepalive, pooled, watched
 from sinks.errors import SinkError, error
 from sinks.ledger import Positions, positions
-from sinks.postgres import continuity
+from sinks.postgres import continuity, direct
 from sinks.postgres import settings as S
 from sinks.postgres.apply import BatchResult, apply_batch
 from sinks.postgres.catalog import describe
@@ -34,7 +36,7 @@ from sinks.postgres.metrics import SinkMetrics
 from sinks.postgres.placement import ApplyIn, Route, choose
 from sinks.postgres.plan import Conversion, Plan, plan
 from sinks.postgres.retry import MOMENTARY, start_query, with_retries
-from sinks.postgres.spark_plan import is_connect, read_plan
+from sinks.postgres.spark_plan import is_connect, planned_ranges, read_plan
 from sinks.postgres.spec import Mode, OnError, Outbox, SinkSpec
 from sinks.postgres.stage import RESULT_SCHEMA, StageJob, stager
 from sinks.postgres.statements import Statements
@@ -296,6 +298,20 @@ class BatchWriter:
         self._topics.check_ledgers(spec.url)
         self.last: BatchResult | None = None
         log.info("sink %s %s", spec.name, self.route)
+        self.reads_kafka = self._reads_kafka(frame, delete)
+
+    def _reads_kafka(self, frame: DataFrame, delete: Delete) -> direct.DirectJob | None:
+        """The job of tasks that read the batches' Kafka records themselves (direct.py), if they can."""
+        values, connect = direct.values_of(frame), is_connect(frame)
+        source = read_plan(values.source)[0] if values is not None and not connect else None
+        why = direct.why_not(values, self.plan, delete, self.route, source, connect)
+        if why is not None or self._topics.options is None:
+            log.info("sink %s: its tasks take the batches' rows from Spark: %s", self.spec.name, why)
+            return None
+        log.info("sink %s: its tasks read the batches' Kafka records themselves", self.spec.name)
+        assert values is not None
+        parse = direct.parse_for(values, self.plan, delete)
+        return direct.DirectJob(self._task_job, parse, self._topics.options.consumer_config())
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         """Apply the batch; on a lost connection or an unreachable server, all over again (the
@@ -320,7 +336,7 @@ class BatchWriter:
         query = self.query_id(batch)
         with self.exclusive() as conn:
             self._check(conn, query, batch_id)
-            done = self.tasks(batch, (query, batch_id) if query else None).collect()
+            done = self._run_tasks(batch, (query, batch_id) if query else None)
             result = self.summarize(batch_id, done)
             ends = {(e.topic, e.partition): e.offset for task in done for e in task.ends}
             self._record_after_tasks(conn, query, result, ends)
@@ -362,6 +378,29 @@ class BatchWriter:
         commits (continuity.check)."""
         job = replace(self._task_job, after=after)
         return batch.select(*self._columns).mapInArrow(applier(job), TASK_RESULT)
+
+    def _run_tasks(self, batch: DataFrame, after: tuple[str, int] | None) -> list[Row]:
+        """The batch's tasks' rows: read from Kafka by the tasks where they can, else from Spark's rows;
+        a range a reading task declined is applied from Spark's rows of it."""
+        planned = planned_ranges(batch) if self.reads_kafka else None
+        if self.reads_kafka is None or planned is None:
+            return self.tasks(batch, after).collect()
+        ranges, poll_ms, fail_on_data_loss = planned
+        job = direct.for_batch(self.reads_kafka, ranges, poll_ms, fail_on_data_loss, after)
+        tasks = batch.sparkSession.range(0, len(ranges), 1, len(ranges))
+        done = tasks.mapInArrow(direct.reader(job), TASK_RESULT).collect()  # a row a range, in order
+        declined = [(r[0], r[1], d.declined) for r, d in zip(ranges, done, strict=True) if d.declined]
+        if not declined:
+            return done
+        log.warning(
+            "sink %s: %d of %d topic-partitions applied from Spark's rows, not read by the tasks: %s",
+            self.spec.name,
+            len(declined),
+            len(ranges),
+            declined[0][2],
+        )
+        only = reduce(or_, [(F.col("topic") == t) & (F.col("partition") == p) for t, p, _ in declined])
+        return [d for d in done if not d.declined] + self.tasks(batch.where(only), after).collect()
 
     def summarize(self, batch_id: int, done: list[Row]) -> BatchResult:
         """The batch's result from its tasks' rows; a task's refusal fails the batch with its line."""

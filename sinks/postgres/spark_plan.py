@@ -205,3 +205,46 @@ def _kind(expression: Any) -> str:
 
 def _seq(seq: Any) -> list[Any]:
     return [seq.apply(i) for i in range(seq.size())]
+
+
+# -- classic: the offset ranges Spark planned for a batch ---------------------------------------------
+
+
+def planned_ranges(batch: Any) -> tuple[list[tuple[str, int, int, int]], int, bool] | None:
+    """The offset ranges Spark's Kafka source planned for a foreachBatch batch, a task each, with its
+    pollTimeoutMs and failOnDataLoss; None where they cannot be read (Spark Connect, another source,
+    a union). A batch's frame is a LogicalRDD: its RDD's lineage ends in the source's DataSourceRDD,
+    whose partitions hold each task's KafkaBatchInputPartition."""
+    try:
+        found = _source_rdds(batch._jdf.queryExecution().logical().rdd())
+        if len(found) != 1:
+            return None
+        ranges, poll, loss = [], set(), set()
+        for part in found[0].partitions():
+            given = part.inputPartition()
+            if not given.isDefined():
+                continue
+            task = given.get()
+            if task.getClass().getSimpleName() != "KafkaBatchInputPartition":
+                return None
+            o = task.offsetRange()
+            tp = o.topicPartition()
+            ranges.append((str(tp.topic()), int(tp.partition()), int(o.fromOffset()), int(o.untilOffset())))
+            poll.add(int(task.pollTimeoutMs()))
+            loss.add(bool(task.failOnDataLoss()))
+    except Exception:  # the JVM's internals moved: Spark's own rows, as before
+        return None
+    one_each = len({r[:2] for r in ranges}) == len(ranges)  # a topic-partition split over tasks is not
+    if not ranges or not one_each or len(poll) != 1 or len(loss) != 1:
+        return None
+    return ranges, poll.pop(), loss.pop()
+
+
+def _source_rdds(rdd: Any) -> list[Any]:
+    if rdd.getClass().getSimpleName() == "DataSourceRDD":
+        return [rdd]
+    found = []
+    deps = rdd.dependencies().iterator()
+    while deps.hasNext():
+        found += _source_rdds(deps.next().rdd())
+    return found

@@ -44,6 +44,7 @@ _SCHEMA = pa.schema(
         *((t, pa.float64()) for t in TIMES),
         *((r, pa.string()) for r in _REFUSAL),
         ("ends", pa.list_(_END)),  # each topic-partition's next offset once the task committed
+        ("declined", pa.string()),  # why a task that reads Kafka itself left its range to Spark (direct.py)
     ]
 )
 # As a StructType: a DDL string would be parsed by the JVM again at every batch.
@@ -77,19 +78,31 @@ def applier(job: TaskJob) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.Re
         # stage: the source, its decoding and Spark's Arrow, upstream of this code.
         with clock.stage("input"):
             rows = [b for b in batches if b.num_rows]
-        outcome = NOTHING
-        if rows:
-            attempt, who = attempt_id(job.stage.token), f"sink task (pid {os.getpid()})"
-            outcome, retries = with_retries(
-                lambda: apply_task(job, rows, attempt, clock), job.statements.spec.retry_for, who
-            )
-            outcome = replace(outcome, retries=retries)
-        refusal = [outcome.refused, outcome.refused_code]
-        values = [*outcome.counts, outcome.retries, *clock.seconds.values(), *refusal, ends(rows)]
-        columns = {f: [v] for f, v in zip(_SCHEMA.names, values, strict=True)}
-        yield pa.RecordBatch.from_pydict(columns, _SCHEMA)
+        yield apply_records(job, rows, clock)
 
     return apply
+
+
+def apply_records(job: TaskJob, rows: list[pa.RecordBatch], clock: Clock) -> pa.RecordBatch:
+    """Apply a task's rows, starting over on a lost connection; its result row."""
+    outcome = NOTHING
+    if rows:
+        attempt, who = attempt_id(job.stage.token), f"sink task (pid {os.getpid()})"
+        outcome, retries = with_retries(
+            lambda: apply_task(job, rows, attempt, clock), job.statements.spec.retry_for, who
+        )
+        outcome = replace(outcome, retries=retries)
+    return result(outcome, clock, rows)
+
+
+def result(
+    outcome: Outcome, clock: Clock, rows: list[pa.RecordBatch], declined: str | None = None
+) -> pa.RecordBatch:
+    """A task's one row of TASK_RESULT."""
+    refusal = [outcome.refused, outcome.refused_code]
+    values = [*outcome.counts, outcome.retries, *clock.seconds.values(), *refusal, ends(rows), declined]
+    columns = {f: [v] for f, v in zip(_SCHEMA.names, values, strict=True)}
+    return pa.RecordBatch.from_pydict(columns, _SCHEMA)
 
 
 def apply_task(job: TaskJob, rows: list[pa.RecordBatch], attempt: int, clock: Clock) -> Outcome:

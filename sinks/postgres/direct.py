@@ -1,0 +1,293 @@
+"""Tasks that read Kafka themselves, where the frame is `parse_json` over Spark's Kafka source.
+
+From Kafka, most of the sink's CPU per event was Spark's: its source, its
+from_json and its hand-off to Python as Arrow (bench/sink.py). Where the frame
+is exactly what parse_json made of one of Spark's own Kafka sources, with
+nothing after it, each task reads the offset range Spark planned for it, read
+committed (sinks/kafka_source/reader.py), parses its values with Arrow's JSON
+reader, and applies them as any task does (task.py): the same rows, ledger and
+transaction, without Spark between Kafka and the task.
+
+Arrow's parse is trusted only where it gives what Spark's from_json gives
+(`staged`): a range holding any record it cannot vouch for, or whose read
+fails, is declined, and applied from Spark's own rows of it, as before.
+`why_not` says, at start, why a frame is read Spark's way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from decimal import Decimal
+from typing import Any, TypeVar
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pajson
+from pyspark.sql import types as T
+
+from sinks.kafka_source.ranges import Range
+from sinks.kafka_source.reader import ARROW_SCHEMA, read_range
+from sinks.postgres.clock import Clock
+from sinks.postgres.placement import Node, Route
+from sinks.postgres.plan import Plan
+from sinks.postgres.task import NOTHING, TaskJob, apply_records, result
+
+# The types whose JSON Arrow reads as Spark's from_json does, or refuses (FloatType is parsed as a
+# float by Spark and as a double then narrowed by Arrow; times and nested types by rules of their own).
+_TYPES: dict[type, pa.DataType] = {
+    T.StringType: pa.string(),
+    T.LongType: pa.int64(),
+    T.IntegerType: pa.int32(),
+    T.DoubleType: pa.float64(),
+    T.BooleanType: pa.bool_(),
+}
+# Of a Kafka record's columns, those the tasks can write as Spark's source gives them.
+_KAFKA = {"topic": pa.string(), "partition": pa.int32(), "offset": pa.int64()}
+_CORRUPT = "_corrupt_record"  # parse_json's own: a value that holds it is Spark's to judge
+_WHITESPACE = " \t"  # JSON's, but for the line breaks no value may hold here
+
+
+@dataclass(frozen=True)
+class JsonValues:
+    """What parse_json was asked, kept on the frame it returned."""
+
+    source: Any  # the Kafka source's frame it parsed
+    schema: T.StructType
+    key_column: str | None
+    key_format: str
+    options: dict[str, Any] | None
+
+
+_MARK = "_outbox_json_values"
+_Frame = TypeVar("_Frame")
+
+
+def remember(frame: _Frame, values: JsonValues) -> _Frame:
+    """Mark `frame` as parse_json's; a step after it makes another frame, unmarked."""
+    setattr(frame, _MARK, values)
+    return frame
+
+
+def arrow_type(kind: T.DataType) -> pa.DataType | None:
+    if isinstance(kind, T.DecimalType):
+        return pa.decimal128(kind.precision, kind.scale)
+    return _TYPES.get(type(kind))
+
+
+def values_of(frame: Any) -> JsonValues | None:
+    """What parse_json was asked, if it made this very frame."""
+    found = getattr(frame, _MARK, None)
+    return found if isinstance(found, JsonValues) else None
+
+
+def why_not(
+    values: JsonValues | None, plan: Plan, delete: object, route: Route, source: Node | None, connect: bool
+) -> str | None:
+    """Why the tasks cannot read the frame's Kafka records themselves; None if they can.
+
+    values: values_of(frame); source: the plan of the frame parse_json parsed (spark_plan.read_plan)."""
+    if connect:
+        return "on Spark Connect a batch's offset ranges are the server's"
+    if values is None:
+        return "the frame is not parse_json's own (a step after it, or another parse)"
+    if not route.tasks:
+        return route.why
+    if source is None or source.children or source.source != "kafka":
+        return "parse_json did not parse one of Spark's Kafka sources directly"
+    if values.options:
+        return "parse_json was given options, which Spark's parse applies"
+    if values.key_column and (
+        values.key_format != "text" or values.schema[values.key_column].dataType != T.StringType()
+    ):
+        return "a tombstone's key is read as a type, or as JSON, by Spark's rules"
+    if delete is not None and delete != "tombstone":
+        return "the delete rule is an expression for Spark to compute"
+    fields = {f.name: f.dataType for f in values.schema.fields}
+    other = [n for n in plan.columns if (n in fields and arrow_type(fields[n]) is None)]
+    other += [n for n in plan.columns if n not in fields and n not in _KAFKA]
+    other += [n for n in plan.columns if plan.conversions[n] != "native"]
+    if other:
+        named = ", ".join(dict.fromkeys(other))
+        return f"column(s) {named} are not of a type read here (text, numbers, booleans)"
+    return None
+
+
+@dataclass(frozen=True)
+class Parse:
+    """How a task makes a range's records into the columns the sink's tasks take (sink.staged_columns)."""
+
+    fields: pa.Schema  # the value's fields, as Arrow reads them (parse_json's corrupt column too)
+    columns: tuple[str, ...]  # the data columns: a field's name, or a Kafka column's
+    tombstones_delete: bool  # delete='tombstone'
+    key_column: str | None  # a text column a tombstone takes from its Kafka key
+    raw_key: bool  # the frame keeps the raw key and value (for dead letters)
+    raw_value: bool
+
+
+def parse_for(values: JsonValues, plan: Plan, delete: object) -> Parse:
+    """The Parse of a frame `why_not` passed."""
+    fields = [pa.field(f.name, arrow_type(f.dataType)) for f in values.schema.fields]
+    return Parse(
+        fields=pa.schema([*fields, pa.field(_CORRUPT, pa.string())]),
+        columns=plan.columns,
+        tombstones_delete=delete == "tombstone",
+        key_column=values.key_column,
+        raw_key=plan.raw_key is not None,
+        raw_value=plan.raw_value is not None,
+    )
+
+
+@dataclass(frozen=True)
+class DirectJob:
+    """What a reading task needs, pickled to the executors."""
+
+    task: TaskJob
+    parse: Parse
+    consumer: dict[str, object]  # librdkafka's settings
+    ranges: tuple[Range, ...] = ()  # set per batch, a task each
+    poll_timeout_s: float = 120.0  # Spark's pollTimeoutMs: how long a read may go without progress
+    fail_on_data_loss: bool = True
+
+
+def for_batch(
+    job: DirectJob, ranges: list[tuple[str, int, int, int]], poll_ms: int, loss: bool, after: Any
+) -> DirectJob:
+    return replace(
+        job,
+        task=replace(job.task, after=after),
+        ranges=tuple(Range(*r) for r in ranges),
+        poll_timeout_s=poll_ms / 1000,
+        fail_on_data_loss=loss,
+    )
+
+
+class Declined(Exception):
+    """Records the tasks do not vouch for parsing as Spark does."""
+
+
+def staged(records: pa.Table, job: Parse) -> pa.RecordBatch:
+    """A range's Kafka records as the columns sink.staged_columns gives the tasks, parsed by Arrow as
+    Spark's from_json (PERMISSIVE) would; Declined where that is not certain.
+
+    Arrow and Spark differ on input Spark reads and Arrow refuses (single quotes, NaN, a string of
+    digits for a number), which is declined, and on a few it takes that Spark reads otherwise: a
+    value of two JSON texts, a decimal past its precision, -0 as a double (Spark reads an integer's
+    -0 as 0.0), a value holding parse_json's corrupt-record field. Those are looked for here.
+    """
+    n = records.num_rows
+    column = {name: _one(records.column(name)) for name in ("key", "value", *_KAFKA)}
+    value = column["value"]
+    present = pc.is_valid(value)
+    held = value.filter(present)
+    try:
+        text = held.cast(pa.string())  # Spark's JSON parser refuses what is not UTF-8
+    except pa.ArrowInvalid as exc:
+        raise Declined("a value is not UTF-8") from exc
+    parsed = _parse(text, job.fields)
+    if len(held) < n:  # tombstones: no value, every field null, as from_json(null) gives
+        at = pc.subtract(pc.cumulative_sum(present.cast(pa.int64())), 1)
+        index = pc.if_else(present, at, pa.scalar(None, pa.int64()))
+        parsed = parsed.take(index)
+    if job.key_column is not None and len(held) < n:  # parse_json: a tombstone's key column is its key's text
+        try:
+            key = column["key"].cast(pa.string())
+        except pa.ArrowInvalid as exc:
+            raise Declined("a tombstone's key is not UTF-8") from exc
+        chosen = pc.if_else(present, parsed.column(job.key_column), key)
+        parsed = parsed.set_column(parsed.schema.get_field_index(job.key_column), job.key_column, chosen)
+    kafka = {name: column[name] for name in _KAFKA}
+    data = [parsed.column(c) if c in job.fields.names else kafka[c] for c in job.columns]
+    delete = pc.invert(present) if job.tombstones_delete else pa.repeat(False, n)
+    nothing = pa.nulls(n, pa.binary())
+    columns = [
+        *data,
+        kafka["topic"],
+        kafka["partition"],
+        kafka["offset"],
+        delete,
+        column["key"] if job.raw_key else nothing,
+        value if job.raw_value else nothing,
+        pa.nulls(n, pa.string()),  # a row's parse error: a range with one is declined
+    ]
+    names = [*(f"c{i}" for i in range(len(data))), "_topic", "_partition", "_offset", "_delete"]
+    names += ["_raw_key", "_raw_value", "_parse_error"]
+    return pa.Table.from_arrays([_one(c) for c in columns], names).combine_chunks().to_batches()[0]
+
+
+def _one(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+
+
+def _parse(text: pa.Array, fields: pa.Schema) -> pa.Table:
+    if len(text) == 0:
+        return fields.empty_table()
+    if pc.any(pc.match_substring_regex(text, "[\n\r]")).as_py():
+        raise Declined("a value holds a line break")  # the reader takes one value a line
+    trimmed = pc.utf8_trim(text, _WHITESPACE)
+    if not pc.all(pc.starts_with(trimmed, "{")).as_py() or not pc.all(pc.ends_with(trimmed, "}")).as_py():
+        raise Declined("a value is not a JSON object")
+    lines = pc.binary_join_element_wise(text, "", "\n")  # each value and a line break, in one buffer
+    data = _joined(lines)
+    try:
+        table = pajson.read_json(
+            pa.BufferReader(data),
+            read_options=pajson.ReadOptions(use_threads=False, block_size=max(data.size, 1) + 1),
+            parse_options=pajson.ParseOptions(explicit_schema=fields, unexpected_field_behavior="ignore"),
+        )
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise Declined(str(exc).splitlines()[0]) from exc
+    if table.num_rows != len(text):
+        raise Declined("a value holds more than one JSON text")
+    if table.column(_CORRUPT).null_count != table.num_rows:
+        raise Declined(f"a value holds a field {_CORRUPT!r}")
+    for field in fields:
+        column = table.column(field.name)
+        if pa.types.is_decimal(field.type):
+            largest = (
+                Decimal(10) ** (field.type.precision - field.type.scale) - Decimal(10) ** -field.type.scale
+            )
+            if pc.any(pc.greater(pc.abs(column), pa.scalar(largest, field.type))).as_py():
+                raise Declined(f"field {field.name!r} is past {field.type}'s precision")
+        if pa.types.is_floating(field.type):
+            zero = pc.and_(pc.equal(column, 0.0), pc.less(pc.divide(1.0, column), 0.0))
+            if pc.any(zero).as_py():
+                raise Declined(f"field {field.name!r} is -0")
+    return table.select(fields.names[:-1])
+
+
+def _joined(lines: pa.Array) -> pa.Buffer:
+    """A string array's bytes, end to end, without a copy into Python."""
+    offsets = np.frombuffer(lines.buffers()[1], dtype=np.int32)[lines.offset : lines.offset + len(lines) + 1]
+    start, end = int(offsets[0]), int(offsets[-1])
+    return lines.buffers()[2].slice(start, end - start)
+
+
+def reader(job: DirectJob) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A task over the rows of spark.range: each row the index of the range it reads and applies."""
+
+    def apply(indices: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in indices:
+            for i in batch.column(0).to_pylist():
+                yield read_and_apply(job, job.ranges[i])
+
+    return apply
+
+
+def read_and_apply(job: DirectJob, rng: Range) -> pa.RecordBatch:
+    clock = Clock()
+    with clock.stage("input"):
+        try:
+            read = read_range(
+                job.consumer,
+                rng,
+                poll_timeout_s=job.poll_timeout_s,
+                fail_on_data_loss=job.fail_on_data_loss,
+                patience_s=job.poll_timeout_s,
+            )
+            records = pa.Table.from_batches(list(read), ARROW_SCHEMA)
+            rows = [staged(records, job.parse)] if records.num_rows else []
+        except Exception as exc:  # declining is always safe: Spark's own rows follow
+            return result(NOTHING, clock, [], declined=f"{rng.topic}-{rng.partition}: {exc}")
+    return apply_records(job.task, rows, clock)

@@ -1,0 +1,214 @@
+"""The tasks that read Kafka themselves (sinks/postgres/direct.py) against Spark's own parse.
+
+Where the tasks parse a range's values with Arrow, each row they stage must be
+the row Spark's parse_json and the sink's columns give; where they cannot be
+sure, they must decline (Spark's rows are applied instead). Checked for every
+input hypothesis finds, adversarial ones first, with a real SparkSession.
+"""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from pyspark.sql import functions as F
+
+from sinks.postgres import parse_json
+from sinks.postgres.direct import Declined, parse_for, staged, values_of, why_not
+from sinks.postgres.placement import Node, Route
+from sinks.postgres.plan import Plan
+from sinks.postgres.sink import _delete_rule, staged_columns
+from tests.sink_support import KAFKA
+
+pytestmark = pytest.mark.timeout(600)
+
+SCHEMA = "id string, n long, i int, amount decimal(12,2), x double, ok boolean"
+FIELDS = ("id", "n", "i", "amount", "x", "ok")
+WRITTEN = (*FIELDS, "topic", "partition", "offset")
+PLAN = Plan(
+    columns=WRITTEN,
+    conversions=dict.fromkeys(WRITTEN, "native"),
+    raw_key="key",
+    raw_value="value",
+    error="_error",
+    no_equality=frozenset(),
+)
+RECORDS = pa.schema(
+    [("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64())]
+)
+Record = tuple[bytes | None, bytes | None]
+
+# Values that Spark and Arrow read apart, or that crashed Arrow's reader: each must be declined or agree.
+ADVERSARIAL: list[bytes | None] = [
+    None,
+    b"",
+    b" ",
+    b"null",
+    b"[]",
+    b'"x"',
+    b"{}",
+    b'{"id": "a"} {"id": "b"}',
+    b'{"id": "a"} null',
+    b'{"id": "a"}\n',
+    b'{"id":\n"a"}',
+    b"{'id': 'a'}",
+    b'{"x": NaN}',
+    b'{"x": "NaN"}',
+    b'{"x": -0}',
+    b'{"x": -0.0}',
+    b'{"x": 1e400}',
+    b'{"x": 1e-400}',
+    b'{"n": 1.0}',
+    b'{"n": "1"}',
+    b'{"n": 9223372036854775808}',
+    b'{"i": 2147483648}',
+    b'{"amount": 1.234}',
+    b'{"amount": 12345678901.5}',
+    b'{"amount": 9999999999.99}',
+    b'{"amount": "1.2"}',
+    b'{"amount": "1,000.5"}',
+    b'{"amount": 1e2}',
+    b'{"id": 1}',
+    b'{"id": {"a": 1}}',
+    b'{"id": "a", "id": "b"}',
+    b'{"ID": "a"}',
+    b'{"\\u0069d": "a"}',
+    b'{"id": "\\ud800"}',
+    b'{"id": "a\tb"}',
+    b'{"id": "\\u0000"}',
+    b'{"id": "\xff"}',
+    b'\xef\xbb\xbf{"id": "a"}',
+    b'{"_corrupt_record": "x", "id": "a"}',
+    b'{"ok": 1}',
+    b'{"ok": "true"}',
+    b'{"id": "a",}',
+    b'{"id": "a"} // c',
+    b'{"other": [1, {"y": "z"}], "id": "a"}',
+    b'  {"id": "a", "n": -0, "i": 7, "amount": 1.2, "x": 0.1, "ok": true}  ',
+]
+
+
+def spark_rows(spark, records: list[Record]) -> list[dict[str, Any]]:  # type: ignore[no-untyped-def]
+    """What the sink's tasks get from Spark for these records: parse_json, then the staged columns."""
+    rows = [(k, v, "t", 0, o) for o, (k, v) in enumerate(records)]
+    frame = parse_json(spark.createDataFrame(rows, KAFKA), SCHEMA, key_column="id")
+    plan = PLAN
+    got = frame.select(*staged_columns(plan, _delete_rule("tombstone", plan))).toArrow()
+    return got.to_pylist()
+
+
+def direct_rows(spark, records: list[Record]) -> list[dict[str, Any]]:  # type: ignore[no-untyped-def]
+    frame = parse_json(spark.createDataFrame([], KAFKA), SCHEMA, key_column="id")
+    values = values_of(frame)
+    assert values is not None
+    table = pa.Table.from_pylist(
+        [{"key": k, "value": v, "topic": "t", "partition": 0, "offset": o} for o, (k, v) in enumerate(records)],
+        RECORDS,
+    )
+    return pa.Table.from_batches([staged(table, parse_for(values, PLAN, "tombstone"))]).to_pylist()
+
+
+def same_or_declined(spark, records: list[Record]) -> bool:  # type: ignore[no-untyped-def]
+    """True if the tasks staged these records, which then equal Spark's; False if they declined."""
+    try:
+        ours = direct_rows(spark, records)
+    except Declined:
+        return False
+    theirs = spark_rows(spark, records)
+    assert exact(ours) == exact(theirs), f"records {records!r}"
+    return True
+
+
+def exact(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows with their floats by their bits: NaN equals NaN, and -0.0 is no 0.0."""
+    return [{k: v.hex() if isinstance(v, float) else v for k, v in row.items()} for row in rows]
+
+
+def test_each_adversarial_value_alone_is_read_as_spark_reads_it_or_declined(spark) -> None:  # type: ignore[no-untyped-def]
+    read = [v for v in ADVERSARIAL if same_or_declined(spark, [(b"k", v)])]
+    # Not every value may be declined: the test would then prove nothing of the rows staged.
+    assert {None, b"{}", b'{"x": 1e-400}', b'{"amount": 1e2}'} <= set(read), read
+    assert b'{"id": "a"} {"id": "b"}' not in read  # two JSON texts: Arrow makes two rows of it
+
+
+def test_a_range_with_one_value_the_tasks_cannot_vouch_for_is_declined_whole(spark) -> None:  # type: ignore[no-untyped-def]
+    good = [(b"a", b'{"id": "a", "n": 1}'), (b"b", None), (b"c", b'{"id": "c", "n": 3}')]
+    assert same_or_declined(spark, good)
+    assert not same_or_declined(spark, [*good, (b"d", b'{"x": -0}')])
+
+
+def test_a_tombstone_takes_its_key_column_from_its_kafka_key_as_spark_does(spark) -> None:  # type: ignore[no-untyped-def]
+    rows = direct_rows(spark, [(b"gone", None), (None, None), (b"k", b'{"id": "kept"}')])
+    assert [(r["c0"], r["_delete"]) for r in rows] == [("gone", True), (None, True), ("kept", False)]
+    assert same_or_declined(spark, [(b"gone", None), (None, None), (b"k", b'{"id": "kept"}')])
+    assert not same_or_declined(spark, [(b"\xff", None)])  # a key that is not UTF-8: Spark's to judge
+
+
+def json_value(value: Any) -> st.SearchStrategy[bytes]:
+    return st.just(json.dumps(value).encode())
+
+
+FIELD_VALUES = st.fixed_dictionaries(
+    {},
+    optional={
+        "id": st.one_of(st.none(), st.text(), st.integers()),
+        "n": st.one_of(st.none(), st.integers(min_value=-(2**64), max_value=2**64), st.floats()),
+        "i": st.one_of(st.none(), st.integers(min_value=-(2**32), max_value=2**32)),
+        "amount": st.one_of(
+            st.none(),
+            st.decimals(allow_nan=False, allow_infinity=False, places=3).map(float),
+            st.decimals(min_value=Decimal(-(10**11)), max_value=Decimal(10**11), places=2).map(str),
+        ),
+        "x": st.one_of(st.none(), st.floats(allow_nan=False, allow_infinity=False), st.integers()),
+        "ok": st.one_of(st.none(), st.booleans(), st.integers(0, 1)),
+        "extra": st.recursive(st.none() | st.integers() | st.text(), lambda c: st.lists(c) | st.dictionaries(st.text(), c)),
+    },
+)
+VALUES = st.one_of(
+    FIELD_VALUES.flatmap(json_value),
+    FIELD_VALUES.map(lambda d: json.dumps(d, ensure_ascii=False).encode()),
+    FIELD_VALUES.map(lambda d: json.dumps(d, indent=1).encode()),
+    st.sampled_from([v for v in ADVERSARIAL if v is not None]),
+    st.binary(max_size=20),
+    st.none(),
+)
+KEYS = st.one_of(st.none(), st.binary(max_size=8), st.text(max_size=8).map(str.encode))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(KEYS, VALUES), min_size=1, max_size=6))
+@example([(b"k", b'{"id": "a", "n": 1, "i": 2, "amount": 3.5, "x": 1e-7, "ok": false}')])
+def test_every_range_the_tasks_stage_is_staged_as_spark_stages_it(spark, records: list[Record]) -> None:  # type: ignore[no-untyped-def]
+    same_or_declined(spark, records)
+    for record in records:  # each alone too: a range of one record declines only for its own sake
+        same_or_declined(spark, [record])
+
+
+def test_frames_the_tasks_cannot_read_say_why(spark, bootstrap) -> None:  # type: ignore[no-untyped-def]
+    raw = spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("subscribe", "t")
+    source = Node("StreamingRelationV2", source="kafka")
+    tasks = Route(True, "each task reads whole topic-partitions from kafka")
+    frame = parse_json(raw.load(), SCHEMA)
+
+    def why(frame, delete="tombstone", route=tasks, plan=PLAN, connect=False):  # type: ignore[no-untyped-def]
+        return why_not(values_of(frame), plan, delete, route, source, connect)
+
+    assert why(frame) is None
+    assert "not parse_json's own" in str(why(frame.withColumn("n", F.col("n") + 1)))
+    assert "Spark Connect" in str(why(frame, connect=True))
+    assert "expression" in str(why(frame, delete="n < 0"))
+    assert why(frame, delete=None) is None
+    assert "driver" in str(why(frame, route=Route(False, "staged on the driver")))
+    assert "options" in str(why(parse_json(raw.load(), SCHEMA, options={"allowComments": "true"})))
+    assert "tombstone's key" in str(why(parse_json(raw.load(), SCHEMA, key_column="n")))
+    assert "tombstone's key" in str(why(parse_json(raw.load(), SCHEMA, key_column="id", key_format="json")))
+    timed = parse_json(raw.load(), "id string, at timestamp")
+    timed_plan = Plan(("id", "at"), {"id": "native", "at": "native"}, "key", "value", "_error", frozenset())
+    assert "at" in str(why(timed, plan=timed_plan))
+    hexed = Plan(("id", "key"), {"id": "native", "key": "hex"}, "key", "value", "_error", frozenset())
+    assert "key" in str(why(frame, plan=hexed))
