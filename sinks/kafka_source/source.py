@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -122,10 +122,18 @@ def _input_partitions(
 
 
 def _read(options: SourceOptions, partition: InputPartition, *, waits: bool) -> Iterator[pa.RecordBatch]:
-    """waits: a stream's read waits out a Kafka without a leader to read from, as its driver does
-    (for `unavailableTimeoutMs`, or for ever); a batch query's fails after `pollTimeoutMs`.
-    A batch with nothing to read still gets one task, whose partition holds None (pyspark's own)."""
-    for rng in partition.value or ():
+    """A batch with nothing to read still gets one task, whose partition holds None (pyspark's own)."""
+    return read_ranges(options, partition.value or (), waits=waits)
+
+
+def read_ranges(
+    options: SourceOptions, rngs: Iterable[ranges.Range], *, waits: bool
+) -> Iterator[pa.RecordBatch]:
+    """A task's ranges, one after the other (the sink's reading tasks too: postgres/direct.py).
+
+    waits: a stream's read waits out a Kafka without a leader to read from, as its driver does
+    (for `unavailableTimeoutMs`, or for ever); a batch query's fails after `pollTimeoutMs`."""
+    for rng in rngs:
         yield from read_range(
             options.consumer_config(),
             rng,

@@ -16,6 +16,7 @@ fails, is declined, and applied from Spark's own rows of it, as before.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from decimal import Decimal
@@ -27,8 +28,10 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 from pyspark.sql import types as T
 
+from sinks.kafka_source.options import SourceOptions
 from sinks.kafka_source.ranges import Range
-from sinks.kafka_source.reader import ARROW_SCHEMA, read_range
+from sinks.kafka_source.reader import ARROW_SCHEMA
+from sinks.kafka_source.source import read_ranges
 from sinks.postgres.clock import Clock
 from sinks.postgres.placement import Node, Route
 from sinks.postgres.plan import Plan
@@ -94,8 +97,8 @@ def why_not(
         return "the frame is not parse_json's own (a step after it, or another parse)"
     if not route.tasks:
         return route.why
-    if source is None or source.children or source.source != "kafka":
-        return "parse_json did not parse one of Spark's Kafka sources directly"
+    if source is None or source.children or source.source not in ("kafka", "kafka_rc"):
+        return "parse_json did not parse a Kafka source directly"
     if values.options:
         return "parse_json was given options, which Spark's parse applies"
     if values.key_column and (
@@ -145,22 +148,36 @@ class DirectJob:
 
     task: TaskJob
     parse: Parse
-    consumer: dict[str, object]  # librdkafka's settings
-    ranges: tuple[Range, ...] = ()  # set per batch, a task each
-    poll_timeout_s: float = 120.0  # Spark's pollTimeoutMs: how long a read may go without progress
-    fail_on_data_loss: bool = True
+    source: SourceOptions  # how the frame's source reads: librdkafka's settings, its timeouts
+    waits: bool  # kafka_rc's read waits out a Kafka without a leader; Spark's fails at pollTimeoutMs
+    tasks: tuple[tuple[Range, ...], ...] = ()  # set per batch: each task's ranges, as Spark planned them
 
 
-def for_batch(
-    job: DirectJob, ranges: list[tuple[str, int, int, int]], poll_ms: int, loss: bool, after: Any
-) -> DirectJob:
-    return replace(
-        job,
-        task=replace(job.task, after=after),
-        ranges=tuple(Range(*r) for r in ranges),
-        poll_timeout_s=poll_ms / 1000,
-        fail_on_data_loss=loss,
-    )
+# What spark_plan.planned_tasks reads of a task's input partition: Spark's Kafka source's range (topic,
+# partition, from, until, pollTimeoutMs, failOnDataLoss), or a Python data source's pickled partition.
+Planned = tuple[str, Any]
+
+
+def for_batch(job: DirectJob, planned: list[Planned], after: tuple[str, int] | None) -> DirectJob | None:
+    """The job of one batch's tasks, as Spark planned them; None where they are not Kafka ranges."""
+    kinds = {kind for kind, _ in planned}
+    task = replace(job.task, after=after)
+    if kinds == {"kafka"}:
+        given = [p for _, p in planned]
+        polls, losses = {p[4] for p in given}, {p[5] for p in given}
+        if len(polls) != 1 or len(losses) != 1:
+            return None
+        poll_s = polls.pop() / 1000
+        source = replace(job.source, poll_timeout_s=poll_s, fail_on_data_loss=losses.pop())
+        tasks = tuple((Range(*p[:4]),) for p in given)
+        return replace(job, task=task, source=source, waits=False, tasks=tasks)
+    if kinds == {"python"}:
+        # kafka_rc's own partitions, unpickled as Spark's executors unpickle them
+        values = [pickle.loads(p).value or () for _, p in planned]
+        if not all(isinstance(r, Range) for v in values for r in v):
+            return None
+        return replace(job, task=task, waits=True, tasks=tuple(tuple(v) for v in values))
+    return None
 
 
 class Declined(Exception):
@@ -192,7 +209,7 @@ def staged(records: pa.Table, job: Parse) -> pa.RecordBatch:
         parsed = parsed.take(index)
     if job.key_column is not None and len(held) < n:  # parse_json: a tombstone's key column is its key's text
         try:
-            key = column["key"].cast(pa.string())
+            key = pc.if_else(present, pa.scalar(None, pa.binary()), column["key"]).cast(pa.string())
         except pa.ArrowInvalid as exc:
             raise Declined("a tombstone's key is not UTF-8") from exc
         chosen = pc.if_else(present, parsed.column(job.key_column), key)
@@ -265,29 +282,25 @@ def _joined(lines: pa.Array) -> pa.Buffer:
 
 
 def reader(job: DirectJob) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """A task over the rows of spark.range: each row the index of the range it reads and applies."""
+    """A task over the rows of spark.range: each row the index of the task whose ranges it reads and
+    applies, in one transaction, as Spark's task would have."""
 
     def apply(indices: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in indices:
             for i in batch.column(0).to_pylist():
-                yield read_and_apply(job, job.ranges[i])
+                yield read_and_apply(job, job.tasks[i])
 
     return apply
 
 
-def read_and_apply(job: DirectJob, rng: Range) -> pa.RecordBatch:
+def read_and_apply(job: DirectJob, ranges: tuple[Range, ...]) -> pa.RecordBatch:
     clock = Clock()
     with clock.stage("input"):
         try:
-            read = read_range(
-                job.consumer,
-                rng,
-                poll_timeout_s=job.poll_timeout_s,
-                fail_on_data_loss=job.fail_on_data_loss,
-                patience_s=job.poll_timeout_s,
-            )
+            read = read_ranges(job.source, ranges, waits=job.waits)
             records = pa.Table.from_batches(list(read), ARROW_SCHEMA)
             rows = [staged(records, job.parse)] if records.num_rows else []
         except Exception as exc:  # declining is always safe: Spark's own rows follow
-            return result(NOTHING, clock, [], declined=f"{rng.topic}-{rng.partition}: {exc}")
+            which = ", ".join(f"{r.topic}-{r.partition}" for r in ranges)
+            return result(NOTHING, clock, [], declined=f"{which}: {exc}")
     return apply_records(job.task, rows, clock)

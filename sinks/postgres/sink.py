@@ -36,7 +36,7 @@ from sinks.postgres.metrics import SinkMetrics
 from sinks.postgres.placement import ApplyIn, Route, choose
 from sinks.postgres.plan import Conversion, Plan, plan
 from sinks.postgres.retry import MOMENTARY, start_query, with_retries
-from sinks.postgres.spark_plan import is_connect, planned_ranges, read_plan
+from sinks.postgres.spark_plan import is_connect, planned_tasks, read_plan
 from sinks.postgres.spec import Mode, OnError, Outbox, SinkSpec
 from sinks.postgres.stage import RESULT_SCHEMA, StageJob, stager
 from sinks.postgres.statements import Statements
@@ -311,7 +311,7 @@ class BatchWriter:
         log.info("sink %s: its tasks read the batches' Kafka records themselves", self.spec.name)
         assert values is not None
         parse = direct.parse_for(values, self.plan, delete)
-        return direct.DirectJob(self._task_job, parse, self._topics.options.consumer_config())
+        return direct.DirectJob(self._task_job, parse, self._topics.options, waits=True)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         """Apply the batch; on a lost connection or an unreachable server, all over again (the
@@ -381,25 +381,33 @@ class BatchWriter:
 
     def _run_tasks(self, batch: DataFrame, after: tuple[str, int] | None) -> list[Row]:
         """The batch's tasks' rows: read from Kafka by the tasks where they can, else from Spark's rows;
-        a range a reading task declined is applied from Spark's rows of it."""
-        planned = planned_ranges(batch) if self.reads_kafka else None
-        if self.reads_kafka is None or planned is None:
+        the topic-partitions of a reading task that declined are applied from Spark's rows of them."""
+        planned = planned_tasks(batch) if self.reads_kafka else None
+        job = direct.for_batch(self.reads_kafka, planned, after) if self.reads_kafka and planned else None
+        if job is None:
+            if self.reads_kafka is not None and planned != []:  # said once, then Spark's rows
+                log.warning(
+                    "sink %s: the batch's offset ranges cannot be read; its tasks take Spark's rows",
+                    self.spec.name,
+                )
+                self.reads_kafka = None
             return self.tasks(batch, after).collect()
-        ranges, poll_ms, fail_on_data_loss = planned
-        job = direct.for_batch(self.reads_kafka, ranges, poll_ms, fail_on_data_loss, after)
-        tasks = batch.sparkSession.range(0, len(ranges), 1, len(ranges))
-        done = tasks.mapInArrow(direct.reader(job), TASK_RESULT).collect()  # a row a range, in order
-        declined = [(r[0], r[1], d.declined) for r, d in zip(ranges, done, strict=True) if d.declined]
+        tasks = batch.sparkSession.range(0, len(job.tasks), 1, len(job.tasks))
+        done = tasks.mapInArrow(direct.reader(job), TASK_RESULT).collect()  # a row a task, in order
+        declined = [(ranges, d.declined) for ranges, d in zip(job.tasks, done, strict=True) if d.declined]
         if not declined:
             return done
+        pairs = [(r.topic, r.partition) for ranges, _ in declined for r in ranges]
         log.warning(
             "sink %s: %d of %d topic-partitions applied from Spark's rows, not read by the tasks: %s",
             self.spec.name,
-            len(declined),
-            len(ranges),
-            declined[0][2],
+            len(pairs),
+            sum(len(ranges) for ranges in job.tasks),
+            declined[0][1],
         )
-        only = reduce(or_, [(F.col("topic") == t) & (F.col("partition") == p) for t, p, _ in declined])
+        only = reduce(
+            or_, [(F.col("topic") == t) & (F.col("partition") == p) for t, p in pairs], F.lit(False)
+        )
         return [d for d in done if not d.declined] + self.tasks(batch.where(only), after).collect()
 
     def summarize(self, batch_id: int, done: list[Row]) -> BatchResult:

@@ -207,37 +207,38 @@ def _seq(seq: Any) -> list[Any]:
     return [seq.apply(i) for i in range(seq.size())]
 
 
-# -- classic: the offset ranges Spark planned for a batch ---------------------------------------------
+# -- classic: what Spark planned a batch's tasks to read -------------------------------------------------
 
 
-def planned_ranges(batch: Any) -> tuple[list[tuple[str, int, int, int]], int, bool] | None:
-    """The offset ranges Spark's Kafka source planned for a foreachBatch batch, a task each, with its
-    pollTimeoutMs and failOnDataLoss; None where they cannot be read (Spark Connect, another source,
-    a union). A batch's frame is a LogicalRDD: its RDD's lineage ends in the source's DataSourceRDD,
-    whose partitions hold each task's KafkaBatchInputPartition."""
+def planned_tasks(batch: Any) -> list[tuple[str, Any]] | None:
+    """What each task of a foreachBatch batch was planned to read (direct.Planned), in task order:
+    Spark's Kafka source's range, or a Python data source's pickled partition; None where that
+    cannot be read (Spark Connect, a union, a source of another kind). A batch's frame is a
+    LogicalRDD: its RDD's lineage ends in the source's DataSourceRDD, whose partitions hold each
+    task's InputPartition."""
     try:
         found = _source_rdds(batch._jdf.queryExecution().logical().rdd())
         if len(found) != 1:
             return None
-        ranges, poll, loss = [], set(), set()
+        planned: list[tuple[str, Any]] = []
         for part in found[0].partitions():
             given = part.inputPartition()
             if not given.isDefined():
-                continue
-            task = given.get()
-            if task.getClass().getSimpleName() != "KafkaBatchInputPartition":
                 return None
-            o = task.offsetRange()
-            tp = o.topicPartition()
-            ranges.append((str(tp.topic()), int(tp.partition()), int(o.fromOffset()), int(o.untilOffset())))
-            poll.add(int(task.pollTimeoutMs()))
-            loss.add(bool(task.failOnDataLoss()))
+            task = given.get()
+            kind = task.getClass().getSimpleName()
+            if kind == "KafkaBatchInputPartition":
+                o = task.offsetRange()
+                tp = o.topicPartition()
+                at = (str(tp.topic()), int(tp.partition()), int(o.fromOffset()), int(o.untilOffset()))
+                planned.append(("kafka", (*at, int(task.pollTimeoutMs()), bool(task.failOnDataLoss()))))
+            elif kind in ("PythonStreamingInputPartition", "PythonInputPartition"):
+                planned.append(("python", bytes(task.pickedPartition())))
+            else:
+                return None
     except Exception:  # the JVM's internals moved: Spark's own rows, as before
         return None
-    one_each = len({r[:2] for r in ranges}) == len(ranges)  # a topic-partition split over tasks is not
-    if not ranges or not one_each or len(poll) != 1 or len(loss) != 1:
-        return None
-    return ranges, poll.pop(), loss.pop()
+    return planned
 
 
 def _source_rdds(rdd: Any) -> list[Any]:

@@ -9,7 +9,9 @@ input hypothesis finds, adversarial ones first, with a real SparkSession.
 from __future__ import annotations
 
 import json
+import logging
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -18,12 +20,14 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
-from sinks.postgres import parse_json
+from outbox._core.config import DatabaseUrl
+from sinks.postgres import Outbox, PostgresSink, parse_json
 from sinks.postgres.direct import Declined, parse_for, staged, values_of, why_not
 from sinks.postgres.placement import Node, Route
 from sinks.postgres.plan import Plan
 from sinks.postgres.sink import _delete_rule, staged_columns
-from tests.sink_support import KAFKA
+from tests.helpers import create_topic, produce_transaction, transactional_producer, unique
+from tests.sink_support import KAFKA, check_exactly_once, check_with_console, produce_orders, run
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -39,7 +43,13 @@ PLAN = Plan(
     no_equality=frozenset(),
 )
 RECORDS = pa.schema(
-    [("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64())]
+    [
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+    ]
 )
 Record = tuple[bytes | None, bytes | None]
 
@@ -107,7 +117,10 @@ def direct_rows(spark, records: list[Record]) -> list[dict[str, Any]]:  # type: 
     values = values_of(frame)
     assert values is not None
     table = pa.Table.from_pylist(
-        [{"key": k, "value": v, "topic": "t", "partition": 0, "offset": o} for o, (k, v) in enumerate(records)],
+        [
+            {"key": k, "value": v, "topic": "t", "partition": 0, "offset": o}
+            for o, (k, v) in enumerate(records)
+        ],
         RECORDS,
     )
     return pa.Table.from_batches([staged(table, parse_for(values, PLAN, "tombstone"))]).to_pylist()
@@ -166,7 +179,9 @@ FIELD_VALUES = st.fixed_dictionaries(
         ),
         "x": st.one_of(st.none(), st.floats(allow_nan=False, allow_infinity=False), st.integers()),
         "ok": st.one_of(st.none(), st.booleans(), st.integers(0, 1)),
-        "extra": st.recursive(st.none() | st.integers() | st.text(), lambda c: st.lists(c) | st.dictionaries(st.text(), c)),
+        "extra": st.recursive(
+            st.none() | st.integers() | st.text(), lambda c: st.lists(c) | st.dictionaries(st.text(), c)
+        ),
     },
 )
 VALUES = st.one_of(
@@ -190,7 +205,9 @@ def test_every_range_the_tasks_stage_is_staged_as_spark_stages_it(spark, records
 
 
 def test_frames_the_tasks_cannot_read_say_why(spark, bootstrap) -> None:  # type: ignore[no-untyped-def]
-    raw = spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("subscribe", "t")
+    raw = (
+        spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("subscribe", "t")
+    )
     source = Node("StreamingRelationV2", source="kafka")
     tasks = Route(True, "each task reads whole topic-partitions from kafka")
     frame = parse_json(raw.load(), SCHEMA)
@@ -212,3 +229,27 @@ def test_frames_the_tasks_cannot_read_say_why(spark, bootstrap) -> None:  # type
     assert "at" in str(why(timed, plan=timed_plan))
     hexed = Plan(("id", "key"), {"id": "native", "key": "hex"}, "key", "value", "_error", frozenset())
     assert "key" in str(why(frame, plan=hexed))
+
+
+@pytest.mark.parametrize("source", ["kafka", "kafka_rc"])
+def test_a_stream_the_tasks_read_applies_a_range_they_decline_from_sparks_rows(  # type: ignore[no-untyped-def]
+    spark, bootstrap: str, db: DatabaseUrl, pg, tmp_path: Path, caplog: pytest.LogCaptureFixture, source: str
+) -> None:
+    """Committed, aborted and redelivered events read by the tasks; one value that is no JSON declines
+    its partition's range, which Spark's rows then apply: its dead letter says what parse_json says."""
+    topic = create_topic(bootstrap, unique("direct"), partitions=2)
+    expected = produce_orders(bootstrap, topic, 600)
+    produce_transaction(transactional_producer(bootstrap), topic, [(b"p0", b"{not json")])
+    sink = PostgresSink("orders", url=db.raw, outbox=Outbox(topic="out", key="written.event_id::text"))
+    with caplog.at_level(logging.INFO, logger="sinks.postgres"):
+        run(spark, bootstrap, topic, tmp_path / "checkpoint", sink, source=source)
+    assert "its tasks read the batches' Kafka records themselves" in caplog.text
+    # kafka_rc packs a small topic's two ranges into one task (minRecordsPerTask): both are declined.
+    declined = "1 of 2" if source == "kafka" else "2 of 2"
+    assert f"{declined} topic-partitions applied from Spark's rows, not read by the tasks" in caplog.text
+    check_exactly_once(pg, bootstrap, topic, expected, dead=1)
+    check_with_console(pg, bootstrap, topic, dead=1)
+    assert pg.execute("SELECT value, error FROM sink_dead_letters").fetchone() == (
+        b"{not json",
+        "the value is not a JSON object of the schema",
+    )
