@@ -98,6 +98,14 @@ TRACE = _keyword(
     " the sink's time; see [Benchmarks](benchmarks.md)); the outbox events then take ids a trace"
     " can compute",
 )
+READ_KAFKA = _keyword(
+    "read_kafka",
+    True,
+    "where the frame is `parse_json` over a Kafka source, applied in the tasks, the tasks read each"
+    " batch's records from Kafka themselves and parse them with Arrow, a range Arrow may read"
+    " otherwise than Spark left to Spark's rows (Spark's progress then counts no input row);"
+    " `False`: they always take Spark's rows",
+)
 SETTINGS: tuple[Setting[Any], ...] = (
     KEY,
     MODE,
@@ -113,4 +121,5 @@ SETTINGS: tuple[Setting[Any], ...] = (
     KAFKA,
     DATABASE_TIMEOUT,
     TRACE,
+    READ_KAFKA,
 )

@@ -111,6 +111,12 @@ class PostgresSink:
         `sink_traces`, in the same transaction, for `outbox trace EVENT_ID` (one
         row per statement, not per record); the outbox events it writes then
         take ids a trace can compute. Prune old rows with `outbox trace --prune DAYS`.
+    read_kafka : bool, default True
+        Where the frame is `parse_json` over a Kafka source, applied in the tasks:
+        the tasks read each batch's records from Kafka themselves and parse them
+        with Arrow (sinks/postgres/direct.py); a range Arrow may read otherwise
+        than Spark is left to Spark's rows. Spark's progress then counts no input
+        row. False: the tasks always take Spark's rows.
 
     Raises
     ------
@@ -137,6 +143,7 @@ class PostgresSink:
         kafka: Mapping[str, str] | None = S.KAFKA.default,
         database_timeout: float = S.DATABASE_TIMEOUT.default,
         trace: bool = S.TRACE.default,
+        read_kafka: bool = S.READ_KAFKA.default,
     ) -> None:
         self.spec = SinkSpec(
             url=database_url(url),
@@ -152,6 +159,7 @@ class PostgresSink:
             apply_in=apply_in,
             database_timeout=database_timeout,
             trace=trace,
+            read_kafka=read_kafka,
         )
         self.delete = delete
         self.kafka = dict(kafka or {})
@@ -305,6 +313,7 @@ class BatchWriter:
         values, connect = direct.values_of(frame), is_connect(frame)
         source = read_plan(values.source)[0] if values is not None and not connect else None
         why = direct.why_not(values, self.plan, delete, self.route, source, connect)
+        why = why if self.spec.read_kafka else "read_kafka=False"
         if why is not None or self._topics.options is None:
             log.info("sink %s: its tasks take the batches' rows from Spark: %s", self.spec.name, why)
             return None

@@ -50,6 +50,7 @@ class SinkSpec:
     apply_in: ApplyIn = S.APPLY_IN.default
     database_timeout: float = S.DATABASE_TIMEOUT.default  # seconds; see `silence` and `retry_for`
     trace: bool = S.TRACE.default  # each input record's outcome, for `outbox trace` (outbox/_core/trace.py)
+    read_kafka: bool = S.READ_KAFKA.default  # the tasks read Kafka themselves where they can (direct.py)
 
     @property
     def silence(self) -> float:

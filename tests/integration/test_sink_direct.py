@@ -28,6 +28,7 @@ from sinks.postgres.plan import Plan
 from sinks.postgres.sink import _delete_rule, staged_columns
 from tests.helpers import create_topic, produce_transaction, transactional_producer, unique
 from tests.sink_support import KAFKA, check_exactly_once, check_with_console, produce_orders, run
+from tests.source_support import stream
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -253,3 +254,7 @@ def test_a_stream_the_tasks_read_applies_a_range_they_decline_from_sparks_rows( 
         b"{not json",
         "the value is not a JSON object of the schema",
     )
+    frame = parse_json(
+        stream(spark, bootstrap, topic, source), "event_id string, n long", key_column="event_id"
+    )
+    assert PostgresSink("orders", url=db.raw, read_kafka=False).writer(frame).reads_kafka is None
