@@ -50,6 +50,13 @@ _TYPES: dict[type, pa.DataType] = {
 _KAFKA = {"topic": pa.string(), "partition": pa.int32(), "offset": pa.int64()}
 _CORRUPT = "_corrupt_record"  # parse_json's own: a value that holds it is Spark's to judge
 _WHITESPACE = " \t"  # JSON's, but for the line breaks no value may hold here
+# A NaN or Infinity token, which Arrow reads (Inf too) and Spark's parser by rules of its own; in a
+# string that only looks like one, the range is declined for nothing.
+_NON_FINITE = r"[:,\[][ \t]*[-+]?(?:Inf|NaN)"
+# Spark's parser (Jackson) refuses a number of over 1,000 characters, nesting over 1,000 deep, a
+# name of over 50,000: Arrow reads them. Only a value this long can hold one, and is looked into.
+_LONG = 1_000
+_LONGEST = 50_000  # declined whole
 
 
 @dataclass(frozen=True)
@@ -188,10 +195,11 @@ def staged(records: pa.Table, job: Parse) -> pa.RecordBatch:
     """A range's Kafka records as the columns sink.staged_columns gives the tasks, parsed by Arrow as
     Spark's from_json (PERMISSIVE) would; Declined where that is not certain.
 
-    Arrow and Spark differ on input Spark reads and Arrow refuses (single quotes, NaN, a string of
-    digits for a number), which is declined, and on a few it takes that Spark reads otherwise: a
-    value of two JSON texts, a decimal past its precision, -0 as a double (Spark reads an integer's
-    -0 as 0.0), a value holding parse_json's corrupt-record field. Those are looked for here.
+    Arrow and Spark differ on input Spark reads and Arrow refuses (single quotes, a string of
+    digits for a number), which is declined, and on some Arrow takes that Spark reads otherwise:
+    a value of two JSON texts, a decimal past its precision, -0 as a double (Spark reads an
+    integer's -0 as 0.0), Inf and NaN, a value past Jackson's limits, a value holding parse_json's
+    corrupt-record field. Those are looked for here, loosely: a needless decline costs only speed.
     """
     n = records.num_rows
     column = {name: _one(records.column(name)) for name in ("key", "value", *_KAFKA)}
@@ -245,6 +253,13 @@ def _parse(text: pa.Array, fields: pa.Schema) -> pa.Table:
     trimmed = pc.utf8_trim(text, _WHITESPACE)
     if not pc.all(pc.starts_with(trimmed, "{")).as_py() or not pc.all(pc.ends_with(trimmed, "}")).as_py():
         raise Declined("a value is not a JSON object")
+    if pc.any(pc.match_substring_regex(text, _NON_FINITE)).as_py():
+        raise Declined("a value holds NaN or Infinity, which Spark's parser reads by rules of its own")
+    long = text.filter(pc.greater_equal(pc.binary_length(text), _LONG))
+    if len(long) and _past_limits(long):
+        raise Declined(
+            "a value is past a limit of Spark's parser (a number's length, nesting, a name's length)"
+        )
     lines = pc.binary_join_element_wise(text, "", "\n")  # each value and a line break, in one buffer
     data = _joined(lines)
     try:
@@ -272,6 +287,17 @@ def _parse(text: pa.Array, fields: pa.Schema) -> pa.Table:
             if pc.any(zero).as_py():
                 raise Declined(f"field {field.name!r} is -0")
     return table.select(fields.names[:-1])
+
+
+def _past_limits(long: pa.Array) -> bool:
+    """Whether a long value may be past a limit of Jackson's (StreamReadConstraints' defaults); counted
+    loosely, so that only declines too many."""
+    if pc.any(pc.greater_equal(pc.binary_length(long), _LONGEST)).as_py():
+        return True
+    if pc.any(pc.match_substring_regex(long, f"[0-9.eE+-]{{{_LONG}}}")).as_py():
+        return True
+    opened = pc.add(pc.count_substring(long, "{"), pc.count_substring(long, "["))
+    return bool(pc.any(pc.greater_equal(opened, _LONG)).as_py())
 
 
 def _joined(lines: pa.Array) -> pa.Buffer:

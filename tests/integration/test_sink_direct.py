@@ -101,6 +101,15 @@ ADVERSARIAL: list[bytes | None] = [
     b'{"id": "a"} // c',
     b'{"other": [1, {"y": "z"}], "id": "a"}',
     b'  {"id": "a", "n": -0, "i": 7, "amount": 1.2, "x": 0.1, "ok": true}  ',
+    b'{"x": Inf}',
+    b'{"x": -Infinity}',
+    b'{"other": Inf, "id": "a"}',
+    b'{"other": [NaN], "id": "a"}',
+    b'{"id": "ratio: Inf"}',
+    b'{"other": ' + b"[" * 1200 + b"]" * 1200 + b', "id": "a"}',
+    b'{"other": 1' + b"0" * 1200 + b', "id": "a"}',
+    b'{"other": "' + b"y" * 60_000 + b'", "id": "a"}',
+    b'{"id": "' + b"y" * 2_000 + b'"}',
 ]
 
 
@@ -146,7 +155,8 @@ def exact(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_each_adversarial_value_alone_is_read_as_spark_reads_it_or_declined(spark) -> None:  # type: ignore[no-untyped-def]
     read = [v for v in ADVERSARIAL if same_or_declined(spark, [(b"k", v)])]
     # Not every value may be declined: the test would then prove nothing of the rows staged.
-    assert {None, b"{}", b'{"x": 1e-400}', b'{"amount": 1e2}'} <= set(read), read
+    long_text = b'{"id": "' + b"y" * 2_000 + b'"}'
+    assert {None, b"{}", b'{"x": 1e-400}', b'{"amount": 1e2}', long_text} <= set(read), read
     assert b'{"id": "a"} {"id": "b"}' not in read  # two JSON texts: Arrow makes two rows of it
 
 
