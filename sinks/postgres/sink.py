@@ -10,8 +10,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, replace
 from decimal import Decimal
-from functools import reduce
-from operator import or_
 from typing import Any, Literal
 
 import psycopg
@@ -306,19 +304,23 @@ class BatchWriter:
         self._topics.check_ledgers(spec.url)
         self.last: BatchResult | None = None
         log.info("sink %s %s", spec.name, self.route)
+        self._schema: Any = None
+        self._declined_whole = 0
         self.reads_kafka = self._reads_kafka(frame, delete)
 
     def _reads_kafka(self, frame: DataFrame, delete: Delete) -> direct.DirectJob | None:
         """The job of tasks that read the batches' Kafka records themselves (direct.py), if they can."""
         values, connect = direct.values_of(frame), is_connect(frame)
-        source = read_plan(values.source)[0] if values is not None and not connect else None
-        why = direct.why_not(values, self.plan, delete, self.route, source, connect)
-        why = why if self.spec.read_kafka else "read_kafka=False"
-        if why is not None or self._topics.options is None:
+        if not self.spec.read_kafka:
+            why: str | None = "read_kafka=False"
+        else:
+            source = read_plan(values.source)[0] if values is not None and not connect else None
+            why = direct.why_not(values, self.plan, delete, self.route, source, connect)
+        if why is not None or values is None or self._topics.options is None:
             log.info("sink %s: its tasks take the batches' rows from Spark: %s", self.spec.name, why)
             return None
         log.info("sink %s: its tasks read the batches' Kafka records themselves", self.spec.name)
-        assert values is not None
+        self._schema = frame.schema
         parse = direct.parse_for(values, self.plan, delete)
         return direct.DirectJob(self._task_job, parse, self._topics.options, waits=True)
 
@@ -391,33 +393,43 @@ class BatchWriter:
     def _run_tasks(self, batch: DataFrame, after: tuple[str, int] | None) -> list[Row]:
         """The batch's tasks' rows: read from Kafka by the tasks where they can, else from Spark's rows;
         the topic-partitions of a reading task that declined are applied from Spark's rows of them."""
-        planned = planned_tasks(batch) if self.reads_kafka else None
-        job = direct.for_batch(self.reads_kafka, planned, after) if self.reads_kafka and planned else None
+        if self.reads_kafka is None:
+            return self.tasks(batch, after).collect()
+        # The frame this writer was made for, as its batches are: read_kafka trusts nothing after it.
+        planned = planned_tasks(batch) if batch.schema == self._schema else None
+        job = direct.for_batch(self.reads_kafka, planned, after) if planned else None
         if job is None:
-            if self.reads_kafka is not None and planned != []:  # said once, then Spark's rows
-                log.warning(
-                    "sink %s: the batch's offset ranges cannot be read; its tasks take Spark's rows",
-                    self.spec.name,
+            if planned != []:
+                self._read_no_more(
+                    "the batch's offset ranges cannot be read, or its frame is not the writer's"
                 )
-                self.reads_kafka = None
             return self.tasks(batch, after).collect()
         tasks = batch.sparkSession.range(0, len(job.tasks), 1, len(job.tasks))
         done = tasks.mapInArrow(direct.reader(job), TASK_RESULT).collect()  # a row a task, in order
         declined = [(ranges, d.declined) for ranges, d in zip(job.tasks, done, strict=True) if d.declined]
+        self._declined_whole = self._declined_whole + 1 if len(declined) == len(done) else 0
         if not declined:
             return done
         pairs = [(r.topic, r.partition) for ranges, _ in declined for r in ranges]
+        read = sum(len(ranges) for ranges in job.tasks)
         log.warning(
             "sink %s: %d of %d topic-partitions applied from Spark's rows, not read by the tasks: %s",
             self.spec.name,
             len(pairs),
-            sum(len(ranges) for ranges in job.tasks),
+            read,
             declined[0][1],
         )
-        only = reduce(
-            or_, [(F.col("topic") == t) & (F.col("partition") == p) for t, p in pairs], F.lit(False)
-        )
+        if self._declined_whole >= _DECLINED_WHOLE:
+            self._read_no_more(f"its tasks declined every range of {_DECLINED_WHOLE} batches in a row")
+        if len(pairs) == read:  # Spark's rows of them all: no filter to build
+            return self.tasks(batch, after).collect()
+        wanted = F.struct(F.col("topic"), F.col("partition"))
+        only = wanted.isin([F.struct(F.lit(t), F.lit(p)) for t, p in pairs])
         return [d for d in done if not d.declined] + self.tasks(batch.where(only), after).collect()
+
+    def _read_no_more(self, why: str) -> None:
+        log.warning("sink %s: %s; its tasks take Spark's rows from now on", self.spec.name, why)
+        self.reads_kafka = None
 
     def summarize(self, batch_id: int, done: list[Row]) -> BatchResult:
         """The batch's result from its tasks' rows; a task's refusal fails the batch with its line."""
@@ -573,6 +585,9 @@ class BatchWriter:
 
 
 _LOCK_KEY = "hashtextextended('outbox-sink:' || %s, 0)"
+# Batches in a row whose every range the reading tasks declined (values past Spark's parser's limits,
+# say): each was read twice, so the tasks stop reading them.
+_DECLINED_WHOLE = 3
 
 
 def _drop_stage(conn: psycopg.Connection, statements: Statements) -> None:

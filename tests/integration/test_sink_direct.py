@@ -230,6 +230,7 @@ def test_frames_the_tasks_cannot_read_say_why(spark, bootstrap) -> None:  # type
     assert "not parse_json's own" in str(why(frame.withColumn("n", F.col("n") + 1)))
     assert "Spark Connect" in str(why(frame, connect=True))
     assert "expression" in str(why(frame, delete="n < 0"))
+    assert "expression" in str(why(frame, delete=F.col("value").isNull()))  # a Column: no truth value
     assert why(frame, delete=None) is None
     assert "driver" in str(why(frame, route=Route(False, "staged on the driver")))
     assert "options" in str(why(parse_json(raw.load(), SCHEMA, options={"allowComments": "true"})))
