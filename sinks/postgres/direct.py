@@ -1,9 +1,9 @@
-"""Tasks that read Kafka themselves, where the frame is `parse_json` over Spark's Kafka source.
+"""Tasks that read Kafka themselves, where the frame is `parse_json` over a Kafka source.
 
 From Kafka, most of the sink's CPU per event was Spark's: its source, its
 from_json and its hand-off to Python as Arrow (bench/sink.py). Where the frame
-is exactly what parse_json made of one of Spark's own Kafka sources, with
-nothing after it, each task reads the offset range Spark planned for it, read
+is exactly what parse_json made of kafka_rc or Spark's own Kafka source, with
+nothing after it, each task reads the offset ranges Spark planned for it, read
 committed (sinks/kafka_source/reader.py), parses its values with Arrow's JSON
 reader, and applies them as any task does (task.py): the same rows, ledger and
 transaction, without Spark between Kafka and the task.
@@ -47,7 +47,7 @@ _TYPES: dict[type, pa.DataType] = {
     T.BooleanType: pa.bool_(),
 }
 # Of a Kafka record's columns, those the tasks can write as Spark's source gives them.
-_KAFKA = {"topic": pa.string(), "partition": pa.int32(), "offset": pa.int64()}
+_KAFKA = ("topic", "partition", "offset")
 _CORRUPT = "_corrupt_record"  # parse_json's own: a value that holds it is Spark's to judge
 _WHITESPACE = " \t"  # JSON's, but for the line breaks no value may hold here
 # A NaN or Infinity token, which Arrow reads (Inf too) and Spark's parser by rules of its own; in a
@@ -191,8 +191,10 @@ def for_batch(job: DirectJob, planned: list[Planned], after: tuple[str, int] | N
         tasks = tuple((Range(*p[:4]),) for p in given)
         return replace(job, task=task, source=source, waits=False, tasks=tasks)
     if kinds == {"python"}:  # kafka_rc's stream: its reads wait out a Kafka without a leader
-        # kafka_rc's own partitions, unpickled as Spark's executors unpickle them
-        values = [pickle.loads(p).value or () for _, p in planned]
+        try:  # kafka_rc's own partitions, unpickled as Spark's executors unpickle them
+            values = [pickle.loads(p).value or () for _, p in planned]
+        except Exception:  # not ours after all: Spark's rows
+            return None
         if not all(isinstance(r, Range) for v in values for r in v):
             return None
         return replace(job, task=task, waits=True, tasks=tuple(tuple(v) for v in values))
@@ -203,7 +205,7 @@ class Declined(Exception):
     """Records the tasks do not vouch for parsing as Spark does."""
 
 
-def staged(records: pa.Table, job: Parse) -> pa.RecordBatch:
+def staged(records: pa.Table, parse: Parse) -> pa.RecordBatch:
     """A range's Kafka records as the columns sink.staged_columns gives the tasks, parsed by Arrow as
     Spark's from_json (PERMISSIVE) would; Declined where that is not certain.
 
@@ -222,21 +224,23 @@ def staged(records: pa.Table, job: Parse) -> pa.RecordBatch:
         text = held.cast(pa.string())  # Spark's JSON parser refuses what is not UTF-8
     except pa.ArrowInvalid as exc:
         raise Declined("a value is not UTF-8") from exc
-    parsed = _parse(text, job.fields)
+    parsed = _parse(text, parse.fields)
     if len(held) < n:  # tombstones: no value, every field null, as from_json(null) gives
         at = pc.subtract(pc.cumulative_sum(present.cast(pa.int64())), 1)
         index = pc.if_else(present, at, pa.scalar(None, pa.int64()))
         parsed = parsed.take(index)
-    if job.key_column is not None and len(held) < n:  # parse_json: a tombstone's key column is its key's text
+    if (
+        parse.key_column is not None and len(held) < n
+    ):  # parse_json: a tombstone's key column is its key's text
         try:
             key = pc.if_else(present, pa.scalar(None, pa.binary()), column["key"]).cast(pa.string())
         except pa.ArrowInvalid as exc:
             raise Declined("a tombstone's key is not UTF-8") from exc
-        chosen = pc.if_else(present, parsed.column(job.key_column), key)
-        parsed = parsed.set_column(parsed.schema.get_field_index(job.key_column), job.key_column, chosen)
+        chosen = pc.if_else(present, parsed.column(parse.key_column), key)
+        parsed = parsed.set_column(parsed.schema.get_field_index(parse.key_column), parse.key_column, chosen)
     kafka = {name: column[name] for name in _KAFKA}
-    data = [parsed.column(c) if c in job.fields.names else kafka[c] for c in job.columns]
-    delete = pc.invert(present) if job.tombstones_delete else pa.repeat(False, n)
+    data = [parsed.column(c) if c in parse.fields.names else kafka[c] for c in parse.columns]
+    delete = pc.invert(present) if parse.tombstones_delete else pa.repeat(False, n)
     nothing = pa.nulls(n, pa.binary())
     columns = [
         *data,
@@ -244,8 +248,8 @@ def staged(records: pa.Table, job: Parse) -> pa.RecordBatch:
         kafka["partition"],
         kafka["offset"],
         delete,
-        column["key"] if job.raw_key else nothing,
-        value if job.raw_value else nothing,
+        column["key"] if parse.raw_key else nothing,
+        value if parse.raw_value else nothing,
         pa.nulls(n, pa.string()),  # a row's parse error: a range with one is declined
     ]
     names = [*(f"c{i}" for i in range(len(data))), "_topic", "_partition", "_offset", "_delete"]
