@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
 from outbox._core.config import DatabaseUrl
+from sinks.kafka_source.reader import ARROW_SCHEMA
 from sinks.postgres import Outbox, PostgresSink, parse_json
 from sinks.postgres.direct import Declined, parse_for, staged, values_of, why_not
 from sinks.postgres.placement import Node, Route
@@ -42,15 +43,6 @@ PLAN = Plan(
     raw_value="value",
     error="_error",
     no_equality=frozenset(),
-)
-RECORDS = pa.schema(
-    [
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-    ]
 )
 Record = tuple[bytes | None, bytes | None]
 
@@ -117,8 +109,7 @@ def spark_rows(spark, records: list[Record]) -> list[dict[str, Any]]:  # type: i
     """What the sink's tasks get from Spark for these records: parse_json, then the staged columns."""
     rows = [(k, v, "t", 0, o) for o, (k, v) in enumerate(records)]
     frame = parse_json(spark.createDataFrame(rows, KAFKA), SCHEMA, key_column="id")
-    plan = PLAN
-    got = frame.select(*staged_columns(plan, _delete_rule("tombstone", plan))).toArrow()
+    got = frame.select(*staged_columns(PLAN, _delete_rule("tombstone", PLAN))).toArrow()
     return got.to_pylist()
 
 
@@ -131,7 +122,7 @@ def direct_rows(spark, records: list[Record]) -> list[dict[str, Any]]:  # type: 
             {"key": k, "value": v, "topic": "t", "partition": 0, "offset": o}
             for o, (k, v) in enumerate(records)
         ],
-        RECORDS,
+        ARROW_SCHEMA,  # what the tasks read: the reader's columns, those not given null
     )
     return pa.Table.from_batches([staged(table, parse_for(values, PLAN, "tombstone"))]).to_pylist()
 
