@@ -78,11 +78,15 @@ def read_range(
     poll_timeout_s: float,
     fail_on_data_loss: bool,
     patience_s: float | None = None,
+    stamped: bool = True,
 ) -> Iterator[pa.RecordBatch]:
     """patience_s: how long a read may go without progress before it fails (None: for ever); past
     `poll_timeout_s` without progress, a read that may wait longer says so once, and once more when
     it moves again. A stream waits (a cluster below quorum has no leader to read from for a while);
-    a batch query fails at `poll_timeout_s`."""
+    a batch query fails at `poll_timeout_s`.
+
+    stamped: False leaves the timestamps and headers null, for a reader that needs none (the
+    sink's reading tasks): taking them from librdkafka cost a third of building the batch."""
     # Records gone from the broker (retention) stop the read, or are skipped: librdkafka
     # moves to the earliest offset left, and what lies before the read's position is dropped.
     reset = "error" if fail_on_data_loss else "earliest"
@@ -94,13 +98,18 @@ def read_range(
     try:
         consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
         patience = math.inf if patience_s is None else patience_s
-        yield from _drain(consumer, rng, poll_timeout_s, patience, fetched)
+        yield from _drain(consumer, rng, poll_timeout_s, patience, fetched, stamped)
     finally:
         consumer.close()
 
 
 def _drain(
-    consumer: Consumer, rng: Range, poll_timeout_s: float, patience_s: float, fetched: FetchPosition
+    consumer: Consumer,
+    rng: Range,
+    poll_timeout_s: float,
+    patience_s: float,
+    fetched: FetchPosition,
+    stamped: bool,
 ) -> Iterator[pa.RecordBatch]:
     tp = TopicPartition(rng.topic, rng.partition)
     rows: list[Message] = []
@@ -120,10 +129,9 @@ def _drain(
                 messages = consumer.consume(1, WAIT_S)
                 if not messages and (ahead := fetched.take()) is not None and ahead > position:
                     position = min(ahead, rng.end)
-        if messages:
+        if messages and (failed := [m for m in messages if m.error() is not None]):  # rare: one pass
             messages = [m for m in messages if not ((e := m.error()) is not None and about_the_group(e))]
-            failed = [m for m in messages if m.error() is not None]
-            if failed:
+            if failed := [m for m in failed if not about_the_group(cast(KafkaError, m.error()))]:
                 _raise(failed, rng, position)
         if messages and _offset(messages[0]) < position:  # after a reset to the earliest offset
             messages = [m for m in messages if _offset(m) >= position]  # what was read, read once
@@ -139,7 +147,7 @@ def _drain(
         if position < rng.end:
             position = _past_holes(consumer, tp, position, rng.end)
         if len(rows) >= ROWS_PER_BATCH:
-            yield to_arrow(rows, rng)
+            yield to_arrow(rows, rng, stamped)
             rows = []
         now = time.monotonic()
         if position > before:
@@ -167,7 +175,7 @@ def _drain(
                 log.warning("%s; waiting for it (option unavailableTimeoutMs)", stalled)
                 said = True
     if rows:
-        yield to_arrow(rows, rng)
+        yield to_arrow(rows, rng, stamped)
 
 
 def _past_holes(consumer: Consumer, tp: TopicPartition, position: int, end: int) -> int:
@@ -188,11 +196,19 @@ def _raise(failed: list[Message], rng: Range, position: int) -> None:
     raise error("KAFKA_RC_READ_FAILED", topic=rng.topic, partition=rng.partition, reason=failed_with.str())
 
 
-def to_arrow(messages: list[Message], rng: Range) -> pa.RecordBatch:
+def to_arrow(messages: list[Message], rng: Range, stamped: bool = True) -> pa.RecordBatch:
     """Columns straight from librdkafka's messages; topic and partition are constants."""
     n = len(messages)
-    timestamps = [m.timestamp() for m in messages]
-    headers = [m.headers() for m in messages]
+    if stamped:
+        timestamps = [m.timestamp() for m in messages]
+        stamps = [
+            pa.array([ts * 1000 if kind else None for kind, ts in timestamps], pa.timestamp("us", tz="UTC")),
+            # librdkafka: 1 create time, 2 log append time; Spark: 0 create, 1 log append.
+            pa.array([1 if kind == 2 else 0 for kind, _ in timestamps], pa.int32()),
+            _headers_column([m.headers() for m in messages]),
+        ]
+    else:
+        stamps = [pa.nulls(n, ARROW_SCHEMA.field(f).type) for f in ("timestamp", "timestampType", "headers")]
     return pa.RecordBatch.from_arrays(
         [
             pa.array([m.key() for m in messages], pa.binary()),
@@ -200,10 +216,7 @@ def to_arrow(messages: list[Message], rng: Range) -> pa.RecordBatch:
             pa.repeat(pa.scalar(rng.topic, pa.string()), n),
             pa.repeat(pa.scalar(rng.partition, pa.int32()), n),
             pa.array([m.offset() for m in messages], pa.int64()),
-            pa.array([ts * 1000 if kind else None for kind, ts in timestamps], pa.timestamp("us", tz="UTC")),
-            # librdkafka: 1 create time, 2 log append time; Spark: 0 create, 1 log append.
-            pa.array([1 if kind == 2 else 0 for kind, _ in timestamps], pa.int32()),
-            _headers_column(headers),
+            *stamps,
         ],
         schema=ARROW_SCHEMA,
     )

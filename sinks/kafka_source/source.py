@@ -127,12 +127,13 @@ def _read(options: SourceOptions, partition: InputPartition, *, waits: bool) -> 
 
 
 def read_ranges(
-    options: SourceOptions, rngs: Iterable[ranges.Range], *, waits: bool
+    options: SourceOptions, rngs: Iterable[ranges.Range], *, waits: bool, stamped: bool = True
 ) -> Iterator[pa.RecordBatch]:
     """A task's ranges, one after the other (the sink's reading tasks too: postgres/direct.py).
 
     waits: a stream's read waits out a Kafka without a leader to read from, as its driver does
-    (for `unavailableTimeoutMs`, or for ever); a batch query's fails after `pollTimeoutMs`."""
+    (for `unavailableTimeoutMs`, or for ever); a batch query's fails after `pollTimeoutMs`.
+    stamped: reader.read_range's."""
     for rng in rngs:
         yield from read_range(
             options.consumer_config(),
@@ -140,6 +141,7 @@ def read_ranges(
             poll_timeout_s=options.poll_timeout_s,
             fail_on_data_loss=options.fail_on_data_loss,
             patience_s=options.unavailable_timeout_s if waits else options.poll_timeout_s,
+            stamped=stamped,
         )
 
 

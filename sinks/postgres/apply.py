@@ -87,8 +87,13 @@ class Counts(NamedTuple):
     stale: int
 
 
-def apply_rows(conn: psycopg.Connection, st: Statements, params: dict[str, Any]) -> Counts:
+def apply_rows(
+    conn: psycopg.Connection, st: Statements, params: dict[str, Any], deletes: bool | None = None
+) -> Counts:
     """Apply the staged rows of `params["attempts"]` inside the open transaction, ledger included.
+
+    deletes: whether a staged row is a delete, where the caller knows (a task, from its rows);
+    else the stage is asked.
 
     Whether a key has two rows is asked of PostgreSQL, on the staged rows in the
     table's own types: keys that differ as text may be one value there (a uuid in
@@ -111,14 +116,18 @@ def apply_rows(conn: psycopg.Connection, st: Statements, params: dict[str, Any])
             offset=offset,
             reason=why,
         )
-    if (whole := _in_one_statement(conn, st, params)) is not None:
+    if deletes is None:
+        deletes = conn.execute(st.deletes(), params).fetchone()[0]  # type: ignore[index]  # a query that always returns one row
+    if (whole := _in_one_statement(conn, st, params, deletes)) is not None:
         return whole
     upserted, deleted, stale, refused = _apply_in_rounds(conn, st, params, fail)
     present, fresh, dead = conn.execute(st.finish(), params).fetchone()  # type: ignore[misc]  # a query that always returns one row
     return Counts(present, fresh, upserted, deleted, dead + refused, stale)
 
 
-def _in_one_statement(conn: psycopg.Connection, st: Statements, params: dict[str, Any]) -> Counts | None:
+def _in_one_statement(
+    conn: psycopg.Connection, st: Statements, params: dict[str, Any], deletes: bool
+) -> Counts | None:
     """The batch applied in one statement; None, and nothing applied, when it goes in rounds.
 
     It goes in rounds when a key has several events, and when the table refuses a row
@@ -127,7 +136,6 @@ def _in_one_statement(conn: psycopg.Connection, st: Statements, params: dict[str
     record changed nothing, and a key met twice either does that or fails the statement.
     That saves grouping the whole batch by key, every batch.
     """
-    deletes = conn.execute(st.deletes(), params).fetchone()[0]  # type: ignore[index]  # a query that always returns one row
     if deletes and conn.execute(st.rounds(), params).fetchone()[0] > 1:  # type: ignore[index]  # a query that always returns one row
         return None
     try:

@@ -50,6 +50,7 @@ _TYPES: dict[type, pa.DataType] = {
 _KAFKA = ("topic", "partition", "offset")
 _CORRUPT = "_corrupt_record"  # parse_json's own: a value that holds it is Spark's to judge
 _WHITESPACE = " \t"  # JSON's, but for the line breaks no value may hold here
+_LINE_BREAK = "[\n\r]"
 # A NaN or Infinity token, which Arrow reads (Inf too) and Spark's parser by rules of its own; in a
 # string that only looks like one, the range is declined for nothing.
 _NON_FINITE = r"[:,\[][ \t]*[-+]?(?:Inf|NaN)"
@@ -266,13 +267,13 @@ def _parse(text: pa.Array, fields: pa.Schema) -> pa.Table:
         raise Declined(f"pyarrow {pa.__version__} is not the one checked against Spark's parse")
     if len(text) == 0:
         return fields.empty_table().select(fields.names[:-1])
-    if pc.any(pc.match_substring_regex(text, "[\n\r]")).as_py():
-        raise Declined("a value holds a line break")  # the reader takes one value a line
+    if pc.any(pc.match_substring_regex(text, f"{_LINE_BREAK}|{_NON_FINITE}")).as_py():  # one pass for both
+        if pc.any(pc.match_substring_regex(text, _LINE_BREAK)).as_py():
+            raise Declined("a value holds a line break")  # the reader takes one value a line
+        raise Declined("a value holds NaN or Infinity, which Spark's parser reads by rules of its own")
     trimmed = pc.utf8_trim(text, _WHITESPACE)
     if not pc.all(pc.starts_with(trimmed, "{")).as_py() or not pc.all(pc.ends_with(trimmed, "}")).as_py():
         raise Declined("a value is not a JSON object")
-    if pc.any(pc.match_substring_regex(text, _NON_FINITE)).as_py():
-        raise Declined("a value holds NaN or Infinity, which Spark's parser reads by rules of its own")
     long = text.filter(pc.greater_equal(pc.binary_length(text), _LONG))
     if len(long) and _past_limits(long):
         raise Declined(
@@ -343,7 +344,7 @@ def read_and_apply(job: DirectJob, ranges: tuple[Range, ...]) -> pa.RecordBatch:
     clock = Clock()
     with clock.stage("input"):
         try:
-            read = read_ranges(job.source, ranges, waits=job.waits)
+            read = read_ranges(job.source, ranges, waits=job.waits, stamped=False)  # written: see why_not
             records = pa.Table.from_batches(list(read), ARROW_SCHEMA)
             rows = [staged(records, job.parse)] if records.num_rows else []
         except Exception as exc:  # declining is always safe: Spark's own rows follow

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from outbox._core.postgres import connect, keepalive, limit_session, server_limits, watched
@@ -107,8 +108,8 @@ def result(
 
 def apply_task(job: TaskJob, rows: list[pa.RecordBatch], attempt: int, clock: Clock) -> Outcome:
     st = job.statements
-    held = pa.Table.from_batches(rows)
-    topics, partitions = positions(held)
+    held = firsts(pa.Table.from_batches(rows))
+    topics, partitions = [t for t, _ in held], [p for _, p in held]
     params: dict[str, Any] = {
         "sink": st.spec.name,
         "attempts": [attempt],
@@ -136,11 +137,13 @@ def apply_task(job: TaskJob, rows: list[pa.RecordBatch], attempt: int, clock: Cl
                         copy_batch(conn, job.stage, batch, clock)
                     with clock.stage("lock"):
                         conn.execute(st.claim(), params)
-                        conn.execute(st.lock(), params)
+                        ledger = conn.execute(st.lock(), params).fetchall()
                         if job.after is not None:
                             continuity.check(conn, st, *job.after)
                     with clock.stage("apply"):
-                        counts = apply_rows(conn, st, params)
+                        past = past_ledger(held, {(t, p): o for t, p, o in ledger})
+                        deletes = any(pc.any(b.column("_delete")).as_py() for b in rows)
+                        counts = apply_rows(conn, st.past_ledger() if past else st, params, deletes)
                     committing = time.perf_counter()
                 clock.seconds["commit"] += time.perf_counter() - committing
         except SinkError as exc:  # rolled back: the driver fails the batch with this line
@@ -161,7 +164,15 @@ def ends(rows: list[pa.RecordBatch]) -> list[dict[str, Any]]:
     ]
 
 
-def positions(rows: pa.Table) -> tuple[list[str], list[int]]:
-    """The topic-partitions the task holds, as two parallel lists for the ledger statements."""
-    pairs = rows.group_by(["_topic", "_partition"]).aggregate([]).to_pydict()
-    return pairs["_topic"], pairs["_partition"]
+def firsts(rows: pa.Table) -> dict[tuple[str, int], int]:
+    """The topic-partitions the task holds, each with its first offset staged."""
+    found = rows.group_by(["_topic", "_partition"]).aggregate([("_offset", "min")]).to_pydict()
+    return dict(
+        zip(zip(found["_topic"], found["_partition"], strict=True), found["_offset_min"], strict=True)
+    )
+
+
+def past_ledger(held: dict[tuple[str, int], int], ledger: dict[tuple[str, int], int]) -> bool:
+    """Whether every staged row is past the ledger (ledger: each topic-partition's next offset,
+    read under its lock): then none was applied before, and the stage is applied as it is."""
+    return all(first >= ledger.get(tp, 0) for tp, first in held.items())

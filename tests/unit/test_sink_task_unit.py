@@ -11,29 +11,45 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sinks.postgres.retry import WORKER_LATE, start_query, with_retries
-from sinks.postgres.task import NOTHING, Outcome, positions
+from sinks.postgres.task import NOTHING, Outcome, firsts, past_ledger
 
-row = st.tuples(st.sampled_from(["a", "b", None]), st.integers(0, 3), st.sampled_from(["t1", "t2"]))
+row = st.tuples(
+    st.sampled_from(["a", "b", None]), st.integers(0, 3), st.sampled_from(["t1", "t2"]), st.integers(0, 9)
+)
 rows = st.lists(row)
 
 
 def table(picked: list[tuple]) -> pa.Table:
-    keys, partitions, topics = zip(*picked, strict=True) if picked else ((), (), ())
+    keys, partitions, topics, offsets = zip(*picked, strict=True) if picked else ((), (), (), ())
     return pa.table(
         {
             "c0": pa.array(keys, pa.string()),
             "c1": pa.array(partitions, pa.int64()),
             "_topic": pa.array(topics, pa.string()),
             "_partition": pa.array(partitions, pa.int32()),
+            "_offset": pa.array(offsets, pa.int64()),
         }
     )
 
 
 @settings(deadline=None)  # the first group_by loads Arrow's compute kernels
 @given(rows.filter(bool))
-def test_the_topic_partitions_held_are_each_pair_once(picked: list[tuple]) -> None:
-    topics, partitions = positions(table(picked))
-    assert sorted(zip(topics, partitions, strict=True)) == sorted({(t, p) for _, p, t in picked})
+def test_the_topic_partitions_held_are_each_pair_once_with_its_first_offset(picked: list[tuple]) -> None:
+    held = firsts(table(picked))
+    assert held == {(t, p): min(o for _, q, u, o in picked if (u, q) == (t, p)) for _, p, t, _ in picked}
+
+
+@settings(deadline=None)
+@given(
+    rows.filter(bool),
+    st.dictionaries(st.tuples(st.sampled_from(["t1", "t2"]), st.integers(0, 3)), st.integers(0, 10)),
+)
+def test_a_stage_is_past_the_ledger_only_when_no_row_is_below_its_partitions_next_offset(
+    picked: list[tuple], ledger: dict[tuple[str, int], int]
+) -> None:
+    """A row the ledger has applied, in any partition, sends the stage through the ledger."""
+    applied = [o < ledger.get((t, p), 0) for _, p, t, o in picked]
+    assert past_ledger(firsts(table(picked)), ledger) == (not any(applied))
 
 
 def test_errors_of_the_moment_start_over_and_are_counted_and_others_are_not() -> None:

@@ -71,11 +71,23 @@ def test_only_rows_past_the_ledger_are_fresh() -> None:
     assert "WHERE s._attempt = ANY(%(attempts)s) AND s._offset >= g.applied" in apply
 
 
+def test_a_tasks_stage_found_past_the_ledger_is_read_without_it_and_only_a_tasks_can_be() -> None:
+    """Every row fresh: no row-by-row join to the ledger, which still moves to the stage's ends."""
+    apply = text(statements(in_task=True).past_ledger().apply(counted=True))
+    assert "JOIN" not in apply.split("deleted AS")[0]
+    assert 'fresh AS NOT MATERIALIZED (SELECT * FROM "pg_temp"."sink_task")' in apply
+    assert "count(*) AS fresh, max(_offset) + 1 AS next_offset" in apply
+    assert "GREATEST(p.next_offset, EXCLUDED.next_offset)" in apply
+    with pytest.raises(AssertionError):
+        statements().past_ledger()
+
+
 def test_a_task_locks_its_ledger_rows_in_one_order_after_claiming_the_missing_ones() -> None:
     st = statements(in_task=True)
     claim, lock = text(st.claim()), text(st.lock())
     assert claim.startswith(f'INSERT INTO "public"."{tables.SINK_PROGRESS}"')
     assert "ORDER BY t, p ON CONFLICT (sink, topic, kafka_partition) DO NOTHING" in claim
+    assert lock.startswith("SELECT topic, kafka_partition, next_offset FROM")
     assert lock.endswith("ORDER BY topic, kafka_partition FOR UPDATE")
 
 
