@@ -126,7 +126,9 @@ class Statements:
 
     # -- staging ---------------------------------------------------------------------------------------
 
-    def create_stage(self) -> Query:
+    def create_stage(self, attempt: int | None = None) -> Query:
+        """attempt: a task's, each row's default in its own stage, a constant; else each row takes its
+        stager's session setting (stage.py), which PostgreSQL reads again for every row."""
         n = self.names
         data = _list(
             [sql.SQL("t.{} AS {}").format(t, s) for t, s in zip(self.targets, self.staged, strict=True)]
@@ -140,9 +142,15 @@ class Statements:
             " NULL::integer AS _partition, NULL::bigint AS _offset, NULL::boolean AS _delete,"
             " NULL::bigint AS _attempt, NULL::text AS _error,"
             " NULL::bytea AS _raw_key, NULL::bytea AS _raw_value FROM {target} AS t WITH NO DATA;"
-            " ALTER TABLE {stage} ALTER COLUMN _attempt SET DEFAULT current_setting({setting})::bigint"
+            " ALTER TABLE {stage} ALTER COLUMN _attempt SET DEFAULT {attempt}"
         ).format(
-            stage=n.stage, create=create, data=data, target=n.target, setting=sql.Literal(ATTEMPT_SETTING)
+            stage=n.stage,
+            create=create,
+            data=data,
+            target=n.target,
+            attempt=sql.SQL("current_setting({})::bigint").format(sql.Literal(ATTEMPT_SETTING))
+            if attempt is None
+            else sql.SQL("{}::bigint").format(sql.Literal(attempt)),
         )
 
     def drop_stage(self) -> Query:

@@ -33,7 +33,7 @@ from sinks.postgres.apply import Counts, apply_rows
 from sinks.postgres.clock import STAGES, Clock
 from sinks.postgres.retry import with_retries
 from sinks.postgres.stage import StageJob, attempt_id, copy_batch
-from sinks.postgres.statements import ATTEMPT_SETTING, Statements
+from sinks.postgres.statements import Statements
 
 COUNTS = (*Counts._fields, "retries")  # BatchResult's names
 TIMES = tuple(f"{stage}_seconds" for stage in STAGES)
@@ -131,8 +131,7 @@ def apply_task(job: TaskJob, rows: list[pa.RecordBatch], attempt: int, clock: Cl
                 )
                 with conn.transaction():
                     with clock.stage("copy"):
-                        conn.execute("SELECT set_config(%s, %s, true)", [ATTEMPT_SETTING, str(attempt)])
-                        conn.execute(st.create_stage())
+                        conn.execute(st.create_stage(attempt))
                     for batch in rows:
                         copy_batch(conn, job.stage, batch, clock)
                     with clock.stage("lock"):

@@ -54,7 +54,10 @@ def test_the_stage_is_named_for_the_sink_and_a_task_stages_in_its_own_temp_table
     assert text(shared.names.stage) == f'"led"."sink_stage_{digest}"'
     assert text(own.names.stage) == '"pg_temp"."sink_task"'
     assert text(shared.create_stage()).count("CREATE UNLOGGED TABLE") == 1
-    assert 'CREATE TEMP TABLE "pg_temp"."sink_task" ON COMMIT DROP' in text(own.create_stage())
+    assert 'CREATE TEMP TABLE "pg_temp"."sink_task" ON COMMIT DROP' in text(own.create_stage(7))
+    # A task's rows are its attempt's by a constant default; the shared stage's by each stager's setting.
+    assert text(own.create_stage(7)).endswith("ALTER COLUMN _attempt SET DEFAULT 7::bigint")
+    assert text(shared.create_stage()).endswith("SET DEFAULT current_setting('outbox_sink.attempt')::bigint")
 
 
 def test_the_ledger_dead_letters_and_outbox_live_in_the_ledger_schema() -> None:
