@@ -85,8 +85,9 @@ def read_range(
     it moves again. A stream waits (a cluster below quorum has no leader to read from for a while);
     a batch query fails at `poll_timeout_s`.
 
-    stamped: False leaves the timestamps and headers null, for a reader that needs none (the
-    sink's reading tasks): taking them from librdkafka cost a third of building the batch."""
+    stamped: False leaves the timestamps, their type and the headers null, for a reader that needs
+    none (the sink's reading tasks): taking them from librdkafka cost two thirds of building the
+    batch (0.3 of 0.45 us per record)."""
     # Records gone from the broker (retention) stop the read, or are skipped: librdkafka
     # moves to the earliest offset left, and what lies before the read's position is dropped.
     reset = "error" if fail_on_data_loss else "earliest"

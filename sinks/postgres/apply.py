@@ -92,8 +92,9 @@ def apply_rows(
 ) -> Counts:
     """Apply the staged rows of `params["attempts"]` inside the open transaction, ledger included.
 
-    deletes: whether a staged row is a delete, where the caller knows (a task, from its rows);
-    else the stage is asked.
+    deletes: whether a staged row may be a delete, where the caller knows (a task, from its rows:
+    True also for a delete staged as a dead letter, which costs a question only); else the stage
+    is asked.
 
     Whether a key has two rows is asked of PostgreSQL, on the staged rows in the
     table's own types: keys that differ as text may be one value there (a uuid in

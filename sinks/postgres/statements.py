@@ -128,7 +128,7 @@ class Statements:
 
     def create_stage(self, attempt: int | None = None) -> Query:
         """attempt: a task's, each row's default in its own stage, a constant; else each row takes its
-        stager's session setting (stage.py), which PostgreSQL reads again for every row."""
+        stager's setting for the transaction (stage.py), which PostgreSQL reads again for every row."""
         n = self.names
         data = _list(
             [sql.SQL("t.{} AS {}").format(t, s) for t, s in zip(self.targets, self.staged, strict=True)]

@@ -163,15 +163,17 @@ def ends(rows: list[pa.RecordBatch]) -> list[dict[str, Any]]:
     ]
 
 
-def firsts(rows: pa.Table) -> dict[tuple[str, int], int]:
-    """The topic-partitions the task holds, each with its first offset staged."""
-    found = rows.group_by(["_topic", "_partition"]).aggregate([("_offset", "min")]).to_pydict()
+def firsts(rows: pa.Table) -> dict[tuple[str, int], int | None]:
+    """The topic-partitions the task holds, each with its first offset staged (None: a row has none)."""
+    least = pc.ScalarAggregateOptions(skip_nulls=False)
+    found = rows.group_by(["_topic", "_partition"]).aggregate([("_offset", "min", least)]).to_pydict()
     return dict(
         zip(zip(found["_topic"], found["_partition"], strict=True), found["_offset_min"], strict=True)
     )
 
 
-def past_ledger(held: dict[tuple[str, int], int], ledger: dict[tuple[str, int], int]) -> bool:
+def past_ledger(held: dict[tuple[str, int], int | None], ledger: dict[tuple[str, int], int]) -> bool:
     """Whether every staged row is past the ledger (ledger: each topic-partition's next offset,
-    read under its lock): then none was applied before, and the stage is applied as it is."""
-    return all(first >= ledger.get(tp, 0) for tp, first in held.items())
+    read under its lock): then none was applied before, and the stage is applied as it is. A row
+    without an offset, which the ledger's filter passes over, goes through the ledger too."""
+    return all(first is not None and first >= ledger.get(tp, 0) for tp, first in held.items())

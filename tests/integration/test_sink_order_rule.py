@@ -300,3 +300,48 @@ def test_a_keys_later_event_staged_first_and_changing_nothing_still_comes_last(
         results = apply_in_batches(conn, statements, log, [[1, 0], [3, 0]], Backwards())
         assert observed(conn)[0] == model(log, "upsert", versioned)[0]
         assert [r.upserted for r in results] == [1, 2]
+
+
+def test_a_stage_past_the_ledger_with_rows_that_did_not_parse_ends_as_through_the_ledger(
+    db: DatabaseUrl,
+) -> None:
+    """Rows staged as dead letters (a value that did not parse) are counted and kept alike by a
+    task's statements for a stage past the ledger and by the general ones: the table, the dead
+    letters, the ledger and every count."""
+    spec = SinkSpec(url=db, table="orders", version="version")
+    with psycopg.connect(db.libpq, autocommit=True) as conn:
+        general = Statements(spec, plan(FRAME, describe(conn, "public", "orders"), spec), in_task=True)
+
+        @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+        @given(drawn=events, unparsed=st.sets(st.tuples(st.integers(0, PARTITIONS - 1), st.integers(0, 23))))
+        def check(drawn: list[Event], unparsed: set[tuple[int, int]]) -> None:
+            log = positioned(drawn)
+            ends = []
+            for st_ in (general, general.past_ledger()):
+                conn.execute("TRUNCATE orders, sink_progress, sink_dead_letters")
+                with conn.transaction():
+                    conn.execute(st_.create_stage(ATTEMPT))
+                    rows = sql.SQL(
+                        "COPY {} (c0, c1, c2, c3, _topic, _partition, _offset, _delete) FROM STDIN"
+                    )
+                    with conn.cursor().copy(rows.format(st_.names.stage)) as copy:
+                        for p, o, e in log:
+                            if (p, o) not in unparsed:
+                                values = (None, None, e.version) if e.delete else (e.n, e.amount, e.version)
+                                copy.write_row((e.key, *values, "t", p, o, e.delete))
+                    with conn.cursor().copy(st_.copy_dead()) as copy:
+                        for p, o, _ in log:
+                            if (p, o) in unparsed:
+                                copy.write_row(("t", p, o, False, "did not parse", b"k", b"{"))
+                    result = apply_batch(conn, st_, 0, [ATTEMPT], len(log))
+                ledger = conn.execute(
+                    "SELECT kafka_partition, next_offset FROM sink_progress ORDER BY 1"
+                ).fetchall()
+                dead = conn.execute(
+                    "SELECT kafka_partition, kafka_offset, error FROM sink_dead_letters ORDER BY 1, 2"
+                )
+                ends.append((result, observed(conn)[0], dead.fetchall(), ledger))
+            assert ends[0] == ends[1]
+            assert ends[1][0].dead >= sum(1 for p, o, _ in log if (p, o) in unparsed)
+
+        check()
