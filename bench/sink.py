@@ -54,9 +54,10 @@ events it holds. Each writer first runs once from Kafka unmeasured: the JVMs' fi
 slower. CPU per row is machine-wide (bench/cpu.py): broker, PostgreSQL and Spark together.
 Two runs of the same writer here differ by up to a quarter, so the compared runs (ROUNDED)
 are measured in --rounds rounds into fresh tables; a ratio is the median of the rounds'
-ratios, each of runs seconds apart, and a rate the median of its rounds.
+ratios, each of runs seconds apart, and a rate the median of its rounds. Five by default: in
+three-round runs one slow round moved the median by a tenth.
 
-    python bench/sink.py [--events 1000000] [--size 200] [--batches 5] [--rounds 3] [--no-cluster] [--json]
+    python bench/sink.py [--events 1000000] [--size 200] [--batches 5] [--rounds 5] [--no-cluster] [--json]
 
 Uses DATABASE_URL / KAFKA_BOOTSTRAP_SERVERS if set, else starts embedded services.
 """
@@ -710,7 +711,7 @@ def main() -> int:
     parser.add_argument(
         "--rounds",
         type=int,
-        default=3,
+        default=5,
         help="rounds of the compared runs (the sink, its peers, its feed): ratios are the rounds' median",
     )
     args = parser.parse_args()
