@@ -229,9 +229,11 @@ def checked_db(db: DatabaseUrl, pg: psycopg.Connection) -> DatabaseUrl:
         ("insert", False, False, False),
         ("upsert", True, True, False),
         ("insert", False, True, False),
+        ("upsert", False, False, True),
         ("upsert", True, False, True),
         ("insert", False, False, True),
         ("upsert", True, True, True),
+        ("insert", False, True, True),
     ],
 )
 def test_any_batch_boundaries_give_the_one_by_one_result(
