@@ -81,6 +81,12 @@ def checked_arrow() -> bool:
     return str(pa.__version__).split(".")[0] == _CHECKED_ARROW
 
 
+def tombstones(delete: object) -> bool:
+    """Whether the delete rule is the tombstone one (a Column is compared with `isinstance` first:
+    its `==` makes another Column)."""
+    return isinstance(delete, str) and delete == "tombstone"
+
+
 _Frame = TypeVar("_Frame")
 
 
@@ -122,7 +128,7 @@ def why_not(
         values.key_format != "text" or values.schema[values.key_column].dataType != T.StringType()
     ):
         return "a tombstone's key is read as a type, or as JSON, by Spark's rules"
-    if delete is not None and not (isinstance(delete, str) and delete == "tombstone"):
+    if delete is not None and not tombstones(delete):
         return "the delete rule is an expression for Spark to compute"
     if not checked_arrow():
         return f"pyarrow {pa.__version__}'s JSON reader is not the one held to Spark's ({_CHECKED_ARROW})"
@@ -154,7 +160,7 @@ def parse_for(values: JsonValues, plan: Plan, delete: object) -> Parse:
     return Parse(
         fields=pa.schema([*fields, pa.field(_CORRUPT, pa.string())]),
         columns=plan.columns,
-        tombstones_delete=isinstance(delete, str) and delete == "tombstone",
+        tombstones_delete=tombstones(delete),
         key_column=values.key_column,
         raw_key=plan.raw_key is not None,
         raw_value=plan.raw_value is not None,
@@ -230,9 +236,8 @@ def staged(records: pa.Table, parse: Parse) -> pa.RecordBatch:
         at = pc.subtract(pc.cumulative_sum(present.cast(pa.int64())), 1)
         index = pc.if_else(present, at, pa.scalar(None, pa.int64()))
         parsed = parsed.take(index)
-    if (
-        parse.key_column is not None and len(held) < n
-    ):  # parse_json: a tombstone's key column is its key's text
+    # parse_json: a tombstone's key column is its key's text
+    if parse.key_column is not None and len(held) < n:
         try:
             key = pc.if_else(present, pa.scalar(None, pa.binary()), column["key"]).cast(pa.string())
         except pa.ArrowInvalid as exc:

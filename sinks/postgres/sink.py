@@ -288,7 +288,7 @@ class BatchWriter:
                     spec.name,
                 )
         # Built once: each is a call into the JVM (or a proto), and a batch would pay them all again.
-        if isinstance(delete, str) and delete == "tombstone" and self.plan.raw_value is None:
+        if direct.tombstones(delete) and self.plan.raw_value is None:
             log.warning(
                 "sink %s: delete='tombstone' reads Kafka's binary `value` column, which the frame does"
                 " not have (cast to text or dropped): no record deletes its key, and a tombstone upserts"
