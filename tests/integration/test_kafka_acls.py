@@ -33,7 +33,7 @@ from outbox.relay.acls import TOPIC, TRANSACTIONAL_ID, Grant, events_topic, gran
 from outbox.writer import add_event
 from outbox_dev.kafka import Broker
 from sinks.postgres import PostgresSink
-from tests.helpers import create_topic, produce_transaction, transactional_producer, unique
+from tests.helpers import create_topic, produce_transaction, transactional_producer, unique, wait_for
 from tests.relay_support import ACTIVE, Committed, check_two_readers, relay_job, terminate, wait_published
 from tests.sink_support import check_with_console, event, ledger, log_ends, run
 from tests.source_support import batch_read
@@ -74,8 +74,26 @@ def _snake(operation: str) -> str:
 
 
 def set_acls(broker: Broker, wanted: list[Grant]) -> None:
-    """The relay's user may do what `wanted` grants, and nothing else."""
+    """The relay's user may do what `wanted` grants, and nothing else, once this returns.
+
+    Only the bindings that change are deleted or created, so a grant kept is never briefly gone. A
+    created ACL is acknowledged once the controller has it; the broker authorises from its own copy a
+    moment later, so this waits until the broker describes exactly the wanted set."""
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    target = {b for g in wanted for b in bindings(g)}
+    held = _described(admin)
+    gone = [_exactly(b) for b in held - target]
+    if gone:
+        for future in admin.delete_acls(gone).values():
+            future.result(30)
+    if target - held:
+        for future in admin.create_acls(list(target - held)).values():
+            future.result(30)
+    wait_for(lambda: _described(admin) == target, 30, "the broker to authorise by the ACLs just set")
+
+
+def _described(admin: AdminClient) -> set[AclBinding]:
+    """Every ACL binding of the user under test, as the broker answering describes it."""
     everything = AclBindingFilter(
         ResourceType.ANY,
         None,
@@ -85,11 +103,14 @@ def set_acls(broker: Broker, wanted: list[Grant]) -> None:
         AclOperation.ANY,
         AclPermissionType.ANY,
     )
-    for future in admin.delete_acls([everything]).values():
-        future.result(30)
-    if wanted:
-        for future in admin.create_acls([b for g in wanted for b in bindings(g)]).values():
-            future.result(30)
+    return set(admin.describe_acls(everything).result(30))
+
+
+def _exactly(binding: AclBinding) -> AclBindingFilter:
+    b = binding
+    return AclBindingFilter(
+        b.restype, b.name, b.resource_pattern_type, b.principal, b.host, b.operation, b.permission_type
+    )
 
 
 def relay_env(broker: Broker, url: DatabaseUrl, tmp_path: Path) -> tuple[dict[str, str], str]:
