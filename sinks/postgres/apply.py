@@ -88,13 +88,17 @@ class Counts(NamedTuple):
 
 
 def apply_rows(
-    conn: psycopg.Connection, st: Statements, params: dict[str, Any], deletes: bool | None = None
+    conn: psycopg.Connection,
+    st: Statements,
+    params: dict[str, Any],
+    deletes: bool | None = None,
+    dead_letters: bool = True,
 ) -> Counts:
     """Apply the staged rows of `params["attempts"]` inside the open transaction, ledger included.
 
     deletes: whether a staged row may be a delete, where the caller knows (a task, from its rows:
     True also for a delete staged as a dead letter, which costs a question only); else the stage
-    is asked.
+    is asked. dead_letters: False where the caller knows no row was staged as a dead letter.
 
     Whether a key has two rows is asked of PostgreSQL, on the staged rows in the
     table's own types: keys that differ as text may be one value there (a uuid in
@@ -119,7 +123,7 @@ def apply_rows(
         )
     if deletes is None:
         deletes = conn.execute(st.deletes(), params).fetchone()[0]  # type: ignore[index]  # a query that always returns one row
-    if (whole := _in_one_statement(conn, st, params, deletes)) is not None:
+    if (whole := _in_one_statement(conn, st, params, deletes, dead_letters)) is not None:
         return whole
     upserted, deleted, stale, refused = _apply_in_rounds(conn, st, params, fail)
     present, fresh, dead = conn.execute(st.finish(), params).fetchone()  # type: ignore[misc]  # a query that always returns one row
@@ -127,7 +131,7 @@ def apply_rows(
 
 
 def _in_one_statement(
-    conn: psycopg.Connection, st: Statements, params: dict[str, Any], deletes: bool
+    conn: psycopg.Connection, st: Statements, params: dict[str, Any], deletes: bool, dead_letters: bool
 ) -> Counts | None:
     """The batch applied in one statement; None, and nothing applied, when it goes in rounds.
 
@@ -141,7 +145,9 @@ def _in_one_statement(
         return None
     try:
         with conn.transaction() as savepoint:
-            *counts, most = conn.execute(st.apply(counted=not deletes), params).fetchone()  # type: ignore[misc]  # a query that always returns one row
+            *counts, most = conn.execute(
+                st.apply(deletes=deletes, dead_letters=dead_letters), params
+            ).fetchone()  # type: ignore[misc]  # a query that always returns one row
             if most <= 1:
                 return Counts(*counts)
             raise psycopg.Rollback(savepoint)

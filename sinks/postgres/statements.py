@@ -16,7 +16,8 @@ so every event meets the row its predecessor left. Which it is, a batch
 without deletes learns from its one statement (`apply`), which is undone when
 a key had several events; a batch with deletes asks first (`rounds`). A task
 that finds no row of its own stage in the ledger reads it without the ledger
-(`past_ledger`).
+(`past_ledger`), and one whose rows hold no delete or no dead letter runs no
+DELETE or no dead-letter scan (`apply`).
 """
 
 from __future__ import annotations
@@ -270,18 +271,27 @@ class Statements:
             )
         )
 
-    def apply(self, *, counted: bool) -> Query:
+    def apply(self, *, deletes: bool, dead_letters: bool = True) -> Query:
         """The batch in one statement: (present, fresh, upserted, deleted, dead, stale, most).
 
-        most: the most events one key has in the batch, when `counted`, 1 otherwise. It is
-        counted only when a record changed nothing: in a batch without deletes, a key met
-        twice either makes the statement fail (ON CONFLICT DO UPDATE touches a row once) or
-        leaves a record that changed nothing. Above 1, the caller undoes the statement.
+        deletes: whether a staged row may be a delete; dead_letters: whether one may be a dead letter.
+        Where the caller knows neither is so, the statement runs no DELETE and no scan for them.
+
+        most: the most events one key has in the batch, counted in a batch without deletes, 1 in
+        one with (it was asked first: `rounds`). It is counted only when a record changed nothing:
+        a key met twice either makes the statement fail (ON CONFLICT DO UPDATE touches a row once)
+        or leaves a record that changed nothing. Above 1, the caller undoes the statement.
         """
         # Past the ledger, the stage is read again by each reader of `latest`: cheaper than a copy.
         kept = sql.SQL(" NOT MATERIALIZED" if self.unapplied else "")
         latest = sql.SQL("latest AS{} (SELECT * FROM fresh WHERE _error IS NULL)").format(kept)
-        ctes = [self._staged(), self._fresh(), latest, *self._changes(), *self._finish()]
+        ctes = [
+            self._staged(),
+            self._fresh(),
+            latest,
+            *self._changes(deletes=deletes),
+            *self._finish(dead_letters),
+        ]
         counts = [
             *_STAGED_COUNTS,
             *map(_count, ["upserted", "deleted", "dead"]),
@@ -294,7 +304,7 @@ class Statements:
             1,
             _LATEST_OF_FRESH,
         )
-        return self._with(ctes, [*counts, most if counted else sql.SQL("1")])
+        return self._with(ctes, [*counts, sql.SQL("1") if deletes else most])
 
     def materialize_rounds(self) -> Query:
         """The rows to apply, in a temp table: _round is the event's place among its key's events,
@@ -403,8 +413,11 @@ class Statements:
             records,
         )
 
-    def _changes(self, round_: sql.Composable = _WHOLE_BATCH) -> list[sql.Composable]:
-        """round_: the round being applied (0: the whole batch in one statement), for tracing."""
+    def _changes(
+        self, round_: sql.Composable = _WHOLE_BATCH, *, deletes: bool = True
+    ) -> list[sql.Composable]:
+        """round_: the round being applied (0: the whole batch in one statement), for tracing.
+        deletes: False where no staged row is a delete: `deleted` is then empty, with its columns."""
         n = self.names
         match = self._match()
         newer: sql.Composable = sql.SQL("")
@@ -423,6 +436,8 @@ class Statements:
         deleted = sql.SQL(
             "deleted AS (DELETE FROM {target} AS t USING latest AS l"
             " WHERE l._delete AND {match}{newer} RETURNING {returning})"
+            if deletes
+            else "deleted AS (SELECT {returning} FROM {target} AS t WHERE false)"
         ).format(target=n.target, match=match, newer=newer, returning=returning)
 
         changed = [c for c in self.columns if c not in self.spec.key]
@@ -547,12 +562,15 @@ class Statements:
             deletes=select("deleted", sql.SQL("NULL::bytea")),
         )
 
-    def _finish(self) -> list[sql.Composable]:
+    def _finish(self, dead_letters: bool = True) -> list[sql.Composable]:
+        """dead_letters: False where no staged row is a dead letter: `dead` is then empty."""
         n = self.names
         dead = sql.SQL(
             "dead AS (INSERT INTO {dead} (sink, topic, kafka_partition, kafka_offset, key, value, error)"
             " SELECT %(sink)s, _topic, _partition, _offset, _raw_key, _raw_value, _error FROM fresh"
             " WHERE _error IS NOT NULL RETURNING 1)"
+            if dead_letters
+            else "dead AS (SELECT 1 WHERE false)"
         ).format(dead=n.dead)
         progress = sql.SQL(
             "progress AS (INSERT INTO {progress} AS p (sink, topic, kafka_partition, next_offset)"

@@ -132,8 +132,7 @@ def apply_task(job: TaskJob, rows: list[pa.RecordBatch], attempt: int, clock: Cl
                 with conn.transaction():
                     with clock.stage("copy"):
                         conn.execute(st.create_stage(attempt))
-                    for batch in rows:
-                        copy_batch(conn, job.stage, batch, clock)
+                    dead = sum(copy_batch(conn, job.stage, batch, clock) for batch in rows)
                     with clock.stage("lock"):
                         conn.execute(st.claim(), params)
                         ledger = conn.execute(st.lock(), params).fetchall()
@@ -142,7 +141,7 @@ def apply_task(job: TaskJob, rows: list[pa.RecordBatch], attempt: int, clock: Cl
                     with clock.stage("apply"):
                         past = past_ledger(held, {(t, p): o for t, p, o in ledger})
                         deletes = any(pc.any(b.column("_delete")).as_py() for b in rows)
-                        counts = apply_rows(conn, st.past_ledger() if past else st, params, deletes)
+                        counts = apply_rows(conn, st.past_ledger() if past else st, params, deletes, dead > 0)
                     committing = time.perf_counter()
                 clock.seconds["commit"] += time.perf_counter() - committing
         except SinkError as exc:  # rolled back: the driver fails the batch with this line

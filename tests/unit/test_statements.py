@@ -69,14 +69,14 @@ def test_the_ledger_dead_letters_and_outbox_live_in_the_ledger_schema() -> None:
 
 
 def test_only_rows_past_the_ledger_are_fresh() -> None:
-    apply = text(statements().apply(counted=True))
+    apply = text(statements().apply(deletes=False))
     assert "count(*) FILTER (WHERE s._offset >= coalesce(p.next_offset, 0)) AS fresh" in apply
     assert "WHERE s._attempt = ANY(%(attempts)s) AND s._offset >= g.applied" in apply
 
 
 def test_a_tasks_stage_found_past_the_ledger_is_read_without_it_and_only_a_tasks_can_be() -> None:
     """Every row fresh: no row-by-row join to the ledger, which still moves to the stage's ends."""
-    apply = text(statements(in_task=True).past_ledger().apply(counted=True))
+    apply = text(statements(in_task=True).past_ledger().apply(deletes=False))
     assert "JOIN" not in apply.split("deleted AS")[0]
     assert 'fresh AS NOT MATERIALIZED (SELECT * FROM "pg_temp"."sink_task")' in apply
     assert "count(*) AS fresh, max(_offset) + 1 AS next_offset" in apply
@@ -95,7 +95,7 @@ def test_a_task_locks_its_ledger_rows_in_one_order_after_claiming_the_missing_on
 
 
 def test_one_statement_counts_a_keys_events_only_when_a_record_changed_nothing() -> None:
-    counted, asked = text(statements().apply(counted=True)), text(statements().apply(counted=False))
+    counted, asked = text(statements().apply(deletes=False)), text(statements().apply(deletes=True))
     count = 'THEN coalesce((SELECT max(c) FROM (SELECT count(*) AS c FROM latest GROUP BY "c0") AS k), 0)'
     assert 'CASE WHEN (SELECT count(*) FROM "upserted") + (SELECT count(*) FROM "deleted")' in counted
     assert count in counted and "max(c)" not in asked
@@ -103,7 +103,7 @@ def test_one_statement_counts_a_keys_events_only_when_a_record_changed_nothing()
 
 
 def test_an_upsert_replaces_a_row_only_when_it_changes() -> None:
-    apply = text(statements().apply(counted=True))
+    apply = text(statements().apply(deletes=False))
     assert (
         'ON CONFLICT ("event_id") DO UPDATE SET "n" = EXCLUDED."n", "v" = EXCLUDED."v"'
         ' WHERE (t."n", t."v") IS DISTINCT FROM (EXCLUDED."n", EXCLUDED."v")'
@@ -111,21 +111,33 @@ def test_an_upsert_replaces_a_row_only_when_it_changes() -> None:
 
 
 def test_insert_mode_never_replaces() -> None:
-    apply = text(statements(mode="insert").apply(counted=True))
+    apply = text(statements(mode="insert").apply(deletes=False))
     assert 'ON CONFLICT ("event_id") DO NOTHING' in apply
     assert 'ON CONFLICT ("event_id") DO UPDATE' not in apply
 
 
 def test_a_version_column_keeps_the_newest_on_upsert_and_on_delete() -> None:
-    apply = text(statements(version="v").apply(counted=True))
+    apply = text(statements(version="v").apply(deletes=True))
     assert 'AND (t."v" IS NULL OR t."v" <= EXCLUDED."v")' in apply
     assert 'AND (l."c2" IS NULL OR t."v" IS NULL OR t."v" <= l."c2")' in apply
 
 
+@pytest.mark.parametrize("options", [{}, {"outbox": Outbox(topic="out")}, {"trace": True}])
+def test_a_batch_known_to_hold_no_delete_and_no_dead_letter_runs_neither(options: dict) -> None:
+    """`deleted` and `dead` stay, empty and in their shapes, for the outbox, the trace and the counts."""
+    st = statements(**options)
+    lean, full = text(st.apply(deletes=False, dead_letters=False)), text(st.apply(deletes=True))
+    assert "DELETE FROM" not in lean and 'DELETE FROM "public"."orders" AS t USING latest' in full
+    assert "dead AS (SELECT 1 WHERE false)" in lean and "dead AS (SELECT 1 WHERE false)" not in full
+    returning = full.split("deleted AS (DELETE", 1)[1].split("RETURNING ", 1)[1].split(")", 1)[0]
+    assert f'deleted AS (SELECT {returning} FROM "public"."orders" AS t WHERE false)' in lean
+    assert 'INSERT INTO "public"."sink_dead_letters"' in text(st.apply(deletes=False))
+
+
 def test_the_outbox_gets_every_written_row_with_the_outbox_columns() -> None:
     plain, boxed = (
-        text(statements().apply(counted=True)),
-        text(statements(outbox=Outbox(topic="out")).apply(counted=True)),
+        text(statements().apply(deletes=False)),
+        text(statements(outbox=Outbox(topic="out")).apply(deletes=False)),
     )
     assert "outboxed" not in plain and "RETURNING 1" in plain
     columns = ", ".join(f'"{c}"' for c in tables.OUTBOX_COLUMNS)
@@ -135,7 +147,7 @@ def test_the_outbox_gets_every_written_row_with_the_outbox_columns() -> None:
 
 @pytest.mark.parametrize("table", ["50% off", 'or"ders; DROP TABLE x; --', "note %s"])
 def test_user_names_are_quoted_and_their_percent_signs_doubled(table: str) -> None:
-    apply = text(statements(table).apply(counted=True))
+    apply = text(statements(table).apply(deletes=False))
     quoted = '"' + table.replace('"', '""').replace("%", "%%") + '"'
     assert f'INSERT INTO "public".{quoted} AS t' in apply
     assert apply.count("%(") == apply.count("%(sink)s") + apply.count("%(attempts)s")
