@@ -247,21 +247,15 @@ def spark_curves(
         # The JVMs' first reads and the first sink run are slower (JIT): one unmeasured pass first,
         # so that the smallest point, which the others are held against, does not pay for it.
         warm = parse_json(read("kafka", topic_of(2)), SCHEMA, key_column="event_id")
-        run(warm, PostgresSink("bench_scale_warm", url=url.raw).writer(warm), work / "chk-warm", count)
+        sink_run(warm, PostgresSink("bench_scale_warm", url=url.raw).writer(warm), work / "chk-warm", count)
         have = 0
         for rows in table_rows:
             fill_table(url, "bench_scale", have, rows)
             have = rows
             frame = parse_json(read("kafka", topic_of(2)), SCHEMA, key_column="event_id")
             writer = PostgresSink("bench_scale", url=url.raw, name=f"scale_{rows}").writer(frame)
-            batches: list = []
-
-            def each(batch, batch_id: int, writer=writer, batches=batches) -> None:  # type: ignore[no-untyped-def]
-                writer(batch, batch_id)
-                batches.append(writer.last)
-
             settle(url)
-            measured = run(frame, each, work / f"chk-sink-{rows}", count)
+            measured, batches = sink_run(frame, writer, work / f"chk-sink-{rows}", count)
             steady = batches[1:] or batches
             staged = sum(b.staged for b in steady) or 1
             stages = {s: sum(b.stages.get(s, 0.0) for b in steady) / staged * 1e6 for s in STAGES}
@@ -314,6 +308,19 @@ def spark_curves(
     finally:
         stop_session(spark)
     return sink_points, source_points
+
+
+def sink_run(frame: Any, writer: Any, checkpoint: Path, count: int) -> tuple[dict, list]:
+    """The sink's run of `frame` and its batches' results. Spark's progress counts no input row of a
+    batch whose tasks read Kafka themselves (docs/sink.md): the rows are then the sink's own count."""
+    batches: list = []
+
+    def each(batch: Any, batch_id: int) -> None:
+        writer(batch, batch_id)
+        batches.append(writer.last)
+
+    sizes = (lambda: [b.staged for b in batches]) if writer.reads_kafka is not None else None
+    return run(frame, each, checkpoint, count, sizes), batches
 
 
 def packed_tasks(topic: str, partitions: int, per_batch: int) -> int:
