@@ -72,6 +72,12 @@ def main() -> int:
     parser.add_argument("--png", default="bench-scale.png", help="where to draw the curves ('' for none)")
     parser.add_argument("--curves", default="relay,sink,kafka_rc", help="which curves to measure")
     args = parser.parse_args()
+    batch = RelaySettings.batch_size
+    if "relay" in args.curves and min(args.events, args.uncleaned) < 2 * batch:
+        # The relay's rate leaves out its first batch: with one batch there is nothing to time.
+        parser.error(
+            f"--events and --uncleaned must be at least twice the relay's batch ({batch}), for a steady state"
+        )
 
     def ints(text: str) -> list[int]:
         return [int(x) for x in text.split(",") if x]

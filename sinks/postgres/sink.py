@@ -499,7 +499,7 @@ class BatchWriter:
             with self.watched(conn):
                 conn.execute(self.statements.create_stage())
             job = replace(self._stage_job, token=secrets.randbits(31))
-            tasks = batch.select(*self._columns).mapInArrow(stager(job), RESULT_SCHEMA).collect()
+            tasks = batch.select(*self._columns).mapInArrow(stager(job, self.spec), RESULT_SCHEMA).collect()
         except BaseException:
             _drop_stage(conn, self.statements)
             raise
@@ -533,7 +533,6 @@ class BatchWriter:
     def _job(self, conn: psycopg.Connection, st: Statements) -> StageJob:
         """What a task needs to COPY into `st`'s stage; token set per batch run."""
         return StageJob(
-            libpq=self.spec.url.libpq,
             copy_rows=st.copy_rows().as_bytes(conn),
             copy_dead=st.copy_dead().as_bytes(conn),
             keys=tuple(self.plan.columns.index(k) for k in self.spec.key),

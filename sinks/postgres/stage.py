@@ -5,11 +5,18 @@ in Python) inside one transaction, and reports its attempt id. Only attempts
 that Spark reports as successful are applied, so a retried or speculative
 task never counts twice. A chunk PostgreSQL refuses is split in halves until
 the bad rows are found; those are staged as dead letters with the raw record.
+
+A task that loses its server (a restart, a failover, a partition: its
+connection is `watched`, as the applying tasks' are) starts over under an
+attempt id of its own: rows a lost try committed, its answer lost, are never
+applied.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -19,8 +26,11 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from pyspark.sql.pandas.types import from_arrow_schema
 
+from outbox._core.postgres import connect, keepalive, limit_session, server_limits, watched
 from sinks.postgres.clock import Clock
 from sinks.postgres.refusal import ROW_ERRORS, reason
+from sinks.postgres.retry import with_retries
+from sinks.postgres.spec import SinkSpec
 from sinks.postgres.statements import ATTEMPT_SETTING
 
 _RESULT = pa.schema([("attempt", pa.int64()), ("staged", pa.int64()), ("dead", pa.int64())])
@@ -32,7 +42,6 @@ _CSV = pacsv.WriteOptions(include_header=False)
 class StageJob:
     """What a task needs, pickled to the executors (plain strings only)."""
 
-    libpq: str
     copy_rows: bytes  # the COPY statements, rendered on the driver
     copy_dead: bytes
     keys: tuple[int, ...]  # positions of the key columns among the data columns
@@ -41,27 +50,42 @@ class StageJob:
     token: int  # random per batch run: attempt ids restart with each SparkContext
 
 
-def stager(job: StageJob) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+def stager(job: StageJob, spec: SinkSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     def stage(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        attempt = attempt_id(job.token)
-        staged = dead = 0
-        with psycopg.connect(job.libpq) as conn:
-            conn.execute("SELECT set_config(%s, %s, true)", [ATTEMPT_SETTING, str(attempt)])
-            for batch in batches:
-                staged += batch.num_rows
-                dead += copy_batch(conn, job, batch)
-            conn.commit()
+        rows = [b for b in batches if b.num_rows]  # kept: a try that starts over copies them again
+        tries = itertools.count()
+        who = f"sink stager (pid {os.getpid()})"
+        (attempt, dead), _ = with_retries(
+            lambda: stage_once(job, spec, rows, next(tries)), spec.retry_for, who
+        )
+        staged = sum(b.num_rows for b in rows)
         yield pa.RecordBatch.from_pydict({"attempt": [attempt], "staged": [staged], "dead": [dead]}, _RESULT)
 
     return stage
 
 
-def attempt_id(token: int) -> int:
-    """This task attempt's id, unique across SparkContexts by the batch run's token."""
+def stage_once(job: StageJob, spec: SinkSpec, rows: list[pa.RecordBatch], tries: int) -> tuple[int, int]:
+    """Stage `rows` in one transaction: (its attempt id, the dead letters staged). Each try has an
+    id of its own: a try whose commit was made but whose answer was lost leaves rows no try reports."""
+    attempt = attempt_id(job.token, tries)
+    name = f"outbox-sink stager, pid {os.getpid()}"
+    settings = keepalive(spec.database_timeout)
+    conn = connect(spec.url, application_name=name, timeout=spec.database_timeout, settings=settings)
+    with conn, watched(conn, spec.url, spec.database_timeout):
+        limit_session(conn, server_limits(spec.database_timeout, spec.silence, bound_statements=False))
+        conn.execute("SELECT set_config(%s, %s, true)", [ATTEMPT_SETTING, str(attempt)])
+        dead = sum(copy_batch(conn, job, batch) for batch in rows)
+        conn.commit()
+    return attempt, dead
+
+
+def attempt_id(token: int, tries: int = 0) -> int:
+    """This task attempt's id: unique across SparkContexts by the batch run's token (31 bits), and
+    across a stager's tries by their count (a task's tries share its Spark attempt id)."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
-    return (token << 32) | ((context.taskAttemptId() if context else 0) & 0xFFFFFFFF)
+    return ((token + tries) % (1 << 31)) << 32 | ((context.taskAttemptId() if context else 0) & 0xFFFFFFFF)
 
 
 def copy_batch(

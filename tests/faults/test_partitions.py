@@ -436,9 +436,19 @@ def spark_behind_links(
 
 
 def sink_job(
-    bootstrap: str, topic: str, url: DatabaseUrl, tmp: Path, run: str, cluster: StandaloneCluster
+    bootstrap: str,
+    topic: str,
+    url: DatabaseUrl,
+    tmp: Path,
+    run: str,
+    cluster: StandaloneCluster | None = None,
+    *,
+    mode: str = "plain",
+    executors_port: int | None = None,
 ) -> Job:
-    """The sink applying in the tasks on `cluster`, through a URL without a port."""
+    """tests/jobs/sink_tasks_job.py through a URL without a port, the driver's going direct: on
+    `cluster` (its workers each behind a link), or in local mode with the executors' Python workers
+    reaching PostgreSQL at `executors_port`."""
     port = server_url_port(url)
     portless = url.raw.replace(f":{port}/", "/", 1)
     argv = [
@@ -449,8 +459,12 @@ def sink_job(
         str(tmp / "checkpoint"),
         str(tmp / run),
     ]
-    env = {"SPARK_MASTER": cluster.url, "PGPORT": str(port), "DATABASE_TIMEOUT": str(SINK_TIMEOUT)}
-    return Job([*argv, "400", "plain", "available-now"], tmp / f"{run}.log", env)
+    env = {"PGPORT": str(port), "DATABASE_TIMEOUT": str(SINK_TIMEOUT)}
+    if cluster is not None:
+        env["SPARK_MASTER"] = cluster.url
+    if executors_port is not None:
+        env["EXECUTOR_PGPORT"] = str(executors_port)
+    return Job([*argv, "400", mode, "available-now"], tmp / f"{run}.log", env)
 
 
 def portless(url: DatabaseUrl) -> DatabaseUrl:
@@ -537,6 +551,43 @@ def test_every_executor_cut_from_postgres_mid_apply_resumes_after_the_heal(  # t
                 link.heal()
     check_exactly_once(pg, bootstrap, topic, expected, dead=dead)
     check_with_console(pg, bootstrap, topic, dead=dead)
+
+
+@pytest.mark.parametrize("outage", ["refused", "silent"])
+def test_stagers_that_cannot_reach_postgres_start_over_until_they_can(  # type: ignore[no-untyped-def]
+    postgres_link, outbox_db, pg, bootstrap, topic, tmp_path, outage
+) -> None:
+    """apply_in='driver': the tasks COPY each batch into the stage table, the driver applies it. The
+    executors' link to PostgreSQL is down as the first batch is staged, refusing connections (a
+    restart, a failover) or silent (a partition), until a stager has given up on it once and a
+    timeout more. Before, a stager connected with no timeout, no keepalive and nothing watching:
+    refused, it failed its task, both attempts, and the query; silent, it waited for as long as the
+    link held. Now each says once that it starts over, does so under an attempt id of its own until
+    it reaches the server, and every event is applied once."""
+    pg.execute(ORDERS)
+    dead = produce_poison(bootstrap, topic)
+    expected = produce_orders(bootstrap, topic, 1500)
+    link = postgres_link
+    down, up = (link.close, link.open) if outage == "refused" else (link.cut, link.heal)
+    down()
+    healed = False
+    job = sink_job(
+        bootstrap, topic, outbox_db, tmp_path, f"stagers-{outage}", mode="driver", executors_port=link.port
+    )
+    try:
+        job.wait_for_output("starting over for up to", 180)  # within its timeout, not at the heal
+        time.sleep(SINK_TIMEOUT)
+        up()
+        healed = True
+        assert job.wait(300) == 0, job.output()
+    finally:
+        job.kill9()
+        if not healed:
+            up()
+    check_exactly_once(pg, bootstrap, topic, expected, dead=dead)
+    check_with_console(pg, bootstrap, topic, dead=dead)
+    lost = [line for line in job.output().splitlines() if "starting over for up to" in line]
+    assert lost and all("sink stager (pid" in line for line in lost), lost
 
 
 def test_a_failover_away_from_a_primary_cut_off_mid_batch_applies_every_event_once(  # type: ignore[no-untyped-def]

@@ -1,4 +1,4 @@
-"""A streaming job for fault tests of the sink applying in the tasks: kafka_rc -> PostgresSink.
+"""A streaming job for fault tests of the sink's executors: kafka_rc -> PostgresSink.
 
 Usage: sink_tasks_job.py BOOTSTRAP TOPIC DATABASE_URL CHECKPOINT WORKDIR MAX_OFFSETS MODE [available-now]
 MODE plain: each batch applied in the tasks as the sink does it.
@@ -6,10 +6,13 @@ MODE fail-after-commit: every task fails once after its transaction committed (t
 first attempt), and Spark runs it again (master local[2,2]: two attempts per task).
 MODE pause-after-commit: batch 0's task of partition 1, once committed, writes its pid to
 WORKDIR/paused and sleeps, for the test to kill -9 its executor.
+MODE driver: each batch staged by the tasks and applied on the driver (apply_in='driver').
 Prints "application ID" first, and "applied N: fresh F of S rows, R retries" after each batch.
 SPARK_MASTER: a standalone cluster's URL to run on instead of local[2,2]; a task that fails there
 is retried on another executor (spark.excludeOnFailure.taskAndStage.enabled).
 DATABASE_TIMEOUT: the sink's database_timeout, in seconds.
+EXECUTOR_PGPORT: the port the executors' Python workers reach PostgreSQL at, given a DATABASE_URL
+without one (libpq's PGPORT); the driver takes PGPORT from its own environment.
 """
 
 import os
@@ -29,7 +32,7 @@ from tests.sink_support import orders_stream
 bootstrap, topic, url, checkpoint, work, max_offsets, mode = sys.argv[1:8]
 available_now = sys.argv[8:] == ["available-now"]
 master = os.environ.get("SPARK_MASTER", "local[2,2]")
-cluster = (
+conf = (
     {
         "spark.executor.memory": "768m",
         "spark.cores.max": "2",
@@ -38,15 +41,18 @@ cluster = (
     if master.startswith("spark:")
     else {}
 )
-spark = local_session(Path(work), app_name="sink-tasks-job", master=master, conf=cluster)
+if "EXECUTOR_PGPORT" in os.environ:
+    conf["spark.executorEnv.PGPORT"] = os.environ["EXECUTOR_PGPORT"]
+spark = local_session(Path(work), app_name="sink-tasks-job", master=master, conf=conf)
 register(spark)
 print(f"application {spark.sparkContext.applicationId}", flush=True)
 events = orders_stream(spark, bootstrap, topic, max_offsets)
 timeout = float(os.environ.get("DATABASE_TIMEOUT", "30"))
 outbox = Outbox(topic="out", key="written.event_id::text")
-sink = PostgresSink("orders", url=url, outbox=outbox, database_timeout=timeout)
+apply_in = "driver" if mode == "driver" else "auto"
+sink = PostgresSink("orders", url=url, outbox=outbox, database_timeout=timeout, apply_in=apply_in)
 writer = sink.writer(events)
-assert writer.route.tasks, writer.route
+assert writer.route.tasks == (mode != "driver"), writer.route
 
 
 def fail_first_attempt(results: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
