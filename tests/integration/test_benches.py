@@ -28,8 +28,8 @@ BENCHES = {
         *("--no-debezium", "--rates", "500", "--seconds", "2"),
     ],
     "scale": [
-        *("bench/scale.py", "--events", "10000", "--table-rows", "0,10000", "--backlogs", "0,10000"),
-        *("--uncleaned", "10000", "--partitions", "1,2", "--png", ""),
+        *("bench/scale.py", "--events", "40000", "--table-rows", "0,40000", "--backlogs", "0,40000"),
+        *("--uncleaned", "40000", "--partitions", "1,2", "--png", ""),
     ],
 }
 # What each bench's JSON must hold, as the docs and the targets name it.
