@@ -39,7 +39,6 @@ import math
 import os
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -49,12 +48,12 @@ import flags  # bench/flags.py
 import psycopg
 from kafka_load import produce  # bench/kafka_load.py
 from psycopg import sql
-from relay import create_topic  # bench/relay.py
+from relay import create_topic, relay_run  # bench/relay.py
 from services import services  # bench/services.py
 from sink import SCHEMA, TABLE, events, run, settle, stream  # bench/sink.py
 
 from outbox._core.config import DatabaseUrl
-from outbox.relay import Relay, RelaySettings
+from outbox.relay import RelaySettings
 from sinks.kafka_source.options import MIN_RECORDS_PER_TASK
 from sinks.kafka_source.ranges import Range, pack
 from sinks.postgres.clock import STAGES
@@ -126,42 +125,15 @@ def fill_outbox(url: DatabaseUrl, topic: str, count: int) -> None:
             conn.commit()
 
 
-def publish(url: DatabaseUrl, bootstrap: str, name: str, count: int) -> dict[str, float]:
-    """Run relay `name` (cleanup off) until it has published `count` rows; its rate over the rows
-    after its first batch, and the means of its read and transaction times."""
-    settings = RelaySettings(url=url, bootstrap=bootstrap, name=name, cleanup=False)
-    relay = Relay(settings)
-    thread = threading.Thread(target=relay.run, daemon=True)
-    thread.start()
-    labels = {"relay": name, "shard": "0/1"}
-
-    def sample(metric: str) -> float:
-        return relay.metrics.registry.get_sample_value(metric, labels) or 0.0
-
-    published = "outbox_relay_events_published_total"
-    # Sampled often: a batch of 5,000 takes 30-100 ms here, and the rate is timed from the first.
-    while sample(published) < min(settings.batch_size, count):
-        time.sleep(0.005)
-        if not thread.is_alive():
-            raise SystemExit(f"relay {name} stopped early")
-    t0, first = time.perf_counter(), sample(published)
-    while sample(published) < count:
-        time.sleep(0.005)
-        if not thread.is_alive():
-            raise SystemExit(f"relay {name} stopped early")
-    elapsed = time.perf_counter() - t0
-    relay.stop.set()
-    thread.join(30)
-    if first >= count:
-        raise SystemExit(
-            f"relay {name} published all {count:,} rows before its first batch was timed: more --events"
-        )
-    rate = (count - first) / elapsed
-    # Where the time went, summed over the run's batches: us per event.
-    stages = {
-        step: sample(f"outbox_relay_{step}_seconds_sum") / count * 1e6 for step in ("fetch", "transaction")
+def publish(url: DatabaseUrl, bootstrap: str, name: str, count: int) -> dict[str, Any]:
+    """Run relay `name` (cleanup off) until it has published `count` rows: its steady rate and
+    where its time went."""
+    run = relay_run(RelaySettings(url=url, bootstrap=bootstrap, name=name, cleanup=False), count)
+    return {
+        "per_s": run["steady_per_s"],
+        "us_per_event": 1e6 / run["steady_per_s"],
+        "stages_us": run["stages_us"],
     }
-    return {"per_s": rate, "us_per_event": 1e6 / rate, "stages_us": stages}
 
 
 def relay_curve(

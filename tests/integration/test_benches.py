@@ -24,7 +24,7 @@ from tests.helpers import Job
 BENCHES = {
     "sink": ["bench/sink.py", "--events", "6000", "--no-cluster", "--rounds", "1"],
     "relay": [
-        *("bench/relay.py", "--events", "3000", "--batch-size", "500", "--rounds", "1", "--no-cluster"),
+        *("bench/relay.py", "--events", "10000", "--batch-size", "500", "--rounds", "1", "--no-cluster"),
         *("--no-debezium", "--rates", "500", "--seconds", "2"),
     ],
     "scale": [
