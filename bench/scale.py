@@ -50,7 +50,7 @@ from kafka_load import produce  # bench/kafka_load.py
 from psycopg import sql
 from relay import create_topic, relay_run  # bench/relay.py
 from services import services  # bench/services.py
-from sink import SCHEMA, TABLE, events, run, settle, stream  # bench/sink.py
+from sink import SCHEMA, TABLE, Recorded, events, run, settle, stream  # bench/sink.py
 
 from outbox._core.config import DatabaseUrl
 from outbox.relay import RelaySettings
@@ -294,16 +294,9 @@ def spark_curves(
 
 
 def sink_run(frame: Any, writer: Any, checkpoint: Path, count: int) -> tuple[dict, list]:
-    """The sink's run of `frame` and its batches' results. Spark's progress counts no input row of a
-    batch whose tasks read Kafka themselves (docs/sink.md): the rows are then the sink's own count."""
-    batches: list = []
-
-    def each(batch: Any, batch_id: int) -> None:
-        writer(batch, batch_id)
-        batches.append(writer.last)
-
-    sizes = (lambda: [b.staged for b in batches]) if writer.reads_kafka is not None else None
-    return run(frame, each, checkpoint, count, sizes), batches
+    """The sink's run of `frame` and its batches' results."""
+    each = Recorded(writer)
+    return run(frame, each, checkpoint, count, each.sizes), each.results
 
 
 def packed_tasks(topic: str, partitions: int, per_batch: int) -> int:

@@ -336,19 +336,12 @@ def spark_runs(
         def ranged():  # type: ignore[no-untyped-def]
             return memory().repartitionByRange(partitions, "topic", "partition")
 
-        sinks: dict[str, object] = {}
+        sinks: dict[str, Recorded] = {}
 
         def sink(table: str, frame, apply_in: str = "auto", trace: bool = False):  # type: ignore[no-untyped-def]
             made = PostgresSink(table, url=url.raw, name=table, apply_in=apply_in, trace=trace)  # type: ignore[arg-type]
-            writer = made.writer(frame)
-            batches: list = []
-            sinks[table] = (writer, batches)
-
-            def each(batch, batch_id: int) -> None:  # type: ignore[no-untyped-def]
-                writer(batch, batch_id)
-                batches.append(writer.last)
-
-            return each
+            sinks[table] = Recorded(made.writer(frame))
+            return sinks[table]
 
         def noop(batch, _: int) -> None:  # type: ignore[no-untyped-def]
             batch.write.format("noop").mode("append").save()
@@ -433,9 +426,8 @@ def spark_runs(
             each = make(table, events)
             settle(url)
             counted: list[int] | Callable[[], list[int]] | None = sizes if feed is offsets else None
-            if table in sinks and sinks[table][0].reads_kafka is not None:  # type: ignore[index]
-                # Its tasks read Kafka themselves: Spark's progress counts no input row (docs/sink.md).
-                counted = lambda: [b.staged for b in sinks[table][1]]  # type: ignore[index]  # noqa: E731
+            if table in sinks:
+                counted = sinks[table].sizes or counted
             result = run(events, each, work / f"chk-{table}", total, counted)
             if name in WRITERS:
                 result["written"] = count(url, table)
@@ -463,12 +455,13 @@ def spark_runs(
             runs[name]["cpu_us_per_row_by"] = {
                 c: round(median([r["cpu_us_per_row_by"].get(c, 0.0) for r in each]), 1) for c in sorted(by)
             }
-        for table, (writer, batches) in sinks.items():
+        for table, recorded in sinks.items():
             name = table.removeprefix("bench_")
             if name not in runs:
                 continue  # the warm-up
-            reads = "; its tasks read Kafka themselves" if writer.reads_kafka else ""  # type: ignore[attr-defined]
-            runs[name]["route"] = str(writer.route) + reads  # type: ignore[attr-defined]
+            writer, batches = recorded.writer, recorded.results
+            reads = "; its tasks read Kafka themselves" if writer.reads_kafka else ""
+            runs[name]["route"] = str(writer.route) + reads
             runs[name]["batches_detail"] = [
                 {"rows": b.staged, "stage_s": round(b.stage_seconds, 3), "apply_s": round(b.apply_seconds, 3)}
                 for b in batches
@@ -503,6 +496,26 @@ def stream(spark, source: str, servers: str, topic: str, per_batch: int):  # typ
     if source == "kafka":
         frame = frame.option("kafka.isolation.level", "read_committed")
     return frame.load()
+
+
+class Recorded:
+    """A sink's batch function that keeps each batch's result."""
+
+    def __init__(self, writer: Any) -> None:
+        self.writer = writer
+        self.results: list[Any] = []
+
+    def __call__(self, batch: Any, batch_id: int) -> None:
+        self.writer(batch, batch_id)
+        self.results.append(self.writer.last)
+
+    @property
+    def sizes(self) -> Callable[[], list[int]] | None:
+        """Each batch's events where the sink's tasks read Kafka themselves: Spark's progress counts
+        no input row of such a batch (docs/sink.md)."""
+        if self.writer.reads_kafka is None:
+            return None
+        return lambda: [r.staged for r in self.results]
 
 
 def settle(url: DatabaseUrl) -> None:

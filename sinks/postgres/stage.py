@@ -56,7 +56,7 @@ def stager(job: StageJob, spec: SinkSpec) -> Callable[[Iterator[pa.RecordBatch]]
         tries = itertools.count()
         who = f"sink stager (pid {os.getpid()})"
         (attempt, dead), _ = with_retries(
-            lambda: stage_once(job, spec, rows, next(tries)), spec.retry_for, who
+            lambda: _stage_once(job, spec, rows, next(tries)), spec.retry_for, who
         )
         staged = sum(b.num_rows for b in rows)
         yield pa.RecordBatch.from_pydict({"attempt": [attempt], "staged": [staged], "dead": [dead]}, _RESULT)
@@ -64,7 +64,7 @@ def stager(job: StageJob, spec: SinkSpec) -> Callable[[Iterator[pa.RecordBatch]]
     return stage
 
 
-def stage_once(job: StageJob, spec: SinkSpec, rows: list[pa.RecordBatch], tries: int) -> tuple[int, int]:
+def _stage_once(job: StageJob, spec: SinkSpec, rows: list[pa.RecordBatch], tries: int) -> tuple[int, int]:
     """Stage `rows` in one transaction: (its attempt id, the dead letters staged). Each try has an
     id of its own: a try whose commit was made but whose answer was lost leaves rows no try reports."""
     attempt = attempt_id(job.token, tries)
