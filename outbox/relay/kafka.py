@@ -23,7 +23,7 @@ from confluent_kafka import (
     Producer,
     TopicCollection,
 )
-from confluent_kafka.admin import AclOperation, AdminClient
+from confluent_kafka.admin import AclOperation, AdminClient, ConfigResource
 
 from outbox._core.errors import OutboxError
 from outbox._core.kafka import client_settings
@@ -45,6 +45,7 @@ from outbox.relay.poison import (
 from outbox.relay.position import Identity, Position
 from outbox.relay.positions import PositionStore, answer
 from outbox.relay.row import Row
+from outbox.relay.topics import risks
 
 log = logging.getLogger("outbox.relay")
 
@@ -113,6 +114,7 @@ class Publisher:
         self.positions = PositionStore(self.access, self.settings, timeout)
         self._producer: Producer | None = None
         self._known_topics: set[str] = set()
+        self._vetted: set[str] = set()  # events topics whose settings were looked at (`_warn_of_risks`)
         self._failures: list[tuple[KafkaError, Message]] = []
         self._cause: str | None = None  # the client's last connection error: why a call timed out
 
@@ -171,18 +173,19 @@ class Publisher:
 
     def check_rows(self, rows: Sequence[Row]) -> None:
         """Raise Poison for the first row that cannot go out as written, or whose topic does not
-        exist (checked before producing)."""
+        exist (checked before producing); warn of a topic that can lose what is published to it."""
         if (bad := unpublishable(rows, self.positions.topic)) is not None:
             raise Poison(*bad)
-        wanted = {row.topic for row in rows} - self._known_topics
-        if not wanted:
-            return
-        self._known_topics = set(self.producer.list_topics(timeout=self.timeout).topics)
-        missing = wanted - self._known_topics
-        if missing:
-            row = next(r for r in rows if r.topic in missing)
-            raise Poison(row.id, self._unlisted(row.topic), topic=True)
-        self._refuse_unwritable(rows, self._unwritable(wanted))
+        topics = {row.topic for row in rows}
+        if wanted := topics - self._known_topics:
+            self._known_topics = set(self.producer.list_topics(timeout=self.timeout).topics)
+            missing = wanted - self._known_topics
+            if missing:
+                row = next(r for r in rows if r.topic in missing)
+                raise Poison(row.id, self._unlisted(row.topic), topic=True)
+            self._refuse_unwritable(rows, self._unwritable(wanted))
+        if unvetted := topics - self._vetted:
+            self._warn_of_risks(unvetted)
 
     def _refuse_unwritable(self, rows: Sequence[Row], refused: Mapping[str, KafkaError]) -> None:
         """Raise Poison for the first row whose topic is `refused` (by `_unwritable`)."""
@@ -216,6 +219,24 @@ class Publisher:
             if allowed and AclOperation.WRITE not in allowed:
                 refused[topic] = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)
         return refused
+
+    def _warn_of_risks(self, topics: Iterable[str]) -> None:
+        """Name once per session each events topic whose settings can lose what the relay published
+        (`risks`). A topic the relay may not describe is left unsaid; one Kafka did not answer for in
+        time is asked again with the next batch."""
+        admin = AdminClient(client_settings(self.settings, "admin", bootstrap=self.bootstrap))
+        resources = [ConfigResource(ConfigResource.Type.TOPIC, topic) for topic in sorted(topics)]
+        for resource, future in admin.describe_configs(resources, request_timeout=self.timeout).items():
+            try:
+                configs = answer(future, self.timeout)
+            except KafkaException as exc:
+                failure = exc.args[0]
+                if not (failure.retriable() or failure.code() == KafkaError._TIMED_OUT):
+                    self._vetted.add(resource.name)  # refused (no DescribeConfigs grant), or gone
+                continue
+            self._vetted.add(resource.name)
+            for risk in risks(resource.name, {name: entry.value for name, entry in configs.items()}):
+                log.warning(risk)
 
     def _unlisted(self, topic: str) -> str:
         """Why a topic is not in the cluster's list: it does not exist, or the relay may not see it

@@ -708,6 +708,25 @@ def test_the_positions_topic_is_made_compacted_and_an_uncompacted_one_is_named(
     assert f"the relay positions topic {given!r} allows an unclean leader election" in job.output()
 
 
+def test_an_events_topic_that_allows_an_unclean_election_is_named_once_and_still_published(
+    tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, events_topic: str
+) -> None:
+    """An out-of-sync replica made leader drops records the relay recorded as published: they are
+    lost for good. The relay cannot mend the user's topic; it names it once, and publishes."""
+    unclean = create_topic(bootstrap, unique("unclean"), config={"unclean.leader.election.enable": "true"})
+    job, _ = relay_job(tmp_path, env, unique("relay"))
+    sent: list[str] = []
+    for n in range(2):  # two batches: the second says nothing again
+        with psycopg.connect(outbox_db.libpq) as conn:
+            sent += [str(add_event(conn, topic, {"n": n}, key="a")) for topic in (unclean, events_topic)]
+        wait_for(lambda n=n: len(published(bootstrap, unclean, 1)) == n + 1, 60, f"batch {n + 1}")
+    assert [e for *_, e in published(bootstrap, unclean, 1)] == sent[0::2]
+    assert [e for *_, e in published(bootstrap, events_topic, 3)] == sent[1::2]
+    warned = [line for line in job.output().splitlines() if "allows an unclean leader election" in line]
+    assert len(warned) == 1 and repr(unclean) in warned[0], warned
+    assert terminate(job) == 0
+
+
 def test_the_same_name_on_two_schemas_publishes_each_outbox_exactly_once(
     tmp_path: Path, database: DatabaseUrl, bootstrap: str, events_topic: str
 ) -> None:

@@ -30,6 +30,7 @@ from outbox.relay.positions import answer, cluster_size, problems, refused, repl
 from outbox.relay.relay import backoff
 from outbox.relay.row import Row
 from outbox.relay.settings import RelaySettings, relay_name
+from outbox.relay.topics import risks
 from tests.helpers import REPO
 
 SNAP = "100:105:101,103"
@@ -367,6 +368,26 @@ def test_a_positions_topic_that_can_lose_an_acknowledged_position_is_named_with_
     assert "Reassign it to 3 replicas" in short
     [unclean] = problems("p", 3, 3, {**made, "unclean.leader.election.enable": "true"})
     assert "unclean.leader.election.enable=false" in unclean
+
+
+@given(
+    topic=st.text(min_size=1, max_size=40),
+    config=st.dictionaries(
+        st.sampled_from(["unclean.leader.election.enable", "min.insync.replicas", "cleanup.policy"]),
+        st.one_of(st.none(), st.sampled_from(["true", "false", "1", "compact", ""])),
+    ),
+)
+def test_an_events_topic_is_named_exactly_when_an_out_of_sync_leader_can_drop_what_was_published(
+    topic: str, config: dict[str, str | None]
+) -> None:
+    """What Kafka committed and the relay recorded as published is never published again: a topic
+    that may elect a replica without it loses it."""
+    found = risks(topic, config)
+    if config.get("unclean.leader.election.enable") == "true":
+        [line] = found
+        assert repr(topic) in line and "Set unclean.leader.election.enable=false" in line
+    else:
+        assert found == []
 
 
 def test_an_admin_answer_that_does_not_come_in_time_is_a_kafka_timeout_the_relay_retries() -> None:
