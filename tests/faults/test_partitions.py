@@ -590,6 +590,75 @@ def test_stagers_that_cannot_reach_postgres_start_over_until_they_can(  # type: 
     assert lost and all("sink stager (pid" in line for line in lost), lost
 
 
+# A stager's COMMIT held at the server: a deferred trigger on each stage table the driver makes sleeps
+# once, in the first stager's commit to reach it. The answer is then lost by cutting the link while it
+# sleeps; the commit is made all the same (the server learns nothing of the cut until it answers).
+HOLD_STAGERS_COMMIT = """
+CREATE TABLE commit_hold (armed boolean NOT NULL);
+INSERT INTO commit_hold VALUES (true);
+CREATE FUNCTION hold_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('application_name') LIKE 'outbox-sink stager%' THEN
+        UPDATE commit_hold SET armed = false WHERE armed;
+        IF FOUND THEN
+            PERFORM pg_sleep({hold});
+        END IF;
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE FUNCTION hold_stage_commits() RETURNS event_trigger LANGUAGE plpgsql AS $$
+DECLARE made record;
+BEGIN
+    FOR made IN SELECT objid::regclass AS stage FROM pg_event_trigger_ddl_commands()
+                WHERE object_type = 'table' AND objid::regclass::text LIKE '%sink_stage_%' LOOP
+        EXECUTE format('CREATE CONSTRAINT TRIGGER hold AFTER INSERT ON %s DEFERRABLE INITIALLY DEFERRED'
+                       ' FOR EACH ROW EXECUTE FUNCTION hold_commit()', made.stage);
+    END LOOP;
+END $$;
+CREATE EVENT TRIGGER hold_stage_commits ON ddl_command_end WHEN TAG IN ('CREATE TABLE AS')
+    EXECUTE FUNCTION hold_stage_commits();
+"""
+
+
+def test_a_stager_whose_commit_is_made_but_whose_answer_is_lost_has_those_rows_never_applied(  # type: ignore[no-untyped-def]
+    postgres_link, outbox_db, pg, bootstrap, topic, tmp_path
+) -> None:
+    """apply_in='driver': a stager's COMMIT is made at the server, and its answer lost on the link.
+    The stager cannot tell a commit made from one never made; it starts over under an attempt id of
+    its own, and the driver applies only the attempts the tasks reported: the rows of the lost try
+    stay in the stage, never applied, and every event is applied once."""
+    hold = 2 * SINK_TIMEOUT  # long enough to cut the link while it lasts
+    pg.execute(ORDERS)
+    pg.execute(HOLD_STAGERS_COMMIT.format(hold=hold))
+    dead = produce_poison(bootstrap, topic)
+    expected = produce_orders(bootstrap, topic, 1500)
+    job = sink_job(
+        bootstrap, topic, outbox_db, tmp_path, "answer-lost", mode="driver", executors_port=postgres_link.port
+    )
+    try:
+
+        def held() -> bool:
+            row = pg.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
+                " AND application_name LIKE 'outbox-sink stager%'"
+            ).fetchone()
+            return row == (1,)
+
+        wait_for(held, 180, "a stager's commit held")
+        postgres_link.cut()
+        made = lambda: pg.execute("SELECT armed FROM commit_hold").fetchone() == (False,)  # noqa: E731
+        wait_for(made, 2 * hold, "the held commit made")
+        postgres_link.heal()
+        assert job.wait(300) == 0, job.output()
+    finally:
+        job.kill9()
+        postgres_link.heal()
+    check_exactly_once(pg, bootstrap, topic, expected, dead=dead)
+    check_with_console(pg, bootstrap, topic, dead=dead)
+    lost = [line for line in job.output().splitlines() if "starting over for up to" in line]
+    assert lost and all("sink stager (pid" in line for line in lost), lost
+
+
 def test_a_failover_away_from_a_primary_cut_off_mid_batch_applies_every_event_once(  # type: ignore[no-untyped-def]
     toxiproxy: Toxiproxy, bootstrap: str, topic: str, tmp_path: Path
 ) -> None:
