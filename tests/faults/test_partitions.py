@@ -449,17 +449,15 @@ def sink_job(
     """tests/jobs/sink_tasks_job.py through a URL without a port, the driver's going direct: on
     `cluster` (its workers each behind a link), or in local mode with the executors' Python workers
     reaching PostgreSQL at `executors_port`."""
-    port = server_url_port(url)
-    portless = url.raw.replace(f":{port}/", "/", 1)
     argv = [
         "tests/jobs/sink_tasks_job.py",
         bootstrap,
         topic,
-        portless,
+        portless(url).raw,
         str(tmp / "checkpoint"),
         str(tmp / run),
     ]
-    env = {"PGPORT": str(port), "DATABASE_TIMEOUT": str(SINK_TIMEOUT)}
+    env = {"PGPORT": str(server_url_port(url)), "DATABASE_TIMEOUT": str(SINK_TIMEOUT)}
     if cluster is not None:
         env["SPARK_MASTER"] = cluster.url
     if executors_port is not None:
