@@ -28,12 +28,14 @@ from tests.helpers import unique
 from tests.relay_support import relay_job
 from tests.sink_support import apply_batches, event, ledger, table
 
+# Every test here starts PgBouncer; without it none can run (it is optional: .ci/run installs it).
+if pgbouncer.binary() is None:
+    pytest.skip("pgbouncer is not installed (apt-get install pgbouncer)", allow_module_level=True)
+
 
 @pytest.fixture(scope="module")
 def bouncer(tmp_path_factory: pytest.TempPathFactory, server_url: DatabaseUrl) -> Iterator[dict[str, int]]:
     """PgBouncer in front of the tests' server, in each mode: its port by mode."""
-    if pgbouncer.binary() is None:
-        pytest.skip("pgbouncer is not installed (.ci/run installs it: apt-get install pgbouncer)")
     port = urlsplit(server_url.raw).port
     assert port is not None
     # One server session in transaction mode: every lock request meets the one holding the lock.
