@@ -23,6 +23,7 @@ import signal
 import time
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -112,6 +113,7 @@ class Debezium:
 
     exactly_once: a distributed worker with KIP-618's exactly-once source support, the
     connector asking for it (`exactly.once.support=required`), a transaction per poll.
+    flush_ms: a standalone worker's `offset.flush.interval.ms` (Connect's default: 60 s).
     """
 
     def __init__(
@@ -122,15 +124,19 @@ class Debezium:
         schema: str = "public",
         *,
         exactly_once: bool = False,
+        flush_ms: int | None = None,
     ) -> None:
         self.work, self.url, self.schema = work, url, schema
-        self.slot = f"bench_dbz_{'eos_' if exactly_once else ''}{int(time.time())}"
+        self.slot = f"bench_dbz_{'eos_' if exactly_once else ''}{uuid.uuid4().hex[:8]}"
         java = find_java(needed_by="Debezium (Kafka Connect)")
         jars = maven.jars("debezium", what="Debezium's jars", instead="or skip Debezium with --no-debezium")
         work.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         group = self.slot if exactly_once else None
-        (work / "worker.properties").write_text(render(worker(bootstrap, work, self.port, group)))
+        settings = worker(bootstrap, work, self.port, group)
+        if flush_ms is not None:
+            settings["offset.flush.interval.ms"] = str(flush_ms)
+        (work / "worker.properties").write_text(render(settings))
         self.config = connector(url, schema, self.slot)
         if exactly_once:
             self.config |= {"exactly.once.support": "required", "transaction.boundary": "poll"}

@@ -117,6 +117,7 @@ class Publisher:
         self._vetted: set[str] = set()  # events topics whose settings were looked at (`_warn_of_risks`)
         self._failures: list[tuple[KafkaError, Message]] = []
         self._cause: str | None = None  # the client's last connection error: why a call timed out
+        self.commit_seconds = 0.0  # how long the last published batch's commit (or flush) took
 
     @property
     def window(self) -> float:
@@ -279,10 +280,12 @@ class Publisher:
             )
             self._hold(BEFORE_COMMIT)
             call = Call.COMMIT
+            committing = time.perf_counter()
             if self.exactly_once:
                 self._call(Call.COMMIT, lambda: producer.commit_transaction(self.timeout))
             else:
                 self._flush(producer, rows)
+            self.commit_seconds = time.perf_counter() - committing
         except Poison:
             self.abort()
             raise

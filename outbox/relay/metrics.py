@@ -25,6 +25,12 @@ from outbox.errors import error
 
 disable_created_metrics()  # the *_created series only add noise for a long-running daemon
 
+# A batch's steps on the publishing thread, in order: waiting for its rows (read ahead while the
+# batch before was published, so mostly hidden), checking them, producing the records and the
+# position, committing the Kafka transaction (at least once: the flush), and recording the
+# published base for the other relays (about once a second).
+STEPS = ("read", "check", "produce", "commit", "record")
+
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
@@ -64,6 +70,14 @@ class RelayMetrics:
         self.cleanup_seconds = histogram(
             "outbox_relay_cleanup_seconds", "Time to delete published rows (on the cleaner's own session)"
         )
+        # Where the publishing thread's time goes, batch by batch: the steps a batch waits on in turn.
+        steps = Counter(
+            "outbox_relay_step_seconds",
+            "Time the publishing thread spent in each step of its batches",
+            [*labels, "step"],
+            registry=self.registry,
+        )
+        self.steps = {step: steps.labels(**labels, step=step) for step in STEPS}
         self._health = (True, "starting")
         self._lock = threading.Lock()
 

@@ -221,8 +221,11 @@ class Relay:
         # the other relays' cleanup, and this batch is not in Kafka yet.
         with ThreadPoolExecutor(1, thread_name_prefix="outbox-relay-read") as reader:
             ahead: Future[tuple[Target, list[Row], bool]] | None = None
+            steps = m.steps
             while not self.stop.is_set():
+                t0 = time.perf_counter()
                 target, rows, cut = ahead.result() if ahead else self._fetch(table, position)
+                steps["read"].inc(time.perf_counter() - t0)
                 ahead = None
                 limit = 1 if one_by_one else before_poison or self._limit
                 step = advance(position, target, [r.id for r in rows], limit, cut)
@@ -233,9 +236,11 @@ class Relay:
                         ahead = reader.submit(self._fetch, table, step.position)
                     started = None  # once the rows are checked: a topic list timing out is an outage
                     try:
+                        t0 = time.perf_counter()
                         publisher.check_rows(batch)
                         started = time.perf_counter()
                         publisher.publish(batch, step.position)
+                        steps["check"].inc(started - t0)
                     except Poison as poison:
                         m.aborts.inc()
                         _settle(ahead)
@@ -266,6 +271,8 @@ class Relay:
                     assert started is not None  # published
                     elapsed = time.perf_counter() - started
                     m.commit_seconds.observe(elapsed)
+                    steps["commit"].inc(publisher.commit_seconds)
+                    steps["produce"].inc(elapsed - publisher.commit_seconds)
                     if limit == self._limit:
                         self._paced(len(batch), elapsed, publisher.window, failed=False)
                     m.batches.inc()
@@ -293,9 +300,11 @@ class Relay:
                 if cleaner is not None:
                     cleaner.check()
                 if time.monotonic() - recorded > 1.0:
+                    t0 = time.perf_counter()
                     _settle(ahead)  # the connection must be idle; the part read stays ahead
                     # On this session, not the cleaner's: the mark's transaction updates the same row.
                     table.record_base(position.base)
+                    steps["record"].inc(time.perf_counter() - t0)
                     recorded = time.monotonic()
                     if cleaner is not None:
                         cleaner.published(position.base)
