@@ -728,7 +728,7 @@ def measure(
     tmp: Path,
     cluster: Cluster | None,
 ) -> dict:
-    for dbz in peers.values():
+    for dbz in (d for name, d in peers.items() if name in PEERS):
         dbz.start()  # creates the slot and the publication: what is written from now on, it reads
         dbz.kill(signal.SIGTERM)
 
@@ -814,6 +814,10 @@ def measure(
                 faulted[name] = (dbz.schema, dbz.start, lambda dbz=dbz: dbz.kill(signal.SIGKILL))
         result[kind] = {}
         for who, (schema, start, kill) in faulted.items():
+            if who in FLUSHED and kind == "faults":
+                # Its slot made now: made with the others, it would first decode all the WAL since.
+                peers[who].start()
+                peers[who].kill(signal.SIGTERM)
             found = inject(url, bootstrap, schema, start, kill)
             result[kind][who] = {**found, "records_position": FLUSHES[who]}
             print(f"kill -9 {what}, {LABELS.get(who, who)}: {_lost(result[kind][who])}", flush=True)

@@ -126,7 +126,7 @@ WRITERS = (
 # than the same sink run later (tracing, on the driver), and in two kept runs of three its first
 # round's ratio was the lowest; now each writer's place turns by one each round.
 COMPARED = (
-    ("source_arrow", ("sink", "jdbc", "hand", "tasks_read_kafka")),
+    ("source_arrow", ("sink", "jdbc", "hand", "tasks_read_kafka", "sink_traced")),
     (
         "source_memory_arrow",
         ("sink_memory", "jdbc_memory", "hand_memory", "jdbc_memory_ranged", "hand_memory_ranged"),
