@@ -31,6 +31,7 @@ def busy_seconds() -> float | None:
 # (Spark's command line names the JDBC driver's jar, hence Spark before PostgreSQL.)
 COMPONENTS = (
     ("python workers", ("pyspark.daemon", "pyspark.worker")),
+    ("bench reader", ("multiprocessing.spawn",)),  # bench/throughput.py's reader, a process of its own
     ("spark JVM", ("org.apache.spark",)),
     ("kafka broker", ("kafka.Kafka",)),
     ("relay", ("outbox\x00relay",)),  # `python -m outbox relay` (arguments are NUL-separated)
@@ -38,6 +39,8 @@ COMPONENTS = (
     ("postgres", ("postgres",)),
 )
 DRIVER = "this python"  # the benchmark's own process: Spark's driver side, psycopg alone
+# Its pid, inherited by the processes it spawns, so that a mark taken in one names it too.
+_DRIVER_PID = int(os.environ.setdefault("OUTBOX_BENCH_PID", str(os.getpid())))
 Snapshot = dict[int, tuple[str, float]]
 
 
@@ -78,7 +81,7 @@ def _scan() -> Snapshot:
 
     def component(pid: int) -> str:
         parent, cmdline, _ = seen.get(pid, (0, "", 0.0))
-        if pid == os.getpid():
+        if pid == _DRIVER_PID:
             return DRIVER
         if not cmdline and parent in seen:
             return component(parent)
