@@ -882,6 +882,10 @@ def report(result: dict) -> dict:
         },
         # The most this machine gives each, all its cores busy at that CPU cost per event.
         "bound_per_s": {name: round(cores * 1e6 / cpu(who)) for who, name in RUNS.items() if cpu(who)},
+        # The best relay / raw this machine allows at the relay's CPU cost: below 1.0, the target is
+        # out of reach here until the relay costs less CPU per event than `cpu_us_per_event_for_raw`.
+        "bound_ratio_relay_vs_raw": round(cores * 1e6 / cpu("eos") / rate("raw"), 3) if cpu("eos") else None,
+        "cpu_us_per_event_for_raw": round(cores * 1e6 / rate("raw"), 1),
         "latency": [
             {
                 "rate_per_s": e["rate"],
@@ -940,7 +944,9 @@ def report(result: dict) -> dict:
         )
     print(
         f"relay / raw                : {out['ratio_relay_vs_raw']:>9} (target >= 1.0 in every round;"
-        f" rounds {eos_vs_raw})"
+        f" rounds {eos_vs_raw}); the machine's bound at the relay's CPU cost:"
+        f" {out['bound_ratio_relay_vs_raw']} (1.0 needs at most {out['cpu_us_per_event_for_raw']} us"
+        " per event)"
     )
     print(
         f"cost of exactly-once       : {out['exactly_once_cost']:>9.1%} (target <= 10%;"
