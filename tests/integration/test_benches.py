@@ -35,7 +35,7 @@ BENCHES = {
 # What each bench's JSON must hold, as the docs and the targets name it.
 KEYS = {
     "sink": ("ratio_sink_vs_jdbc", "ratio_sink_vs_hand", "ratio_sink_memory_vs_jdbc_memory", "breakdown"),
-    "relay": ("ratio_relay_vs_raw", "latency", "faults"),
+    "relay": ("ratio_relay_vs_raw", "exactly_once_cost", "relay_steps_us_per_event", "latency", "faults"),
     "scale": ("sink", "relay", "kafka_rc", "verdicts"),
 }
 
@@ -61,6 +61,9 @@ def test_a_bench_runs_and_ends_with_its_figures(
     found = figures(job.output())
     missing = [k for k in KEYS[bench] if k not in found]
     assert not missing, (missing, sorted(found))
+    if bench == "relay":  # the relay's own step counters reached the bench: each publishing step timed
+        steps = found["relay_steps_us_per_event"]["relay_exactly_once"]
+        assert all(steps[step] > 0 for step in ("read", "produce", "commit")), steps
     if bench == "scale":
         points = [p for curve in ("sink", "relay", "kafka_rc") for p in found[curve]]
         assert points and all(p["per_s"] > 0 for p in points), points

@@ -23,8 +23,9 @@ from hypothesis import strategies as st
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"
 CITED = re.compile(r"bench/results/([\w-]+\.json)")
-# A figure: a number, with a thousands comma or decimals, perhaps ending in % or k.
-NUMBER = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)(%|k\b)?")
+# A figure: a number, with a thousands comma or decimals, perhaps ending in % or k; not a version
+# (3.6.1) nor part of a word.
+NUMBER = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)(?!\.\d)(%|k\b)?")
 # A rate or a ratio, where only the Performance table may have one.
 FIGURE = re.compile(r"\d(?:\.\d+)?x\b|\d[\d,.]*k?(?: events)?/s\b")
 
@@ -86,7 +87,7 @@ def test_a_value_printed_at_any_precision_is_found_in_its_file(value: float, dec
 
 
 def test_units_are_read_as_written() -> None:
-    assert [(v, s) for _, v, s in quoted("6.1% and 146k and 117,763")] == [
+    assert [(v, s) for _, v, s in quoted("6.1% and 146k and 117,763 from Debezium 3.6.1")] == [
         (pytest.approx(0.061), pytest.approx(0.001)),
         (146000.0, 1000.0),
         (117763.0, 1.0),
