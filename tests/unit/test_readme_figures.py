@@ -103,7 +103,7 @@ def test_each_performance_figure_is_in_the_newest_kept_run_it_cites() -> None:
         assert cited, f"{what!r}: its row cites no kept run (bench/results/...json)"
         for name in cited:
             newest = max(k for k in kept if bench_of(k) == bench_of(name))
-            assert name == newest, f"{what!r} cites {name}, but the newest kept {bench_of(name)} run is {newest}"
+            assert name == newest, f"{what!r} cites {name}; the newest kept {bench_of(name)} run is {newest}"
         values = [v for name in cited for v in leaves(json.loads((RESULTS / name).read_text()))]
         for written, value, step in quoted(figures):
             assert matches(value, step, values), f"{what!r}: {written} is in none of {cited}"
