@@ -15,13 +15,15 @@ import threading
 from pathlib import Path
 
 from outbox._core.config import OUTBOX_DEV_DIR
-from outbox_dev.stack import Stack, Status
+from outbox_dev.stack import DEFAULT_SERVICES, Stack, Status
 
 DEFAULT_DIR = ".outbox-dev"
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    dev = commands.add_parser("dev", help="start, stop or show local PostgreSQL and Kafka")
+    dev = commands.add_parser(
+        "dev", help="start, stop or show local PostgreSQL and Kafka (and a schema registry)"
+    )
     actions = dev.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     def with_dir(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -43,6 +45,13 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="Kafka nodes: 1, or a cluster such as 3 where topics get 3 replicas, 2 in sync"
         " (env OUTBOX_DEV_BROKERS, default 1)",
     )
+    up.add_argument(
+        "--registry",
+        action="store_true",
+        help="also a schema registry (Apicurio, Confluent's API under /apis/ccompat/v7):"
+        " exports SCHEMA_REGISTRY_URL",
+    )
+    up.add_argument("--registry-port", type=int, help="the registry's port (default: a free one)")
     up.add_argument(
         "--durable",
         action="store_true",
@@ -91,8 +100,11 @@ def export_lines(status: Status) -> list[str]:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    status = Stack(args.dir).up(
-        ports={"postgres": args.pg_port, "kafka": args.kafka_port}, durable=args.durable, brokers=args.brokers
+    services = (*DEFAULT_SERVICES, "registry") if args.registry else DEFAULT_SERVICES
+    status = Stack(args.dir, services=services).up(
+        ports={"postgres": args.pg_port, "kafka": args.kafka_port, "registry": args.registry_port},
+        durable=args.durable,
+        brokers=args.brokers,
     )
     print("\n".join(export_lines(status)))
     return 0

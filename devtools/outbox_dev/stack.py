@@ -21,17 +21,28 @@ from pathlib import Path
 from typing import Any
 
 from outbox._core.config import DATABASE_URL, KAFKA_BOOTSTRAP_SERVERS
-from outbox_dev import kafka, postgres
+from outbox_dev import kafka, postgres, registry
 from outbox_dev.errors import error
 from outbox_dev.process import choose_port, cmdline_contains, pid_alive, stop
 from outbox_dev.service import Service
 
 STATE_FILE = "state.json"
 # Which variable, when set, means "use this, do not start one".
-PROVIDES = {"postgres": DATABASE_URL, "kafka": KAFKA_BOOTSTRAP_SERVERS}
-_STARTERS: dict[str, Callable[..., Any]] = {"postgres": postgres.start, "kafka": kafka.start}
-_PORT_FLAGS = {"postgres": "--pg-port", "kafka": "--kafka-port"}
-_STOP_SIGNALS = {"postgres": signal.SIGINT, "kafka": signal.SIGTERM}  # SIGINT: PostgreSQL's fast shutdown
+PROVIDES = {
+    "postgres": DATABASE_URL,
+    "kafka": KAFKA_BOOTSTRAP_SERVERS,
+    "registry": registry.SCHEMA_REGISTRY_URL,
+}
+# What starts unless asked otherwise: the schema registry only when asked for (`--registry`).
+DEFAULT_SERVICES = ("postgres", "kafka")
+_STARTERS: dict[str, Callable[..., Any]] = {
+    "postgres": postgres.start,
+    "kafka": kafka.start,
+    "registry": registry.start,
+}
+_PORT_FLAGS = {"postgres": "--pg-port", "kafka": "--kafka-port", "registry": "--registry-port"}
+# SIGINT: PostgreSQL's fast shutdown.
+_STOP_SIGNALS = {"postgres": signal.SIGINT, "kafka": signal.SIGTERM, "registry": signal.SIGTERM}
 
 
 @dataclass
@@ -53,7 +64,7 @@ class Stack:
         self,
         root: Path,
         environ: Mapping[str, str] | None = None,
-        services: Iterable[str] = tuple(PROVIDES),
+        services: Iterable[str] = DEFAULT_SERVICES,
     ) -> None:
         self.root = root.resolve()
         self.environ = os.environ if environ is None else environ
@@ -65,7 +76,9 @@ class Stack:
         return [n for n, var in PROVIDES.items() if n in self.services and not self.environ.get(var)]
 
     def given(self) -> dict[str, str]:
-        return {name: var for name, var in PROVIDES.items() if self.environ.get(var)}
+        return {
+            name: var for name, var in PROVIDES.items() if name in self.services and self.environ.get(var)
+        }
 
     # -- state --------------------------------------------------------------
 
@@ -188,7 +201,7 @@ def kind(name: str) -> str:
 def running(
     root: Path,
     environ: Mapping[str, str] | None = None,
-    services: Iterable[str] = tuple(PROVIDES),
+    services: Iterable[str] = DEFAULT_SERVICES,
 ) -> Iterator[dict[str, str]]:
     """Services for the life of a with-block; they die with this process if it is killed."""
     stack = Stack(root, environ, services)

@@ -33,7 +33,9 @@ def parse_major(version_output: str) -> int | None:
     return int(match.group(2) or 0) if major == 1 else major
 
 
-def find_java(environ: dict[str, str] | None = None, *, needed_by: str = "Spark") -> Java:
+def find_java(
+    environ: dict[str, str] | None = None, *, needed_by: str = "Spark", minimum: int = MIN_MAJOR
+) -> Java:
     env = dict(os.environ if environ is None else environ)
     home = env.get("JAVA_HOME")
     candidate = Path(home) / "bin" / "java" if home else None
@@ -43,7 +45,7 @@ def find_java(environ: dict[str, str] | None = None, *, needed_by: str = "Spark"
             raise error("JAVA_HOME_INVALID", home=home)
         candidate = Path(found) if found else None
     if candidate is None:
-        raise error("JAVA_MISSING", needed_by=needed_by, minimum=MIN_MAJOR)
+        raise error("JAVA_MISSING", needed_by=needed_by, minimum=minimum)
     try:
         # -XX:-UsePerfData: no /tmp/hsperfdata_<user> left behind.
         out = subprocess.run(
@@ -52,9 +54,7 @@ def find_java(environ: dict[str, str] | None = None, *, needed_by: str = "Spark"
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise error("JAVA_VERSION_FAILED", java=candidate, reason=exc) from None
     major = parse_major(out.stderr + out.stdout)
-    if major is None or major < MIN_MAJOR:
+    if major is None or major < minimum:
         found_version = major if major is not None else "an unknown version"
-        raise error(
-            "JAVA_TOO_OLD", needed_by=needed_by, minimum=MIN_MAJOR, java=candidate, found=found_version
-        )
+        raise error("JAVA_TOO_OLD", needed_by=needed_by, minimum=minimum, java=candidate, found=found_version)
     return Java(candidate, major)

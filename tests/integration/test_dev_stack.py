@@ -1,10 +1,12 @@
 """`outbox dev up | down | status`: idempotent, and clean after a killed run."""
 
+import json
 import os
 import signal
 from pathlib import Path
 
 import psycopg
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
 from outbox._core.probe import check_kafka
 from outbox_dev.process import cmdline_contains
@@ -82,6 +84,30 @@ def test_services_given_by_env_are_not_started(tmp_path: Path) -> None:
     assert exports(result.out) == {}
     assert "DATABASE_URL is set in the environment" in result.out
     assert "secret" not in result.out
+    assert our_processes(root) == []
+
+
+def test_up_with_a_registry_serves_confluents_api_and_down_leaves_nothing(tmp_path: Path) -> None:
+    """The registry is asked for, not started by default; Confluent's own client registers a schema
+    there and reads it back by id, and `down` leaves no process. PostgreSQL and Kafka are given,
+    so only the registry starts."""
+    root = tmp_path / "dev"
+    given = {"DATABASE_URL": "postgresql://u@db.example:5432/app", "KAFKA_BOOTSTRAP_SERVERS": "k:9092"}
+    assert exports(outbox("dev", "up", "--dir", str(root), env=given).out) == {}
+    up = outbox("dev", "up", "--registry", "--dir", str(root), env=given)
+    assert up.code == 0, up
+    url = exports(up.out)["SCHEMA_REGISTRY_URL"]
+    try:
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/apis/ccompat/v7"), url
+        client = SchemaRegistryClient({"url": url})
+        avro = '{"type": "record", "name": "Order", "fields": [{"name": "id", "type": "long"}]}'
+        schema_id = client.register_schema("orders-value", Schema(avro, "AVRO"))
+        assert json.loads(client.get_schema(schema_id).schema_str) == json.loads(avro)
+        assert client.get_subjects() == ["orders-value"]
+        assert exports(outbox("dev", "status", "--dir", str(root), env=given).out) == exports(up.out)
+    finally:
+        down = outbox("dev", "down", "--dir", str(root))
+    assert down.code == 0 and "stopped: registry" in down.out, down
     assert our_processes(root) == []
 
 

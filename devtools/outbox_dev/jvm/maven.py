@@ -50,11 +50,13 @@ def jars(
     instead: str = "",
     properties: Mapping[str, str] | None = None,
     environ: Mapping[str, str] | None = None,
+    files: str = "*.jar",
 ) -> list[Path]:
     """The jar files of `poms/<pom>.xml`, resolving them with Maven the first time.
 
     what names the set in messages ("Apache Kafka's jars"); instead is the way
-    around Maven, appended to the error when it is missing.
+    around Maven, appended to the error when it is missing; files: the pattern of
+    the artifacts wanted, for a set that is not jars (an application's archive).
     """
     properties = dict(properties or {})
     pom_file = POMS / f"{pom}.xml"
@@ -62,10 +64,10 @@ def jars(
     folder = root / folder_name(pom, pom_file.read_text(), properties)
     if not (folder / _DONE).exists():
         root.mkdir(parents=True, exist_ok=True)
-        with _locked(root / f".{pom}.lock"):
+        with locked(root / f".{pom}.lock"):
             if not (folder / _DONE).exists():
-                _resolve(pom_file, folder, what, instead, properties)
-    return sorted(folder.glob("*.jar"))
+                _resolve(pom_file, folder, what, instead, properties, files)
+    return sorted(folder.glob(files))
 
 
 def classpath(jar_files: list[Path]) -> str:
@@ -73,8 +75,8 @@ def classpath(jar_files: list[Path]) -> str:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """One resolution at a time per jar set, across processes (parallel test runs)."""
+def locked(path: Path) -> Iterator[None]:
+    """One resolution (or unpacking) at a time per jar set, across processes (parallel test runs)."""
     with open(path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
@@ -83,7 +85,9 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _resolve(pom: Path, folder: Path, what: str, instead: str, properties: dict[str, str]) -> None:
+def _resolve(
+    pom: Path, folder: Path, what: str, instead: str, properties: dict[str, str], files: str
+) -> None:
     mvn = shutil.which("mvn")
     suffix = f", {instead}" if instead else ""
     if mvn is None:
@@ -112,7 +116,7 @@ def _resolve(pom: Path, folder: Path, what: str, instead: str, properties: dict[
     except subprocess.TimeoutExpired:
         shutil.rmtree(partial, ignore_errors=True)
         raise error("DEV_MAVEN_TIMEOUT", what=what, instead=suffix) from None
-    if result.returncode != 0 or not any(partial.glob("*.jar")):
+    if result.returncode != 0 or not any(partial.glob(files)):
         shutil.rmtree(partial, ignore_errors=True)
         raise error(
             "DEV_MAVEN_FAILED", what=what, reason=_first_error(result.stdout + result.stderr), instead=suffix
