@@ -66,14 +66,14 @@ from typing import Any
 
 import flags  # bench/flags.py
 import psycopg
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from cpu import measured  # bench/cpu.py
 from debezium import Debezium  # bench/debezium.py
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 from services import services  # bench/services.py
-from throughput import timed  # bench/throughput.py
+from throughput import reader, timed  # bench/throughput.py
 
 from outbox import logs, migrate
 from outbox._core import tables
@@ -263,22 +263,7 @@ class Arrivals(threading.Thread):
 
     def __init__(self, bootstrap: str, topic: str) -> None:
         super().__init__(daemon=True)
-        self.consumer = Consumer(
-            client_settings(
-                {
-                    "bootstrap.servers": bootstrap,
-                    "group.id": f"bench-{uuid.uuid4()}",
-                    "isolation.level": "read_committed",
-                    "auto.offset.reset": "earliest",
-                    # The broker wakes a waiting fetch when a commit marker moves the last stable
-                    # offset; a shorter wait only makes it answer empty fetches. At 5 ms they
-                    # cost the broker half a core with nothing written (measured, 2 cores), a
-                    # quarter of this machine taken from the runs the reader was timing.
-                    "fetch.wait.max.ms": 100,
-                },
-                "consumer",
-            )
-        )
+        self.consumer = reader(bootstrap)
         self.consumer.subscribe([topic])
         self.first: dict[bytes, float] = {}
         self.produced: dict[bytes, float] = {}  # event id -> the record's timestamp (when it was produced)

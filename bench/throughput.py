@@ -27,20 +27,29 @@ from cpu import Mark  # bench/cpu.py
 from outbox._core.kafka import client_settings
 
 
-def _read(bootstrap: str, topic: str, count: int, skip: int, seconds: float, out: Connection) -> None:
-    """In the reader's process: read until `count` distinct event ids arrived; send the marks."""
-    consumer = Consumer(
+def reader(bootstrap: str) -> Consumer:
+    """A read_committed consumer of a group of its own, from the start of what it is given."""
+    return Consumer(
         client_settings(
             {
                 "bootstrap.servers": bootstrap,
                 "group.id": f"bench-{uuid.uuid4()}",
                 "isolation.level": "read_committed",
                 "auto.offset.reset": "earliest",
-                "fetch.wait.max.ms": 100,  # woken by each commit marker; shorter waits only cost CPU
+                # The broker wakes a waiting fetch when a commit marker moves the last stable
+                # offset; a shorter wait only makes it answer empty fetches. At 5 ms they
+                # cost the broker half a core with nothing written (measured, 2 cores), a
+                # quarter of this machine taken from the runs the reader was timing.
+                "fetch.wait.max.ms": 100,
             },
             "consumer",
         )
     )
+
+
+def _read(bootstrap: str, topic: str, count: int, skip: int, seconds: float, out: Connection) -> None:
+    """In the reader's process: read until `count` distinct event ids arrived; send the marks."""
+    consumer = reader(bootstrap)
     consumer.subscribe([topic])
     while not consumer.assignment():
         consumer.poll(0.05)

@@ -25,7 +25,7 @@ BENCHES = {
     "sink": ["bench/sink.py", "--events", "6000", "--no-cluster", "--rounds", "1"],
     "relay": [
         *("bench/relay.py", "--events", "10000", "--batch-size", "500", "--rounds", "1", "--no-cluster"),
-        *("--no-debezium", "--rates", "500", "--seconds", "2"),
+        *("--no-debezium", "--warmup", "0", "--rates", "500", "--seconds", "2"),
     ],
     "scale": [
         *("bench/scale.py", "--events", "40000", "--table-rows", "0,40000", "--backlogs", "0,40000"),
