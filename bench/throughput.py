@@ -88,12 +88,13 @@ def timed(
 
     Returns the steady rate (events after the first `skip`, over wall time), the machine's CPU per
     event in that time and by component, start-up (publisher started -> first record read) in
-    seconds and CPU seconds, and duplicates read.
+    seconds, and duplicates read.
     """
     context = multiprocessing.get_context("spawn")  # no fork of a process with Kafka clients' threads
     ours, theirs = context.Pipe()
-    reader = context.Process(target=_read, args=(bootstrap, topic, count, skip, seconds, theirs), daemon=True)
-    reader.start()
+    args = (bootstrap, topic, count, skip, seconds, theirs)
+    process = context.Process(target=_read, args=args, daemon=True)
+    process.start()
     try:
         if not ours.poll(60) or ours.recv() != "ready":
             raise SystemExit(f"the bench's reader of {topic} got no partition in 60 s")
@@ -104,9 +105,9 @@ def timed(
         read = ours.recv()
     finally:
         stop()
-        reader.join(30)
-        if reader.is_alive():
-            reader.kill()
+        process.join(30)
+        if process.is_alive():
+            process.kill()
     marks = read["marks"]
     if read["distinct"] < count:
         raise SystemExit(f"{read['distinct']:,} of {count:,} events read from {topic} in {seconds:.0f} s")
@@ -121,6 +122,5 @@ def timed(
         "cpu_us_by_component": steady.components_us_per(timed_events),
         "cores_busy": steady.cores_busy(),
         "startup_s": startup.wall_s,
-        "startup_cpu_s": startup.cpu_s,
         "duplicates": read["records"] - read["distinct"],
     }
