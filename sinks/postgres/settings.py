@@ -94,9 +94,8 @@ TRACE = _keyword(
     "trace",
     False,
     "record what each applying statement did with its records in `sink_traces`, for"
-    " `outbox trace EVENT_ID` (one row per statement, no index: about 0.5-0.7 us per record, 1-2% of"
-    " the sink's time; see [Benchmarks](benchmarks.md)); the outbox events then take ids a trace"
-    " can compute",
+    " `outbox trace EVENT_ID` (one row per statement, no index; what it costs is measured in"
+    " [Benchmarks](benchmarks.md#the-sink)); the outbox events then take ids a trace can compute",
 )
 READ_KAFKA = _keyword(
     "read_kafka",
