@@ -145,6 +145,23 @@ CONDITIONS = Conditions(
         ConfigError,
         "key_format {key_format!r}: give 'text' or 'json', how a tombstone's Kafka key is written",
     ),
+    # -- parse_avro (sinks/postgres/parse.py, avro.py) --------------------------------------------------
+    SINK_AVRO_MISSING=Condition(
+        ConfigError,
+        "parse_avro needs fastavro and Confluent's registry client: pip install 'outbox-eos[avro]'",
+    ),
+    SINK_AVRO_SUBJECT_NEEDED=Condition(
+        ConfigError,
+        "parse_avro needs a reader schema: give schema= (Avro's JSON) or subject= (its newest version is"
+        " read), or read one topic by name (option subscribe) for its '<topic>-value' subject",
+    ),
+    SINK_AVRO_SUBJECT_UNKNOWN=Condition(
+        ConfigError, "subject {subject!r} is not registered at {registry}: give schema= or the subject's name"
+    ),
+    SINK_AVRO_SCHEMA_INVALID=Condition(ConfigError, "the reader schema is not a valid Avro schema: {reason}"),
+    SINK_AVRO_SCHEMA_NOT_RECORD=Condition(
+        ConfigError, "the reader schema is a {type}, not a record: its fields are the frame's columns"
+    ),
     # -- catalog (sinks/postgres/catalog.py) -----------------------------------------------------------
     SINK_TABLE_NOT_FOUND=Condition(
         ConfigError,

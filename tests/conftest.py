@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import psycopg
 import pytest
@@ -216,6 +217,24 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Connect
     root = tmp_path_factory.mktemp("connect")
     with ConnectServer(root, jars=kafka_connector_jars(), env={"PYTHONPATH": str(REPO)}) as server:
         yield server
+
+
+class RunningRegistry(NamedTuple):
+    url: str  # Confluent's API
+    pid: int  # to stop (SIGSTOP) and resume it
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningRegistry]:
+    """A schema registry serving Confluent's API for the run: Apicurio, schemas in memory."""
+    from outbox_dev import registry as apicurio
+    from outbox_dev.process import free_port, stop
+
+    service = apicurio.start(tmp_path_factory.mktemp("registry"), free_port(), die_with_parent=True)
+    try:
+        yield RunningRegistry(service.env[apicurio.SCHEMA_REGISTRY_URL], service.pid)
+    finally:
+        stop(service.pid)
 
 
 @pytest.fixture

@@ -1,7 +1,9 @@
-"""From a Kafka source frame to event columns, keeping what the sink needs."""
+"""From a Kafka source frame to event columns (JSON, Avro), keeping what the sink needs."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
 from pyspark.sql import Column, DataFrame
@@ -9,8 +11,11 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from sinks.errors import error
+from sinks.postgres import avro
 from sinks.postgres.direct import JsonValues, remember
 from sinks.postgres.plan import ERROR_COLUMN
+from sinks.postgres.spark_plan import read_plan
+from sinks.registry import Registry, UnknownSchema
 
 KEEP = ("key", "value", "topic", "partition", "offset")
 KeyFormat = Literal["text", "json"]  # how a tombstone's Kafka key is read
@@ -40,13 +45,7 @@ def parse_json(
     an error in the `_error` column, and the sink dead-letters it.
     """
     event = _struct(frame, schema)
-    clash = [f.name for f in event.fields if f.name in (*KEEP, ERROR_COLUMN, _CORRUPT)]
-    if clash:
-        raise error("SINK_SCHEMA_FIELDS_CLASH", fields=clash)
-    if key_column is not None and key_column not in event.fieldNames():
-        raise error("SINK_KEY_COLUMN_NOT_IN_SCHEMA", key_column=key_column, schema=event.simpleString())
-    if key_format not in get_args(KeyFormat):
-        raise error("SINK_KEY_FORMAT_UNKNOWN", key_format=key_format)
+    _check_fields(event, key_column, key_format)
     text = F.col("value").cast("string")
     # PERMISSIVE parsing keeps the fields it could read and, when any field (or the
     # whole value) could not be, the record's text in the corrupt-record column:
@@ -82,6 +81,82 @@ def parse_json(
         )
     out = parsed.select(*(field(f) for f in event.fields), *KEEP, unreadable.alias(ERROR_COLUMN))
     return remember(out, JsonValues(frame, event, key_column, key_format, options))
+
+
+def parse_avro(
+    frame: DataFrame,
+    registry: str | Mapping[str, Any] | Registry,
+    *,
+    schema: str | Mapping[str, Any] | None = None,
+    subject: str | None = None,
+    key_column: str | None = None,
+    key_format: KeyFormat = "text",
+) -> DataFrame:
+    """Decode Kafka values written in Confluent's wire format with Avro, as parse_json parses JSON.
+
+    registry: the schema registry's URL, or confluent-kafka's SchemaRegistryClient settings
+    (`{"url": ..., "basic.auth.user.info": ...}`). Each record is read with the writer schema its
+    id names and resolved to the reader `schema` (Avro's JSON) by Avro's rules; without one, the
+    reader is the newest version of `subject` when the query starts (by default `<topic>-value`,
+    where the frame reads one topic). The columns are the reader's fields; the key, value and
+    position are kept, and a record that cannot be read gets why in `_error`: the sink
+    dead-letters it. Tombstones (a null value) keep deleting, their `key_column` from the Kafka key.
+    """
+    try:
+        import fastavro
+    except ImportError:
+        raise error("SINK_AVRO_MISSING") from None
+    given = Registry.of(registry)
+    if schema is None:
+        subject = subject or _value_subject(frame)
+        try:
+            schema = given.latest(subject).schema.schema_str
+        except UnknownSchema:
+            raise error("SINK_AVRO_SUBJECT_UNKNOWN", subject=subject, registry=given.where) from None
+    reader = json.loads(schema) if isinstance(schema, str) else dict(schema)
+    try:
+        parsed = fastavro.parse_schema(reader)
+    except Exception as exc:
+        raise error("SINK_AVRO_SCHEMA_INVALID", reason=str(exc).splitlines()[0]) from None
+    event = avro.spark_type(parsed)
+    if not isinstance(event, T.StructType):
+        raise error("SINK_AVRO_SCHEMA_NOT_RECORD", type=event.simpleString())
+    _check_fields(event, key_column, key_format)
+    decoder = avro.Decoder(given, reader, event, KEEP)
+    decoded = frame.select(*KEEP).mapInArrow(decoder, decoder.out_schema())
+    if key_column is None:
+        return decoded
+    key = _tombstone_key(event[key_column], key_format)
+    tombstone = F.col("value").isNull()
+    kind = event[key_column].dataType.simpleString()
+    why = f"the Kafka key of this tombstone is not a valid {kind} for key column {key_column!r}"
+    return decoded.withColumns(
+        {
+            key_column: F.when(tombstone, key).otherwise(F.col(key_column)),
+            ERROR_COLUMN: F.when(tombstone & F.col("key").isNotNull() & key.isNull(), F.lit(why)).otherwise(
+                F.col(ERROR_COLUMN)
+            ),
+        }
+    )
+
+
+def _value_subject(frame: DataFrame) -> str:
+    """`<topic>-value`, Confluent's default subject, where the frame reads one topic by name."""
+    source, _ = read_plan(frame)
+    topics = (source.options.get("subscribe") or "").split(",") if source is not None else []
+    if len(topics) != 1 or not topics[0].strip():
+        raise error("SINK_AVRO_SUBJECT_NEEDED")
+    return f"{topics[0].strip()}-value"
+
+
+def _check_fields(event: T.StructType, key_column: str | None, key_format: str) -> None:
+    clash = [f.name for f in event.fields if f.name in (*KEEP, ERROR_COLUMN, _CORRUPT)]
+    if clash:
+        raise error("SINK_SCHEMA_FIELDS_CLASH", fields=clash)
+    if key_column is not None and key_column not in event.fieldNames():
+        raise error("SINK_KEY_COLUMN_NOT_IN_SCHEMA", key_column=key_column, schema=event.simpleString())
+    if key_format not in get_args(KeyFormat):
+        raise error("SINK_KEY_FORMAT_UNKNOWN", key_format=key_format)
 
 
 def _tombstone_key(field: T.StructField, key_format: KeyFormat) -> Column:

@@ -1,0 +1,280 @@
+"""Avro values in Confluent's wire format, decoded in bulk into the columns of a reader schema.
+
+A framed value is a zero byte, the writer schema's id (4 bytes, big-endian)
+and the Avro body. Each value is read with its writer schema, from the
+registry by id, and resolved to the reader schema by Avro's rules (fastavro),
+so a topic whose schema evolves (fields added with defaults, removed) keeps
+flowing into one table. A value that cannot be read gets its reason in the
+`_error` column, and the sink dead-letters it; the rest of the batch goes on.
+
+`spark_type` is the reader schema's Spark type, decided once on the driver:
+logical types keep their meaning (decimal, date, timestamps with and without
+a zone); those Spark has no type for (time, uuid) and unions of several types
+are text, which PostgreSQL parses into its own column types.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_type
+
+from sinks.postgres.plan import ERROR_COLUMN
+from sinks.registry import Registry, Settings, UnknownSchema
+
+MAGIC = 0
+HEADER = 5  # the magic byte and the schema id
+AvroSchema = Any  # fastavro's parsed schema: a name, a dict, or a list (a union)
+Convert = Callable[[Any], Any]
+
+_PRIMITIVE: dict[str, T.DataType] = {
+    "boolean": T.BooleanType(),
+    "int": T.IntegerType(),
+    "long": T.LongType(),
+    "float": T.FloatType(),
+    "double": T.DoubleType(),
+    "bytes": T.BinaryType(),
+    "string": T.StringType(),
+}
+_LOGICAL: dict[str, T.DataType] = {
+    "date": T.DateType(),
+    "timestamp-millis": T.TimestampType(),
+    "timestamp-micros": T.TimestampType(),
+    "local-timestamp-millis": T.TimestampNTZType(),
+    "local-timestamp-micros": T.TimestampNTZType(),
+    "time-millis": T.StringType(),
+    "time-micros": T.StringType(),
+    "uuid": T.StringType(),
+}
+_MAX_PRECISION = 38  # Spark's decimals; a wider one is text
+
+
+def framed(value: bytes) -> tuple[int, memoryview] | str:
+    """The writer schema's id and the body of a framed value, or why the value is not framed."""
+    if len(value) < HEADER or value[0] != MAGIC:
+        return (
+            "the value does not start with Confluent's magic byte 0 and a schema id:"
+            " it was not written by a schema registry serializer"
+        )
+    (schema_id,) = struct.unpack_from(">I", value, 1)
+    return schema_id, memoryview(value)[HEADER:]
+
+
+def spark_type(schema: AvroSchema, named: dict[str, Any] | None = None) -> T.DataType:
+    """The Spark type of an Avro schema parsed by fastavro (`named`: its named types)."""
+    named = schema.get("__named_schemas", {}) if named is None and isinstance(schema, dict) else named or {}
+    return _spark(schema, named, ())
+
+
+def _spark(schema: AvroSchema, named: dict[str, Any], open_records: tuple[str, ...]) -> T.DataType:
+    if isinstance(schema, list):
+        others = [s for s in schema if s != "null"]
+        return _spark(others[0], named, open_records) if len(others) == 1 else T.StringType()
+    if isinstance(schema, str):
+        if schema in _PRIMITIVE:
+            return _PRIMITIVE[schema]
+        if schema == "null":
+            return T.NullType()
+        return _spark(named[schema], named, open_records)
+    kind, logical = schema["type"], schema.get("logicalType")
+    if logical == "decimal" and kind in ("bytes", "fixed"):
+        precision, scale = int(schema["precision"]), int(schema.get("scale", 0))
+        return T.DecimalType(precision, scale) if precision <= _MAX_PRECISION else T.StringType()
+    if logical in _LOGICAL:
+        return _LOGICAL[logical]
+    if kind == "record" or kind == "error":
+        if schema["name"] in open_records:  # a record that holds itself: its JSON text
+            return T.StringType()
+        inner = (*open_records, schema["name"])
+        return T.StructType(
+            [T.StructField(f["name"], _spark(f["type"], named, inner)) for f in schema["fields"]]
+        )
+    if kind == "enum":
+        return T.StringType()
+    if kind == "fixed":
+        return T.BinaryType()
+    if kind == "array":
+        return T.ArrayType(_spark(schema["items"], named, open_records))
+    if kind == "map":
+        return T.MapType(T.StringType(), _spark(schema["values"], named, open_records))
+    return _spark(kind, named, open_records)  # {"type": "long"} and the like
+
+
+def converter(kind: T.DataType) -> Convert | None:
+    """What makes fastavro's value of a field into the value Arrow takes for `kind` (None: as is).
+
+    Only text from values that are not text (a uuid, a time, a union's member), and Avro's maps,
+    which Arrow takes as pairs, need one."""
+    if isinstance(kind, T.StringType):
+        return _text
+    if isinstance(kind, T.StructType):
+        inner = {f.name: c for f in kind.fields if (c := converter(f.dataType)) is not None}
+        if not inner:
+            return None
+        return lambda v: v if v is None else {k: (inner[k](x) if k in inner else x) for k, x in v.items()}
+    if isinstance(kind, T.ArrayType):
+        item = converter(kind.elementType)
+        return None if item is None else (lambda v: v if v is None else [item(x) for x in v])
+    if isinstance(kind, T.MapType):
+        value = converter(kind.valueType) or (lambda x: x)
+        return lambda v: v if v is None else [(k, value(x)) for k, x in v.items()]
+    return None
+
+
+def _text(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, dict | list | bool | int | float):
+        return json.dumps(value, default=str, separators=(",", ":"))
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)
+
+
+@dataclass(frozen=True)
+class Decoder:
+    """What a Python worker needs to decode a frame's values: pickled to the executors."""
+
+    registry: Registry
+    reader: dict[str, Any]  # the reader schema, as JSON (fastavro parses it in the worker)
+    fields: T.StructType  # spark_type(reader)
+    keep: tuple[str, ...]  # the Kafka columns passed through
+
+    def out_schema(self) -> T.StructType:
+        return T.StructType(
+            [*self.fields.fields, *_kept(self.keep), T.StructField(ERROR_COLUMN, T.StringType())]
+        )
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        out = self.out_schema()
+        arrow = pa.schema([pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC")) for f in out.fields])
+        schemas = _Schemas(self.registry, self.reader)
+        convert = [converter(f.dataType) for f in self.fields.fields]
+        for batch in batches:
+            records, errors = schemas.decode(batch.column("value").to_pylist())
+            columns = []
+            for f, conv, kind in zip(self.fields.fields, convert, arrow, strict=False):
+                values = [None if r is None else r.get(f.name) for r in records]
+                columns.append(pa.array(values if conv is None else [conv(v) for v in values], kind.type))
+            kept = [batch.column(name) for name in self.keep]
+            yield pa.RecordBatch.from_arrays([*columns, *kept, pa.array(errors, pa.string())], schema=arrow)
+
+
+_KAFKA_TYPES = {
+    "key": T.BinaryType(),
+    "value": T.BinaryType(),
+    "topic": T.StringType(),
+    "partition": T.IntegerType(),
+    "offset": T.LongType(),
+}
+
+
+def _kept(keep: tuple[str, ...]) -> list[T.StructField]:
+    return [T.StructField(name, _KAFKA_TYPES[name]) for name in keep]
+
+
+class _Schemas:
+    """Writer schemas by id for one task, parsed once each per Python worker."""
+
+    def __init__(self, registry: Registry, reader: dict[str, Any]) -> None:
+        import fastavro
+
+        self.registry = registry
+        self.reader = fastavro.parse_schema(reader)
+        self.same = json.dumps(self.reader, sort_keys=True)
+
+    def decode(self, values: list[bytes | None]) -> tuple[list[dict[str, Any] | None], list[str | None]]:
+        """Each value's record (None for a tombstone or an error), and each one's error."""
+        import fastavro
+
+        records: list[dict[str, Any] | None] = []
+        errors: list[str | None] = []
+        for value in values:
+            if value is None:
+                records.append(None)
+                errors.append(None)
+                continue
+            got = framed(value)
+            if isinstance(got, str):
+                records.append(None)
+                errors.append(got)
+                continue
+            schema_id, body = got
+            writer = _writer(self.registry, schema_id, self.reader, self.same)
+            if isinstance(writer, str):
+                records.append(None)
+                errors.append(writer)
+                continue
+            buffer = io.BytesIO(body)
+            try:
+                record = fastavro.schemaless_reader(buffer, *writer)
+            except Exception as exc:  # fastavro's: EOFError, ValueError, SchemaResolutionError, ...
+                records.append(None)
+                errors.append(
+                    f"the value does not decode as Avro of writer schema id {schema_id}: {_said(exc)}"
+                )
+                continue
+            if buffer.tell() != len(body):
+                records.append(None)
+                errors.append(
+                    f"the value holds {len(body) - buffer.tell()} bytes past its record of writer schema id"
+                    f" {schema_id}"
+                )
+                continue
+            records.append(record if isinstance(record, dict) else None)
+            errors.append(None)
+        return records, errors
+
+
+# Per Python worker: (registry, schema id, reader) -> (writer, reader or None), or why not.
+_writers: dict[tuple[Settings, int, str], tuple[Any, Any] | str] = {}
+
+
+def _writer(registry: Registry, schema_id: int, reader: Any, same: str) -> tuple[Any, Any] | str:
+    key = (registry.key, schema_id, same)
+    found = _writers.get(key)
+    if found is None:
+        found = _writers[key] = _fetch_writer(registry, schema_id, reader, same)
+    return found
+
+
+def _fetch_writer(registry: Registry, schema_id: int, reader: Any, same: str) -> tuple[Any, Any] | str:
+    import fastavro
+
+    try:
+        schema = registry.schema(schema_id)
+    except UnknownSchema:
+        return f"schema id {schema_id} is not known to the schema registry at {registry.where}"
+    if (schema.schema_type or "AVRO") != "AVRO":
+        return f"schema id {schema_id} is a {schema.schema_type} schema, not Avro"
+    try:
+        named: dict[str, Any] = {}
+        for ref in _references(registry, schema):
+            fastavro.parse_schema(json.loads(ref), named_schemas=named)
+        writer = fastavro.parse_schema(json.loads(schema.schema_str), named_schemas=named)
+    except Exception as exc:
+        return f"schema id {schema_id} is not an Avro schema fastavro reads: {_said(exc)}"
+    # Read with the writer schema alone where it is the reader's: no resolution to do.
+    return (writer, None) if json.dumps(writer, sort_keys=True) == same else (writer, reader)
+
+
+def _references(registry: Registry, schema: Any, seen: frozenset[tuple[str, int]] = frozenset()) -> list[str]:
+    """The texts of the schemas it references, those they reference first."""
+    texts: list[str] = []
+    for ref in schema.references or []:
+        at = (ref.subject, ref.version)
+        if at in seen:
+            continue
+        referenced = registry.version(ref.subject, ref.version).schema
+        texts += [*_references(registry, referenced, seen | {at}), referenced.schema_str]
+    return texts
+
+
+def _said(exc: Exception) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__

@@ -1,0 +1,240 @@
+"""parse_avro against a real schema registry (Apicurio, Confluent's API): records written by
+Confluent's own AvroSerializer, a schema that evolves mid-topic, and values that cannot be read."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import logging
+import os
+import signal
+import struct
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+import pytest
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from sinks.postgres import PostgresSink, parse_avro
+from sinks.registry import Registry
+from tests.conftest import RunningRegistry
+from tests.helpers import produce_transaction, transactional_producer, unique, wait_for
+from tests.integration.test_connect import probe
+from tests.sink_support import ledger, log_ends
+from tests.source_support import stream
+
+pytestmark = pytest.mark.timeout(300)
+
+TABLE = (
+    "CREATE TABLE avro_orders (event_id uuid PRIMARY KEY, n bigint NOT NULL, amount numeric(12,2),"
+    " placed timestamptz, day date, at time, status text, tags jsonb, note text)"
+)
+V1 = {
+    "type": "record",
+    "name": "Order",
+    "namespace": "shop",
+    "fields": [
+        {"name": "event_id", "type": {"type": "string", "logicalType": "uuid"}},
+        {"name": "n", "type": "long"},
+        {
+            "name": "amount",
+            "type": ["null", {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}],
+        },
+        {"name": "placed", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+        {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+        {"name": "at", "type": {"type": "int", "logicalType": "time-millis"}},
+        {"name": "status", "type": {"type": "enum", "name": "Status", "symbols": ["NEW", "PAID"]}},
+        {"name": "tags", "type": {"type": "array", "items": "string"}},
+    ],
+}
+# v2: a field added with a default (what Avro's resolution fills in for v1's records).
+V2 = {**V1, "fields": [*V1["fields"], {"name": "note", "type": "string", "default": "none"}]}
+
+
+def serializer(registry: RunningRegistry, schema: dict[str, Any]) -> AvroSerializer:
+    return AvroSerializer(SchemaRegistryClient({"url": registry.url}), json.dumps(schema))
+
+
+def order(n: int, event_id: str, **more: Any) -> dict[str, Any]:
+    return {
+        "event_id": event_id,
+        "n": n,
+        "amount": Decimal(f"{n}.25"),
+        "placed": dt.datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=dt.UTC) + dt.timedelta(days=n),
+        "day": dt.date(1999, 12, 31) + dt.timedelta(days=n),
+        "at": dt.time(23, 59, 58, 125000),
+        "status": "PAID" if n % 2 else "NEW",
+        "tags": [f"t{n}", "é"],
+        **more,
+    }
+
+
+def rows(pg: psycopg.Connection) -> dict[str, tuple]:
+    found = pg.execute(
+        "SELECT event_id::text, n, amount, placed, day, at, status, tags, note FROM avro_orders"
+    ).fetchall()
+    return {r[0]: r[1:] for r in found}
+
+
+def expected(record: dict[str, Any], note: str) -> tuple:
+    return (
+        record["n"],
+        record["amount"],
+        record["placed"],
+        record["day"],
+        record["at"],
+        record["status"],
+        record["tags"],
+        note,
+    )
+
+
+def test_confluents_avro_records_of_an_evolving_schema_are_applied_once_as_the_reader_schema_says(  # type: ignore[no-untyped-def]
+    spark, bootstrap, topic, db, pg, registry, checkpoint
+) -> None:
+    """v1 records, then v2 records (a field added with a default) under the same subject, written by
+    Confluent's AvroSerializer; a tombstone; an aborted transaction. The reader is the subject's
+    newest version: v1's records get the default, and every logical type reaches its column."""
+    pg.execute(TABLE)
+    producer = transactional_producer(bootstrap)
+    ids = [str(uuid.uuid4()) for _ in range(40)]
+    v1, v2 = serializer(registry, V1), serializer(registry, V2)
+    context = SerializationContext(topic, MessageField.VALUE)
+
+    first = [order(n, i) for n, i in enumerate(ids[:30])]
+    produce_transaction(producer, topic, [(r["event_id"].encode(), v1(r, context)) for r in first])
+    later = [order(n + 100, i, note=f"v2 {n}") for n, i in enumerate(ids[20:])]  # 10 edits, 10 new
+    produce_transaction(producer, topic, [(r["event_id"].encode(), v2(r, context)) for r in later])
+    produce_transaction(producer, topic, [(ids[0].encode(), None)])  # a tombstone
+    produce_transaction(
+        producer, topic, [(ids[1].encode(), v2(order(-1, ids[1], note="no"), context))], commit=False
+    )
+
+    frame = parse_avro(stream(spark, bootstrap, topic), registry.url, key_column="event_id")
+    sink = PostgresSink("avro_orders", url=db.raw)
+    sink.start(frame, str(checkpoint), trigger={"availableNow": True}).awaitTermination()
+
+    want = {r["event_id"]: expected(r, "none") for r in first[1:]}
+    want.update({r["event_id"]: expected(r, r["note"]) for r in later})
+    assert rows(pg) == want
+    assert ledger(pg) == log_ends(bootstrap, topic)
+    assert pg.execute("SELECT count(*) FROM sink_dead_letters").fetchone() == (0,)
+
+
+def test_values_that_cannot_be_read_are_dead_letters_naming_why_and_the_rest_is_applied(  # type: ignore[no-untyped-def]
+    spark, bootstrap, topic, db, pg, registry, checkpoint
+) -> None:
+    pg.execute(TABLE)
+    subject_topic = unique("avro")  # the reader schema, registered under a subject of its own
+    context = SerializationContext(subject_topic, MessageField.VALUE)
+    good = serializer(registry, V2)(order(7, str(uuid.uuid4()), note="ok"), context)
+    schema_id = struct.unpack(">I", good[1:5])[0]
+    records = [
+        (b"a", json.dumps({"event_id": str(uuid.uuid4())}).encode()),  # JSON, no magic byte
+        (b"b", b"\x00" + struct.pack(">I", 2_000_000) + good[5:]),  # an id the registry never gave
+        (b"c", good[:12]),  # its body cut short
+        (b"d", good + b"\x00\x01"),  # bytes past its record
+        (b"e", good),
+    ]
+    produce_transaction(transactional_producer(bootstrap), topic, records)
+
+    frame = parse_avro(
+        stream(spark, bootstrap, topic), {"url": registry.url}, subject=f"{subject_topic}-value"
+    )
+    sink = PostgresSink("avro_orders", url=db.raw)
+    sink.start(frame, str(checkpoint), trigger={"availableNow": True}).awaitTermination()
+
+    assert len(rows(pg)) == 1
+    dead = dict(pg.execute("SELECT key, error FROM sink_dead_letters").fetchall())
+    assert sorted(dead) == [b"a", b"b", b"c", b"d"]
+    assert "does not start with Confluent's magic byte 0" in dead[b"a"], dead[b"a"]
+    assert "schema id 2000000 is not known to the schema registry" in dead[b"b"], dead[b"b"]
+    assert f"does not decode as Avro of writer schema id {schema_id}" in dead[b"c"], dead[b"c"]
+    assert f"2 bytes past its record of writer schema id {schema_id}" in dead[b"d"], dead[b"d"]
+
+
+def fresh(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema under a new id: the registry gives one id to each content, and a Python worker
+    keeps what it was given for an id."""
+    return {**schema, "doc": unique("v")}
+
+
+@contextlib.contextmanager
+def stopped(registry: RunningRegistry) -> Iterator[None]:
+    """The registry stopped (SIGSTOP): connections are taken, nothing is answered."""
+    os.kill(registry.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(registry.pid, signal.SIGCONT)
+
+
+def test_a_registry_that_does_not_answer_is_waited_for_with_one_line_and_one_when_it_answers(  # type: ignore[no-untyped-def]
+    registry, caplog
+) -> None:
+    schema = fresh(V2)
+    value = serializer(registry, schema)(
+        order(1, str(uuid.uuid4()), note="x"), SerializationContext("t", MessageField.VALUE)
+    )
+    schema_id = struct.unpack(">I", value[1:5])[0]
+    got: list[Any] = []
+    asking = threading.Thread(target=lambda: got.append(Registry.of(registry.url).schema(schema_id)))
+    with caplog.at_level(logging.WARNING, logger="sinks.registry"), stopped(registry):
+        asking.start()
+        wait_for(lambda: "waiting for it" in caplog.text, 30, "the line that it waits")
+        assert asking.is_alive()
+    asking.join(30)
+    assert not asking.is_alive()
+    assert json.loads(got[0].schema_str)["doc"] == schema["doc"]
+    assert caplog.text.count("waiting for it") == caplog.text.count("answers again after") == 1, caplog.text
+    assert registry.url.split("/apis")[0].replace("http://", "") in caplog.text
+
+
+def test_a_batch_waits_for_a_registry_that_does_not_answer_and_dead_letters_nothing_for_it(  # type: ignore[no-untyped-def]
+    spark, bootstrap, topic, db, pg, registry, checkpoint
+) -> None:
+    pg.execute(TABLE)
+    schema = fresh(V2)
+    context = SerializationContext(topic, MessageField.VALUE)
+    records = [order(n, str(uuid.uuid4()), note="w") for n in range(20)]
+    write = serializer(registry, schema)
+    produce_transaction(
+        transactional_producer(bootstrap), topic, [(None, write(r, context)) for r in records]
+    )
+
+    frame = parse_avro(stream(spark, bootstrap, topic), registry.url, schema=json.dumps(schema))
+    sink = PostgresSink("avro_orders", url=db.raw)
+    with stopped(registry):
+        query = sink.start(frame, str(checkpoint), trigger={"availableNow": True})
+        time.sleep(12)  # past a request's 5 s and the 5 s before the wait is said
+        assert query.isActive
+        assert pg.execute("SELECT count(*) FROM avro_orders").fetchone() == (0,)
+    query.awaitTermination(120)
+    assert rows(pg) == {r["event_id"]: expected(r, "w") for r in records}
+    assert pg.execute("SELECT count(*) FROM sink_dead_letters").fetchone() == (0,)
+
+
+def test_a_spark_connect_client_applies_avro_records_as_a_classic_one(  # type: ignore[no-untyped-def]
+    connect_server, bootstrap, topic, db, pg, registry, tmp_path
+) -> None:
+    """The decoder runs beside the server, pickled from the client, and asks the registry there."""
+    pg.execute(TABLE)
+    context = SerializationContext(topic, MessageField.VALUE)
+    records = [order(n, str(uuid.uuid4()), note="c") for n in range(30)]
+    write = serializer(registry, V2)
+    produce_transaction(
+        transactional_producer(bootstrap),
+        topic,
+        [(r["event_id"].encode(), write(r, context)) for r in records],
+    )
+    route = probe(connect_server.url, tmp_path, "avro", bootstrap, topic, registry.url, db.raw, "avro_orders")
+    assert rows(pg) == {r["event_id"]: expected(r, "c") for r in records}, route
+    assert pg.execute("SELECT count(*) FROM sink_dead_letters").fetchone() == (0,)

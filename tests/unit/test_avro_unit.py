@@ -1,0 +1,98 @@
+"""The pure parts of parse_avro: Confluent's framing, Avro's types as Spark's, what is logged of a
+registry's address."""
+
+from __future__ import annotations
+
+import struct
+
+import fastavro
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pyspark.sql import types as T
+
+from sinks.postgres.avro import converter, framed, spark_type
+from sinks.registry import Registry
+
+
+@given(st.integers(0, 2**32 - 1), st.binary())
+def test_a_framed_value_gives_its_schema_id_and_body(schema_id: int, body: bytes) -> None:
+    got = framed(b"\x00" + struct.pack(">I", schema_id) + body)
+    assert not isinstance(got, str)
+    assert got[0] == schema_id and bytes(got[1]) == body
+
+
+@given(st.binary(max_size=4) | st.binary(min_size=1).filter(lambda b: b[0] != 0))
+def test_a_value_without_the_magic_byte_and_an_id_is_said_not_framed(value: bytes) -> None:
+    assert "magic byte 0" in str(framed(value))
+
+
+def record(*fields: tuple[str, object]) -> T.DataType:
+    schema = {"type": "record", "name": "R", "fields": [{"name": n, "type": t} for n, t in fields]}
+    return spark_type(fastavro.parse_schema(schema))
+
+
+@pytest.mark.parametrize(
+    ("avro", "spark"),
+    [
+        ("long", T.LongType()),
+        (["null", "int"], T.IntegerType()),
+        (["null", "int", "string"], T.StringType()),  # a union of several types: its JSON text
+        ({"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}, T.DecimalType(12, 2)),
+        (
+            {"type": "fixed", "name": "F", "size": 20, "logicalType": "decimal", "precision": 40},
+            T.StringType(),
+        ),
+        ({"type": "int", "logicalType": "date"}, T.DateType()),
+        ({"type": "long", "logicalType": "timestamp-millis"}, T.TimestampType()),
+        ({"type": "long", "logicalType": "local-timestamp-micros"}, T.TimestampNTZType()),
+        ({"type": "int", "logicalType": "time-millis"}, T.StringType()),
+        ({"type": "string", "logicalType": "uuid"}, T.StringType()),
+        ({"type": "enum", "name": "E", "symbols": ["A"]}, T.StringType()),
+        ({"type": "array", "items": "double"}, T.ArrayType(T.DoubleType())),
+        ({"type": "map", "values": "boolean"}, T.MapType(T.StringType(), T.BooleanType())),
+        (
+            {"type": "record", "name": "In", "fields": [{"name": "a", "type": "bytes"}]},
+            T.StructType([T.StructField("a", T.BinaryType())]),
+        ),
+    ],
+)
+def test_each_avro_type_has_the_spark_type_its_column_is_written_from(
+    avro: object, spark: T.DataType
+) -> None:
+    assert record(("f", avro)) == T.StructType([T.StructField("f", spark)])
+
+
+def test_a_named_type_used_twice_and_a_record_that_holds_itself_are_typed() -> None:
+    point = {"type": "record", "name": "P", "fields": [{"name": "x", "type": "int"}]}
+    node = {"type": "record", "name": "Node", "fields": [{"name": "next", "type": ["null", "Node"]}]}
+    got = record(("a", point), ("b", "P"), ("n", node))
+    assert isinstance(got, T.StructType)
+    assert got["a"].dataType == got["b"].dataType == T.StructType([T.StructField("x", T.IntegerType())])
+    assert got["n"].dataType == T.StructType([T.StructField("next", T.StringType())])
+
+
+def test_values_become_what_arrow_takes_for_their_spark_type() -> None:
+    import uuid
+
+    kind = T.StructType(
+        [
+            T.StructField("id", T.StringType()),
+            T.StructField("m", T.MapType(T.StringType(), T.StringType())),
+            T.StructField("n", T.LongType()),
+        ]
+    )
+    convert = converter(kind)
+    assert convert is not None
+    u = uuid.UUID(int=7)
+    assert convert({"id": u, "m": {"k": 1}, "n": 3}) == {"id": str(u), "m": [("k", "1")], "n": 3}
+    assert converter(T.LongType()) is None and converter(T.ArrayType(T.LongType())) is None
+
+
+@given(st.text(min_size=1), st.text(min_size=1))
+def test_a_registrys_address_as_logged_holds_no_user_or_password(user: str, password: str) -> None:
+    from urllib.parse import quote
+
+    url = f"https://{quote(user, safe='')}:{quote(password, safe='')}@registry.example:8081/apis/ccompat/v7"
+    where = Registry.of({"url": url, "basic.auth.user.info": f"{user}:{password}"}).where
+    assert where == "https://registry.example:8081/apis/ccompat/v7"
