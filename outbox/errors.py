@@ -43,6 +43,22 @@ CONDITIONS = Conditions(
         "the header {name!r} is the relay's own: it stamps every record with the event's id there;"
         " name yours otherwise",
     ),
+    OUTBOX_REGISTRY_MISSING=Condition(
+        ConfigError, "an Avro or Protobuf value needs a schema registry: pass registry= or set {env}"
+    ),
+    OUTBOX_SCHEMA_REFUSED=Condition(
+        OutboxError,
+        "the schema registry at {registry} refused the schema under subject {subject!r}: {reason};"
+        " nothing was written, and the transaction goes on",
+    ),
+    OUTBOX_REGISTRY_UNAVAILABLE=Condition(
+        ServiceUnavailable,
+        "the schema registry at {registry} does not answer ({reason}); nothing was written, and the"
+        " transaction goes on",
+    ),
+    OUTBOX_VALUE_NOT_ENCODABLE=Condition(
+        OutboxError, "the event value does not encode as {kind} of {name}: {reason}"
+    ),
     OUTBOX_FIELD_NOT_BYTES=Condition(OutboxError, "the {what} must be bytes or str, not {kind}"),
     OUTBOX_FIELD_NOT_UTF8=Condition(
         OutboxError, "the {what} is a str with a lone surrogate, which UTF-8 cannot encode: pass bytes"

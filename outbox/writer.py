@@ -17,14 +17,15 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import psycopg
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 
+from outbox import formats
 from outbox._core import tables
 from outbox._core.config import schema_name
 from outbox._core.kafka import topic_name_valid
@@ -35,7 +36,8 @@ Headers = Mapping[str, bytes | str] | Sequence[tuple[str, bytes | str]]
 
 @dataclass(frozen=True)
 class Event:
-    """One outbox event. `value` may be bytes, str, or anything JSON can encode; None is a tombstone."""
+    """One outbox event. `value` may be bytes, str, anything JSON can encode, an Avro or Protobuf
+    value (outbox.formats); None is a tombstone."""
 
     topic: str
     value: Any = None
@@ -46,14 +48,7 @@ class Event:
     def row(self) -> tuple[object, ...]:
         """The event as the outbox stores it; refused here, with one line, whatever Kafka or the
         table would refuse later (a topic Kafka cannot have halts the relay at that event)."""
-        if not isinstance(self.topic, str):  # named by its type: the repr of an Event holds its value
-            given = type(self.topic).__name__
-            hint = " (add_events(conn, [event]) takes Event objects)" if isinstance(self.topic, Event) else ""
-            raise error("OUTBOX_EVENT_TOPIC_NOT_TEXT", given=given, hint=hint)
-        if not self.topic:
-            raise error("OUTBOX_EVENT_TOPIC_MISSING")
-        if not topic_name_valid(self.topic):
-            raise error("OUTBOX_EVENT_TOPIC_INVALID", topic=self.topic)
+        _check_topic(self.topic)
         headers = self.headers or {}
         pairs = list(headers.items() if isinstance(headers, Mapping) else headers)
         for name, _ in pairs:
@@ -73,6 +68,17 @@ class Event:
         )
 
 
+def _check_topic(topic: object) -> None:
+    if not isinstance(topic, str):  # named by its type: the repr of an Event holds its value
+        given = type(topic).__name__
+        hint = " (add_events(conn, [event]) takes Event objects)" if isinstance(topic, Event) else ""
+        raise error("OUTBOX_EVENT_TOPIC_NOT_TEXT", given=given, hint=hint)
+    if not topic:
+        raise error("OUTBOX_EVENT_TOPIC_MISSING")
+    if not topic_name_valid(topic):
+        raise error("OUTBOX_EVENT_TOPIC_INVALID", topic=topic)
+
+
 def add_event(
     conn: Any,
     topic: str,
@@ -83,21 +89,29 @@ def add_event(
     event_id: uuid.UUID | None = None,
     schema: str | None = None,
     notify: bool = True,
+    registry: str | Mapping[str, Any] | None = None,
 ) -> uuid.UUID:
     """Add one event in the caller's open transaction; returns its event id."""
     event = Event(topic, value, key, headers or {}, event_id or uuid.uuid4())
-    add_events(conn, [event], schema=schema, notify=notify)
+    add_events(conn, [event], schema=schema, notify=notify, registry=registry)
     return event.event_id
 
 
 def add_events(
-    conn: Any, events: Iterable[Event], *, schema: str | None = None, notify: bool = True
+    conn: Any,
+    events: Iterable[Event],
+    *,
+    schema: str | None = None,
+    notify: bool = True,
+    registry: str | Mapping[str, Any] | None = None,
 ) -> list[uuid.UUID]:
     """Add many events with one COPY, in order, in the caller's open transaction.
 
     notify=False: no NOTIFY wakes the relay, which finds the events at its poll interval; for the
-    rest of this transaction (`outbox.notify` set LOCAL), so that it can be PREPAREd."""
-    rows = [e.row() for e in events]
+    rest of this transaction (`outbox.notify` set LOCAL), so that it can be PREPAREd.
+    registry: where an Avro or Protobuf value's schema is registered (outbox/formats.py): a URL or
+    confluent-kafka's SchemaRegistryClient settings; by default SCHEMA_REGISTRY_URL."""
+    rows = [e.row() for e in _encoded(events, registry)]
     schema = schema or schema_name()
     target = sql.Identifier(schema, tables.OUTBOX_EVENTS)
     statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
@@ -115,6 +129,17 @@ def add_events(
             schema, [tables.OUTBOX_EVENTS], note="this transaction is now aborted"
         ) from None
     return [r[0] for r in rows]  # type: ignore[misc]  # each row is a tuple whose first item is the id
+
+
+def _encoded(events: Iterable[Event], registry: str | Mapping[str, Any] | None) -> Iterator[Event]:
+    """The events, each Avro or Protobuf value framed as its registry's serializers frame it."""
+    found = None
+    for event in events:
+        if isinstance(event.value, formats.Avro | formats.Protobuf):
+            _check_topic(event.topic)  # before a subject is named after it
+            found = found or formats.registry_of(registry)
+            event = replace(event, value=formats.encode(event.value, event.topic, found))
+        yield event
 
 
 def _psycopg(conn: Any) -> psycopg.Connection:

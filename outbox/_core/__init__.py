@@ -12,4 +12,5 @@ underscore says: the public names are re-exported by `outbox` itself.
     sqltext.py    statements that name user objects and also take parameters
     probe.py      reach PostgreSQL and Kafka once, before real work starts
     committed.py  read a topic's committed records once, to its end as of now
+    registry.py   schemas from a Confluent-compatible schema registry; wire.py its framing
 """

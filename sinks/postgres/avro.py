@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import io
 import json
-import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,11 +25,10 @@ import pyarrow as pa
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_type
 
+from outbox._core.registry import Registry, Settings, UnknownSchema
+from outbox._core.wire import framed
 from sinks.postgres.plan import ERROR_COLUMN
-from sinks.registry import Registry, Settings, UnknownSchema
 
-MAGIC = 0
-HEADER = 5  # the magic byte and the schema id
 AvroSchema = Any  # fastavro's parsed schema: a name, a dict, or a list (a union)
 Convert = Callable[[Any], Any]
 
@@ -54,17 +52,6 @@ _LOGICAL: dict[str, T.DataType] = {
     "uuid": T.StringType(),
 }
 _MAX_PRECISION = 38  # Spark's decimals; a wider one is text
-
-
-def framed(value: bytes) -> tuple[int, memoryview] | str:
-    """The writer schema's id and the body of a framed value, or why the value is not framed."""
-    if len(value) < HEADER or value[0] != MAGIC:
-        return (
-            "the value does not start with Confluent's magic byte 0 and a schema id:"
-            " it was not written by a schema registry serializer"
-        )
-    (schema_id,) = struct.unpack_from(">I", value, 1)
-    return schema_id, memoryview(value)[HEADER:]
 
 
 def spark_type(schema: AvroSchema, named: dict[str, Any] | None = None) -> T.DataType:

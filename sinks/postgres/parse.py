@@ -10,12 +10,12 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from outbox._core.registry import Registry, UnknownSchema
 from sinks.errors import error
 from sinks.postgres import avro
 from sinks.postgres.direct import JsonValues, remember
 from sinks.postgres.plan import ERROR_COLUMN
 from sinks.postgres.spark_plan import read_plan
-from sinks.registry import Registry, UnknownSchema
 
 KEEP = ("key", "value", "topic", "partition", "offset")
 KeyFormat = Literal["text", "json"]  # how a tombstone's Kafka key is read

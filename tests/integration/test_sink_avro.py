@@ -23,8 +23,8 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from outbox._core.registry import Registry
 from sinks.postgres import PostgresSink, parse_avro
-from sinks.registry import Registry
 from tests.conftest import RunningRegistry
 from tests.helpers import produce_transaction, transactional_producer, unique, wait_for
 from tests.integration.test_connect import probe
@@ -187,7 +187,7 @@ def test_a_registry_that_does_not_answer_is_waited_for_with_one_line_and_one_whe
     schema_id = struct.unpack(">I", value[1:5])[0]
     got: list[Any] = []
     asking = threading.Thread(target=lambda: got.append(Registry.of(registry.url).schema(schema_id)))
-    with caplog.at_level(logging.WARNING, logger="sinks.registry"), stopped(registry):
+    with caplog.at_level(logging.WARNING, logger="outbox.registry"), stopped(registry):
         asking.start()
         wait_for(lambda: "waiting for it" in caplog.text, 30, "the line that it waits")
         assert asking.is_alive()

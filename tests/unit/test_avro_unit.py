@@ -3,21 +3,20 @@ registry's address."""
 
 from __future__ import annotations
 
-import struct
-
 import fastavro
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pyspark.sql import types as T
 
-from sinks.postgres.avro import converter, framed, spark_type
-from sinks.registry import Registry
+from outbox._core.registry import Registry
+from outbox._core.wire import frame, framed
+from sinks.postgres.avro import converter, spark_type
 
 
 @given(st.integers(0, 2**32 - 1), st.binary())
 def test_a_framed_value_gives_its_schema_id_and_body(schema_id: int, body: bytes) -> None:
-    got = framed(b"\x00" + struct.pack(">I", schema_id) + body)
+    got = framed(frame(schema_id, body))
     assert not isinstance(got, str)
     assert got[0] == schema_id and bytes(got[1]) == body
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-log = logging.getLogger("sinks.registry")
+log = logging.getLogger("outbox.registry")
 T = TypeVar("T")
 SAY_AFTER = 5.0  # seconds a registry may be silent before a line says the batch waits for it
 _NOT_FOUND = (40401, 40402, 40403)  # subject, version, schema not found
@@ -63,6 +63,10 @@ class Registry:
         parts = urlsplit(url)
         return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
 
+    def client(self) -> Any:
+        """Confluent's SchemaRegistryClient of these settings, shared in the process."""
+        return _client(self.settings)
+
     def schema(self, schema_id: int) -> Any:
         """The registry's Schema of that id (confluent_kafka.schema_registry.Schema), asked once per
         process: a Python worker outlives its tasks, each of which unpickles a Registry anew."""
@@ -93,7 +97,7 @@ class Registry:
                 if exc.http_status_code < 500 and exc.http_status_code not in (408, 429):
                     raise  # refused (auth, a bad request): waiting changes nothing
                 reason = f"HTTP {exc.http_status_code}"
-            except _transport_error() as exc:  # refused, reset, timed out
+            except transport_error() as exc:  # refused, reset, timed out
                 reason = type(exc).__name__
             else:
                 if said:
@@ -123,7 +127,7 @@ def _key(settings: Mapping[str, Any]) -> Settings:
     return tuple(sorted((k, repr(v)) for k, v in settings.items()))
 
 
-def _transport_error() -> type[Exception]:
+def transport_error() -> type[Exception]:
     """The HTTP library's error for a request that got no answer, as the client imports it."""
     from confluent_kafka.schema_registry._sync import schema_registry_client
 
