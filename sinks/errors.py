@@ -145,20 +145,22 @@ CONDITIONS = Conditions(
         ConfigError,
         "key_format {key_format!r}: give 'text' or 'json', how a tombstone's Kafka key is written",
     ),
-    # -- parse_avro (sinks/postgres/parse.py, avro.py) --------------------------------------------------
-    SINK_AVRO_MISSING=Condition(
+    # -- parse_avro, parse_protobuf (sinks/postgres/parse.py) ------------------------------------------
+    SINK_FORMAT_MISSING=Condition(
         ConfigError,
-        "parse_avro needs fastavro and Confluent's registry client: pip install 'outbox-eos[avro]'",
+        "{what} needs {needs} and Confluent's registry client: pip install 'outbox-eos[registry]'",
     ),
-    SINK_AVRO_SUBJECT_NEEDED=Condition(
+    SINK_REGISTRY_SUBJECT_NEEDED=Condition(
         ConfigError,
-        "parse_avro needs a reader schema: give schema= (Avro's JSON) or subject= (its newest version is"
-        " read), or read one topic by name (option subscribe) for its '<topic>-value' subject",
+        "{what} needs to know its reader: give subject= (its newest schema is read) or, for Avro,"
+        " schema=; or read one topic by name (option subscribe) for its '<topic>-value' subject",
     ),
-    SINK_AVRO_SUBJECT_UNKNOWN=Condition(
-        ConfigError, "subject {subject!r} is not registered at {registry}: give schema= or the subject's name"
+    SINK_REGISTRY_SUBJECT_UNKNOWN=Condition(
+        ConfigError, "subject {subject!r} is not registered at {registry}: register it, or name another"
     ),
-    SINK_AVRO_SCHEMA_INVALID=Condition(ConfigError, "the reader schema is not a valid Avro schema: {reason}"),
+    SINK_READER_SCHEMA_INVALID=Condition(
+        ConfigError, "the reader schema is not a {kind} schema read here: {reason}"
+    ),
     SINK_AVRO_SCHEMA_NOT_RECORD=Condition(
         ConfigError, "the reader schema is a {type}, not a record: its fields are the frame's columns"
     ),

@@ -13,14 +13,23 @@ task, a redelivered event or a lost checkpoint changes nothing.
   apply.py      a set of staged rows applied with the ledger, one transaction
   statements.py the SQL, built with psycopg.sql
   plan.py       which columns go where, checked at start; catalog.py reads the table
-  spec.py       what the user asked for; parse.py: parse_json, parse_avro
-  avro.py       Confluent-framed Avro decoded in bulk (sinks/registry.py: schemas by id)
+  spec.py       what the user asked for; parse.py: parse_json, parse_avro, parse_protobuf
+  decoded.py    registry-framed values decoded in the tasks: avro.py, protobuf.py
 """
 
 from sinks.errors import SinkError
 from sinks.postgres.apply import BatchResult
-from sinks.postgres.parse import parse_avro, parse_json
+from sinks.postgres.parse import parse_avro, parse_json, parse_protobuf
 from sinks.postgres.sink import PostgresSink
 from sinks.postgres.spec import Outbox, SinkSpec
 
-__all__ = ["BatchResult", "Outbox", "PostgresSink", "SinkError", "SinkSpec", "parse_avro", "parse_json"]
+__all__ = [
+    "BatchResult",
+    "Outbox",
+    "PostgresSink",
+    "SinkError",
+    "SinkSpec",
+    "parse_avro",
+    "parse_json",
+    "parse_protobuf",
+]

@@ -17,20 +17,16 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow as pa
 from pyspark.sql import types as T
-from pyspark.sql.pandas.types import to_arrow_type
 
 from outbox._core.registry import Registry, Settings, UnknownSchema
 from outbox._core.wire import framed
-from sinks.postgres.plan import ERROR_COLUMN
+from sinks.postgres.decoded import Read
 
 AvroSchema = Any  # fastavro's parsed schema: a name, a dict, or a list (a union)
-Convert = Callable[[Any], Any]
 
 _PRIMITIVE: dict[str, T.DataType] = {
     "boolean": T.BooleanType(),
@@ -94,75 +90,14 @@ def _spark(schema: AvroSchema, named: dict[str, Any], open_records: tuple[str, .
     return _spark(kind, named, open_records)  # {"type": "long"} and the like
 
 
-def converter(kind: T.DataType) -> Convert | None:
-    """What makes fastavro's value of a field into the value Arrow takes for `kind` (None: as is).
-
-    Only text from values that are not text (a uuid, a time, a union's member), and Avro's maps,
-    which Arrow takes as pairs, need one."""
-    if isinstance(kind, T.StringType):
-        return _text
-    if isinstance(kind, T.StructType):
-        inner = {f.name: c for f in kind.fields if (c := converter(f.dataType)) is not None}
-        if not inner:
-            return None
-        return lambda v: v if v is None else {k: (inner[k](x) if k in inner else x) for k, x in v.items()}
-    if isinstance(kind, T.ArrayType):
-        item = converter(kind.elementType)
-        return None if item is None else (lambda v: v if v is None else [item(x) for x in v])
-    if isinstance(kind, T.MapType):
-        value = converter(kind.valueType) or (lambda x: x)
-        return lambda v: v if v is None else [(k, value(x)) for k, x in v.items()]
-    return None
-
-
-def _text(value: Any) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, dict | list | bool | int | float):
-        return json.dumps(value, default=str, separators=(",", ":"))
-    return value.isoformat() if hasattr(value, "isoformat") else str(value)
-
-
 @dataclass(frozen=True)
-class Decoder:
-    """What a Python worker needs to decode a frame's values: pickled to the executors."""
+class AvroValues:
+    """The reader schema, as JSON: what a Python worker reads values into (decoded.Decoder)."""
 
-    registry: Registry
-    reader: dict[str, Any]  # the reader schema, as JSON (fastavro parses it in the worker)
-    fields: T.StructType  # spark_type(reader)
-    keep: tuple[str, ...]  # the Kafka columns passed through
+    reader: dict[str, Any]
 
-    def out_schema(self) -> T.StructType:
-        return T.StructType(
-            [*self.fields.fields, *_kept(self.keep), T.StructField(ERROR_COLUMN, T.StringType())]
-        )
-
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        out = self.out_schema()
-        arrow = pa.schema([pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC")) for f in out.fields])
-        schemas = _Schemas(self.registry, self.reader)
-        convert = [converter(f.dataType) for f in self.fields.fields]
-        for batch in batches:
-            records, errors = schemas.decode(batch.column("value").to_pylist())
-            columns = []
-            for f, conv, kind in zip(self.fields.fields, convert, arrow, strict=False):
-                values = [None if r is None else r.get(f.name) for r in records]
-                columns.append(pa.array(values if conv is None else [conv(v) for v in values], kind.type))
-            kept = [batch.column(name) for name in self.keep]
-            yield pa.RecordBatch.from_arrays([*columns, *kept, pa.array(errors, pa.string())], schema=arrow)
-
-
-_KAFKA_TYPES = {
-    "key": T.BinaryType(),
-    "value": T.BinaryType(),
-    "topic": T.StringType(),
-    "partition": T.IntegerType(),
-    "offset": T.LongType(),
-}
-
-
-def _kept(keep: tuple[str, ...]) -> list[T.StructField]:
-    return [T.StructField(name, _KAFKA_TYPES[name]) for name in keep]
+    def reader_in(self, registry: Registry) -> Read:
+        return _Schemas(registry, self.reader).decode
 
 
 class _Schemas:

@@ -1,4 +1,4 @@
-"""From a Kafka source frame to event columns (JSON, Avro), keeping what the sink needs."""
+"""From a Kafka source frame to event columns (JSON, Avro, Protobuf), keeping what the sink needs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pyspark.sql import types as T
 
 from outbox._core.registry import Registry, UnknownSchema
 from sinks.errors import error
-from sinks.postgres import avro
+from sinks.postgres import avro, protobuf
+from sinks.postgres.decoded import Decoder
 from sinks.postgres.direct import JsonValues, remember
 from sinks.postgres.plan import ERROR_COLUMN
 from sinks.postgres.spark_plan import read_plan
@@ -105,24 +106,75 @@ def parse_avro(
     try:
         import fastavro
     except ImportError:
-        raise error("SINK_AVRO_MISSING") from None
+        raise error("SINK_FORMAT_MISSING", what="parse_avro", needs="fastavro") from None
     given = Registry.of(registry)
     if schema is None:
-        subject = subject or _value_subject(frame)
-        try:
-            schema = given.latest(subject).schema.schema_str
-        except UnknownSchema:
-            raise error("SINK_AVRO_SUBJECT_UNKNOWN", subject=subject, registry=given.where) from None
+        schema = _newest(frame, given, subject, "parse_avro").schema_str
     reader = json.loads(schema) if isinstance(schema, str) else dict(schema)
     try:
         parsed = fastavro.parse_schema(reader)
     except Exception as exc:
-        raise error("SINK_AVRO_SCHEMA_INVALID", reason=str(exc).splitlines()[0]) from None
+        raise error("SINK_READER_SCHEMA_INVALID", kind="Avro", reason=str(exc).splitlines()[0]) from None
     event = avro.spark_type(parsed)
     if not isinstance(event, T.StructType):
         raise error("SINK_AVRO_SCHEMA_NOT_RECORD", type=event.simpleString())
+    return _decoded(frame, Decoder(given, avro.AvroValues(reader), event, KEEP), key_column, key_format)
+
+
+def parse_protobuf(
+    frame: DataFrame,
+    registry: str | Mapping[str, Any] | Registry,
+    *,
+    message: str | None = None,
+    subject: str | None = None,
+    key_column: str | None = None,
+    key_format: KeyFormat = "text",
+) -> DataFrame:
+    """Decode Kafka values written in Confluent's wire format with Protobuf, as parse_avro does Avro.
+
+    The reader is `message` (a full name; by default the first message) of the newest schema of
+    `subject` (by default `<topic>-value`) when the query starts. Each record is parsed with its
+    writer's message, named by its schema id and message indexes, and its fields are taken by
+    name: one the writer has not is NULL.
+    """
+    try:
+        import google.protobuf  # noqa: F401
+    except ImportError:
+        raise error("SINK_FORMAT_MISSING", what="parse_protobuf", needs="protobuf") from None
+    given = Registry.of(registry)
+    newest = _newest(frame, given, subject, "parse_protobuf")
+    if newest.schema_type != "PROTOBUF":
+        raise error(
+            "SINK_READER_SCHEMA_INVALID", kind="Protobuf", reason=f"it is {newest.schema_type or 'AVRO'}"
+        )
+    try:
+        files = tuple(protobuf.files_of(given, newest))
+        pool = protobuf.pool_of(files)
+        from google.protobuf import descriptor_pb2
+
+        top = descriptor_pb2.FileDescriptorProto.FromString(files[-1])
+        name = message or f"{top.package + '.' if top.package else ''}{top.message_type[0].name}"
+        descriptor = pool.FindMessageTypeByName(name)
+    except (ValueError, KeyError, IndexError) as exc:
+        raise error("SINK_READER_SCHEMA_INVALID", kind="Protobuf", reason=str(exc).splitlines()[0]) from None
+    event = protobuf.spark_type(descriptor)
+    values = protobuf.ProtobufValues(files, descriptor.full_name)
+    return _decoded(frame, Decoder(given, values, event, KEEP), key_column, key_format)
+
+
+def _newest(frame: DataFrame, registry: Registry, subject: str | None, what: str) -> Any:
+    """The newest schema of the subject (by default the frame's topic's value subject)."""
+    subject = subject or _value_subject(frame, what)
+    try:
+        return registry.latest(subject).schema
+    except UnknownSchema:
+        raise error("SINK_REGISTRY_SUBJECT_UNKNOWN", subject=subject, registry=registry.where) from None
+
+
+def _decoded(frame: DataFrame, decoder: Decoder, key_column: str | None, key_format: KeyFormat) -> DataFrame:
+    """The frame's values decoded in its tasks; a tombstone's key column from its Kafka key."""
+    event = decoder.fields
     _check_fields(event, key_column, key_format)
-    decoder = avro.Decoder(given, reader, event, KEEP)
     decoded = frame.select(*KEEP).mapInArrow(decoder, decoder.out_schema())
     if key_column is None:
         return decoded
@@ -140,12 +192,12 @@ def parse_avro(
     )
 
 
-def _value_subject(frame: DataFrame) -> str:
+def _value_subject(frame: DataFrame, what: str) -> str:
     """`<topic>-value`, Confluent's default subject, where the frame reads one topic by name."""
     source, _ = read_plan(frame)
     topics = (source.options.get("subscribe") or "").split(",") if source is not None else []
     if len(topics) != 1 or not topics[0].strip():
-        raise error("SINK_AVRO_SUBJECT_NEEDED")
+        raise error("SINK_REGISTRY_SUBJECT_NEEDED", what=what)
     return f"{topics[0].strip()}-value"
 
 

@@ -11,7 +11,8 @@ from pyspark.sql import types as T
 
 from outbox._core.registry import Registry
 from outbox._core.wire import frame, framed
-from sinks.postgres.avro import converter, spark_type
+from sinks.postgres.avro import spark_type
+from sinks.postgres.decoded import converter
 
 
 @given(st.integers(0, 2**32 - 1), st.binary())

@@ -1,0 +1,105 @@
+"""Framed values decoded in bulk into a frame's columns, in the Python workers (mapInArrow).
+
+Each format (avro.py, protobuf.py) reads a batch's values into records, one
+dict of Python values each, and says why for each value it cannot read; this
+makes them the reader's columns, passes the Kafka columns through, and puts
+each reason in `_error`, which the sink dead-letters.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Protocol
+
+import pyarrow as pa
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_type
+
+from outbox._core.registry import Registry
+from sinks.postgres.plan import ERROR_COLUMN
+
+Convert = Callable[[Any], Any]
+# A batch's values (None: a tombstone) -> each one's record (None where there is none) and error.
+Read = Callable[[list[bytes | None]], tuple[list[dict[str, Any] | None], list[str | None]]]
+
+
+class Values(Protocol):
+    """A format's reader schema, picklable: what the values are read into."""
+
+    def reader_in(self, registry: Registry) -> Read: ...
+
+
+def converter(kind: T.DataType) -> Convert | None:
+    """What makes a decoded value of a field into the value Arrow takes for `kind` (None: as is).
+
+    Only text from values that are not text (a uuid, a time, a union's member), maps, which Arrow
+    takes as pairs, and integers into decimals (Protobuf's uint64) need one."""
+    if isinstance(kind, T.StringType):
+        return _text
+    if isinstance(kind, T.DecimalType):
+        return lambda v: Decimal(v) if isinstance(v, int) else v
+    if isinstance(kind, T.StructType):
+        inner = {f.name: c for f in kind.fields if (c := converter(f.dataType)) is not None}
+        if not inner:
+            return None
+        return lambda v: v if v is None else {k: (inner[k](x) if k in inner else x) for k, x in v.items()}
+    if isinstance(kind, T.ArrayType):
+        item = converter(kind.elementType)
+        return None if item is None else (lambda v: v if v is None else [item(x) for x in v])
+    if isinstance(kind, T.MapType):
+        value = converter(kind.valueType) or (lambda x: x)
+        return lambda v: v if v is None else [(k, value(x)) for k, x in v.items()]
+    return None
+
+
+def _text(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, dict | list | bool | int | float):
+        return json.dumps(value, default=str, separators=(",", ":"))
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)
+
+
+@dataclass(frozen=True)
+class Decoder:
+    """What a Python worker needs to decode a frame's values: pickled to the executors."""
+
+    registry: Registry
+    values: Values  # what the values are read into: the reader schema, by format
+    fields: T.StructType  # the reader's fields as Spark types
+    keep: tuple[str, ...]  # the Kafka columns passed through
+
+    def out_schema(self) -> T.StructType:
+        return T.StructType(
+            [*self.fields.fields, *_kept(self.keep), T.StructField(ERROR_COLUMN, T.StringType())]
+        )
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        out = self.out_schema()
+        arrow = pa.schema([pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC")) for f in out.fields])
+        read = self.values.reader_in(self.registry)
+        convert = [converter(f.dataType) for f in self.fields.fields]
+        for batch in batches:
+            records, errors = read(batch.column("value").to_pylist())
+            columns = []
+            for f, conv, kind in zip(self.fields.fields, convert, arrow, strict=False):
+                values = [None if r is None else r.get(f.name) for r in records]
+                columns.append(pa.array(values if conv is None else [conv(v) for v in values], kind.type))
+            kept = [batch.column(name) for name in self.keep]
+            yield pa.RecordBatch.from_arrays([*columns, *kept, pa.array(errors, pa.string())], schema=arrow)
+
+
+_KAFKA_TYPES = {
+    "key": T.BinaryType(),
+    "value": T.BinaryType(),
+    "topic": T.StringType(),
+    "partition": T.IntegerType(),
+    "offset": T.LongType(),
+}
+
+
+def _kept(keep: tuple[str, ...]) -> list[T.StructField]:
+    return [T.StructField(name, _KAFKA_TYPES[name]) for name in keep]

@@ -1,0 +1,274 @@
+"""Protobuf values in Confluent's wire format, decoded in bulk into the columns of a reader message.
+
+After the magic byte and the schema id, a Protobuf body starts with the path
+of its message in the schema's file: a count and indexes, as zig-zag varints
+(a lone 0: the first message). Each value is parsed with its writer's
+descriptor, from the registry by id in its serialized form (a
+FileDescriptorProto; the form Confluent's Python serializer registers, and
+what a registry gives for `format=serialized`), and its fields are taken by
+name into the reader message's columns: a field the writer has not is NULL,
+one the reader has not is left out, as Protobuf's own evolution rules read.
+
+Types: integers as Spark's (uint64 as decimal(20,0)), enums by name,
+messages as structs (a message that holds itself: JSON text), repeated as
+arrays, maps as maps, google.protobuf.Timestamp as a timestamp.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC
+from typing import Any
+
+from pyspark.sql import types as T
+
+from outbox._core.registry import Registry, UnknownSchema
+from outbox._core.wire import framed
+from sinks.postgres.decoded import Read
+
+_TIMESTAMP = "google.protobuf.Timestamp"
+_SCALARS: dict[int, T.DataType] = {}  # FieldDescriptor type -> Spark type, filled below
+
+
+def _scalars() -> dict[int, T.DataType]:
+    if not _SCALARS:
+        from google.protobuf.descriptor import FieldDescriptor as F
+
+        _SCALARS.update(
+            {
+                F.TYPE_DOUBLE: T.DoubleType(),
+                F.TYPE_FLOAT: T.FloatType(),
+                F.TYPE_INT64: T.LongType(),
+                F.TYPE_SINT64: T.LongType(),
+                F.TYPE_SFIXED64: T.LongType(),
+                F.TYPE_UINT64: T.DecimalType(20, 0),
+                F.TYPE_FIXED64: T.DecimalType(20, 0),
+                F.TYPE_INT32: T.IntegerType(),
+                F.TYPE_SINT32: T.IntegerType(),
+                F.TYPE_SFIXED32: T.IntegerType(),
+                F.TYPE_UINT32: T.LongType(),
+                F.TYPE_FIXED32: T.LongType(),
+                F.TYPE_BOOL: T.BooleanType(),
+                F.TYPE_STRING: T.StringType(),
+                F.TYPE_BYTES: T.BinaryType(),
+                F.TYPE_ENUM: T.StringType(),
+            }
+        )
+    return _SCALARS
+
+
+def spark_type(message: Any, open_messages: tuple[str, ...] = ()) -> T.StructType:
+    """The Spark type of a message descriptor's fields."""
+    inner = (*open_messages, message.full_name)
+    return T.StructType([T.StructField(f.name, _field_type(f, inner)) for f in message.fields])
+
+
+def _field_type(field: Any, open_messages: tuple[str, ...]) -> T.DataType:
+    if _is_map(field):
+        key, value = field.message_type.fields_by_name["key"], field.message_type.fields_by_name["value"]
+        return T.MapType(_single_type(key, open_messages), _single_type(value, open_messages))
+    single = _single_type(field, open_messages)
+    return T.ArrayType(single) if _repeated(field) else single
+
+
+def _single_type(field: Any, open_messages: tuple[str, ...]) -> T.DataType:
+    message = field.message_type
+    if message is None:
+        return _scalars()[field.type]
+    if message.full_name == _TIMESTAMP:
+        return T.TimestampType()
+    if message.full_name in open_messages:
+        return T.StringType()  # a message that holds itself: its JSON text
+    return spark_type(message, open_messages)
+
+
+def _repeated(field: Any) -> bool:
+    if hasattr(field, "is_repeated"):  # protobuf 6 and newer; `label` is gone from 7
+        return bool(field.is_repeated)
+    return bool(field.label == field.LABEL_REPEATED)
+
+
+def _is_map(field: Any) -> bool:
+    return _repeated(field) and field.message_type is not None and field.message_type.GetOptions().map_entry
+
+
+def to_python(message: Any) -> dict[str, Any]:
+    """A parsed message's fields as Python values: None for a field not set that has presence."""
+    out: dict[str, Any] = {}
+    for field in message.DESCRIPTOR.fields:
+        value = getattr(message, field.name)
+        if _is_map(field):
+            value_field = field.message_type.fields_by_name["value"]
+            out[field.name] = {k: _single(value_field, v) for k, v in value.items()}
+        elif _repeated(field):
+            out[field.name] = [_single(field, v) for v in value]
+        elif field.has_presence and not message.HasField(field.name):
+            out[field.name] = None
+        else:
+            out[field.name] = _single(field, value)
+    return out
+
+
+def _single(field: Any, value: Any) -> Any:
+    if field.message_type is not None:
+        if field.message_type.full_name == _TIMESTAMP:
+            return value.ToDatetime(tzinfo=UTC)
+        return to_python(value)
+    if field.enum_type is not None:
+        named = field.enum_type.values_by_number.get(value)
+        return named.name if named is not None else str(value)
+    return value
+
+
+def message_indexes(body: memoryview) -> tuple[list[int], int]:
+    """The message's path in its file and where its bytes start; ValueError where they do not read."""
+    at = 0
+
+    def varint() -> int:
+        nonlocal at
+        shift = result = 0
+        while True:
+            if at >= len(body) or shift > 63:
+                raise ValueError("the message indexes end before they do")
+            byte = body[at]
+            at += 1
+            result |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                return (result >> 1) ^ -(result & 1)  # zig-zag
+
+    count = varint()
+    if count == 0:
+        return [0], at
+    if count < 0 or count > 100:
+        raise ValueError(f"{count} message indexes")
+    return [varint() for _ in range(count)], at
+
+
+def message_at(file: Any, indexes: Sequence[int]) -> Any:
+    """The message of a file descriptor at that path; IndexError where there is none."""
+    found = list(file.message_types_by_name.values())[indexes[0]]
+    for i in indexes[1:]:
+        found = found.nested_types[i]
+    return found
+
+
+def files_of(registry: Registry, schema: Any) -> list[bytes]:
+    """The serialized FileDescriptorProtos of a registered schema, those it imports first."""
+    files: list[bytes] = []
+    for ref in schema.references or []:
+        referenced = registry.version(ref.subject, ref.version).schema
+        files += files_of(registry, referenced)
+    return [*files, _serialized(schema.schema_str)]
+
+
+def _serialized(text: str) -> bytes:
+    from google.protobuf import descriptor_pb2
+
+    try:
+        data = base64.b64decode(text, validate=True)
+        descriptor_pb2.FileDescriptorProto.FromString(data)
+    except Exception:
+        raise ValueError(
+            "it is .proto text, which is read here only in its serialized form (a FileDescriptorProto,"
+            " as Confluent's Python serializer registers it)"
+        ) from None
+    return data
+
+
+def pool_of(files: Sequence[bytes]) -> Any:
+    """A descriptor pool holding the files, and the well-known types they import."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, timestamp_pb2
+
+    pool = descriptor_pool.DescriptorPool()
+    known = {timestamp_pb2.DESCRIPTOR.name: timestamp_pb2.DESCRIPTOR.serialized_pb}
+    added: set[str] = set()
+    for data in files:
+        proto = descriptor_pb2.FileDescriptorProto.FromString(data)
+        for dependency in proto.dependency:
+            if dependency in known and dependency not in added:
+                pool.AddSerializedFile(known[dependency])
+                added.add(dependency)
+        if proto.name not in added:
+            pool.AddSerializedFile(data)
+            added.add(proto.name)
+    return pool
+
+
+@dataclass(frozen=True)
+class ProtobufValues:
+    """The reader message: its files, serialized, and its full name (decoded.Decoder)."""
+
+    files: tuple[bytes, ...]
+    message: str
+
+    def descriptor(self) -> Any:
+        return pool_of(self.files).FindMessageTypeByName(self.message)
+
+    def reader_in(self, registry: Registry) -> Read:
+        return _Writers(registry).decode
+
+
+# Per Python worker: (registry, schema id) -> its file descriptor, or why none.
+_files: dict[tuple[Any, int], Any] = {}
+
+
+class _Writers:
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+
+    def file(self, schema_id: int) -> Any:
+        key = (self.registry.key, schema_id)
+        found = _files.get(key)
+        if found is None:
+            found = _files[key] = self._fetch(schema_id)
+        return found
+
+    def _fetch(self, schema_id: int) -> Any:
+        try:
+            schema = self.registry.schema(schema_id)
+        except UnknownSchema:
+            return f"schema id {schema_id} is not known to the schema registry at {self.registry.where}"
+        if schema.schema_type != "PROTOBUF":
+            return f"schema id {schema_id} is a {schema.schema_type or 'AVRO'} schema, not Protobuf"
+        try:
+            files = files_of(self.registry, schema)
+            pool = pool_of(files)
+            from google.protobuf import descriptor_pb2
+
+            name = descriptor_pb2.FileDescriptorProto.FromString(files[-1]).name
+            return pool.FindFileByName(name)
+        except Exception as exc:
+            return f"schema id {schema_id} does not read as Protobuf: {exc}"
+
+    def decode(self, values: list[bytes | None]) -> tuple[list[dict[str, Any] | None], list[str | None]]:
+        from google.protobuf import message_factory
+
+        records: list[dict[str, Any] | None] = []
+        errors: list[str | None] = []
+        for value in values:
+            record, why = None, None
+            got = framed(value) if value is not None else None
+            if isinstance(got, str):
+                why = got
+            elif got is not None:
+                schema_id, body = got
+                file = self.file(schema_id)
+                if isinstance(file, str):
+                    why = file
+                else:
+                    try:
+                        indexes, start = message_indexes(body)
+                        kind = message_factory.GetMessageClass(message_at(file, indexes))
+                        record = to_python(kind.FromString(bytes(body[start:])))
+                    except Exception as exc:  # DecodeError, an index past the file's messages, ...
+                        text = str(exc).splitlines()[0][:200] if str(exc) else ""
+                        why = (
+                            f"the value does not decode as Protobuf of writer schema id {schema_id}:"
+                            f" {type(exc).__name__}{': ' + text if text else ''}"
+                        )
+            records.append(record)
+            errors.append(why)
+        return records, errors
