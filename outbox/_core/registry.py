@@ -25,6 +25,7 @@ log = logging.getLogger("outbox.registry")
 T = TypeVar("T")
 SAY_AFTER = 5.0  # seconds a registry may be silent before a line says the batch waits for it
 _NOT_FOUND = (40401, 40402, 40403)  # subject, version, schema not found
+_PASSING = (408, 429, 502, 503, 504)  # answers that pass by themselves: timed out, busy, restarting
 Settings = tuple[tuple[str, str], ...]
 # Unless the settings say otherwise: a request that hangs (a registry stopped, not down) ends, and
 # is asked again by `ask`, which says that it waits, rather than by the client, which says nothing.
@@ -94,8 +95,8 @@ class Registry:
             except SchemaRegistryError as exc:
                 if exc.error_code in _NOT_FOUND or exc.http_status_code == 404:
                     raise UnknownSchema(exc.error_message) from None
-                if exc.http_status_code < 500 and exc.http_status_code not in (408, 429):
-                    raise  # refused (auth, a bad request): waiting changes nothing
+                if exc.http_status_code not in _PASSING:
+                    raise  # refused (auth, a bad request, the registry's own error): waiting changes nothing
                 reason = f"HTTP {exc.http_status_code}"
             except transport_error() as exc:  # refused, reset, timed out
                 reason = type(exc).__name__

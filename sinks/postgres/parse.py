@@ -138,7 +138,8 @@ def parse_protobuf(
     name: one the writer has not is NULL.
     """
     try:
-        import google.protobuf  # noqa: F401
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+        from google.protobuf import descriptor_pb2
     except ImportError:
         raise error("SINK_FORMAT_MISSING", what="parse_protobuf", needs="protobuf") from None
     given = Registry.of(registry)
@@ -150,12 +151,10 @@ def parse_protobuf(
     try:
         files = tuple(protobuf.files_of(given, newest))
         pool = protobuf.pool_of(files)
-        from google.protobuf import descriptor_pb2
-
         top = descriptor_pb2.FileDescriptorProto.FromString(files[-1])
         name = message or f"{top.package + '.' if top.package else ''}{top.message_type[0].name}"
         descriptor = pool.FindMessageTypeByName(name)
-    except (ValueError, KeyError, IndexError) as exc:
+    except (ValueError, KeyError, IndexError, SchemaRegistryError, TypeError) as exc:
         raise error("SINK_READER_SCHEMA_INVALID", kind="Protobuf", reason=str(exc).splitlines()[0]) from None
     event = protobuf.spark_type(descriptor)
     values = protobuf.ProtobufValues(files, descriptor.full_name)

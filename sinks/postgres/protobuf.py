@@ -17,9 +17,12 @@ arrays, maps as maps, google.protobuf.Timestamp as a timestamp.
 from __future__ import annotations
 
 import base64
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC
+from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql import types as T
@@ -29,6 +32,7 @@ from outbox._core.wire import framed
 from sinks.postgres.decoded import Read
 
 _TIMESTAMP = "google.protobuf.Timestamp"
+MAIN = "registered.proto"  # the file name a schema registered as .proto text is compiled under
 _SCALARS: dict[int, T.DataType] = {}  # FieldDescriptor type -> Spark type, filled below
 
 
@@ -156,25 +160,74 @@ def message_at(file: Any, indexes: Sequence[int]) -> Any:
 
 
 def files_of(registry: Registry, schema: Any) -> list[bytes]:
-    """The serialized FileDescriptorProtos of a registered schema, those it imports first."""
+    """The serialized FileDescriptorProtos of a registered schema, those it imports first.
+
+    A schema is registered serialized (base64, as Confluent's Python serializer does) or as
+    .proto text (as Java's does): text is compiled here, with protoc (grpcio-tools), since
+    a registry's own `format=serialized` is not to be relied on (Apicurio 3.3 sends raw bytes).
+    """
+    data = _serialized(schema.schema_str)
+    if data is None:
+        return compiled(_texts(registry, schema))
     files: list[bytes] = []
     for ref in schema.references or []:
-        referenced = registry.version(ref.subject, ref.version).schema
-        files += files_of(registry, referenced)
-    return [*files, _serialized(schema.schema_str)]
+        files += files_of(registry, registry.version(ref.subject, ref.version).schema)
+    return [*files, data]
 
 
-def _serialized(text: str) -> bytes:
+def _texts(registry: Registry, schema: Any) -> dict[str, str]:
+    """The .proto texts of a schema and those it references, by import path; its own is MAIN."""
+    texts: dict[str, str] = {}
+
+    def collect(found: Any) -> None:
+        for ref in found.references or []:
+            if ref.name not in texts:
+                referenced = registry.version(ref.subject, ref.version).schema
+                texts[ref.name] = referenced.schema_str
+                collect(referenced)
+
+    collect(schema)
+    return {**texts, MAIN: schema.schema_str}
+
+
+def compiled(texts: dict[str, str]) -> list[bytes]:
+    """.proto texts compiled by protoc into FileDescriptorProtos, imports first, MAIN last."""
+    try:
+        from grpc_tools import protoc
+    except ImportError:
+        raise ValueError("it is .proto text, which needs protoc: pip install grpcio-tools") from None
+    from google.protobuf import descriptor_pb2
+
+    include = str(resources.files("grpc_tools") / "_proto")  # the well-known types' .proto files
+    with tempfile.TemporaryDirectory(prefix="outbox-proto-") as folder:
+        for name, text in texts.items():
+            path = Path(folder, name)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        out = Path(folder, "set.pb")
+        argv = [
+            "protoc",
+            f"-I{folder}",
+            f"-I{include}",
+            "--include_imports",
+            f"--descriptor_set_out={out}",
+            MAIN,
+        ]
+        if protoc.main(argv) != 0:
+            raise ValueError("protoc does not compile its .proto text (its error is on the worker's stderr)")
+        found = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
+    return [f.SerializeToString() for f in found.file]
+
+
+def _serialized(text: str) -> bytes | None:
+    """A base64 FileDescriptorProto's bytes; None for anything else (.proto text)."""
     from google.protobuf import descriptor_pb2
 
     try:
         data = base64.b64decode(text, validate=True)
         descriptor_pb2.FileDescriptorProto.FromString(data)
     except Exception:
-        raise ValueError(
-            "it is .proto text, which is read here only in its serialized form (a FileDescriptorProto,"
-            " as Confluent's Python serializer registers it)"
-        ) from None
+        return None
     return data
 
 

@@ -180,3 +180,41 @@ def test_our_protobuf_events_are_read_back_by_confluents_deserializer(
     context = SerializationContext(events_topic, MessageField.VALUE)
     got = [read(m.value(), context) for m in committed_messages(bootstrap, events_topic, 3)]
     assert got == sent
+
+
+PROTO_TEXT = """syntax = "proto3";
+package %s;
+import "google/protobuf/timestamp.proto";
+enum Status { NEW = 0; PAID = 1; }
+message Order {
+  string event_id = 1;
+  int64 n = 2;
+  google.protobuf.Timestamp placed = 3;
+  Status status = 4;
+  repeated string tags = 5;
+  uint64 big = 6;
+  string note = 7;
+}
+"""
+
+
+def test_a_schema_registered_as_proto_text_as_javas_serializer_does_is_read(  # type: ignore[no-untyped-def]
+    spark, bootstrap, topic, db, pg, registry, checkpoint
+) -> None:
+    """Java's KafkaProtobufSerializer registers .proto text: the registry gives it serialized."""
+    pg.execute(TABLE)
+    package = unique("j")
+    schema_id = SchemaRegistryClient({"url": registry.url}).register_schema(
+        f"{topic}-value", Schema(PROTO_TEXT % package, "PROTOBUF")
+    )
+    kind = order_class(2, package=package)
+    sent = [order(kind, n, str(uuid.uuid4()), note="java") for n in range(5)]
+    framed = [(None, frame(schema_id, b"\x00" + m.SerializeToString())) for m in sent]
+    produce_transaction(transactional_producer(bootstrap), topic, framed)
+
+    frame_ = parse_protobuf(stream(spark, bootstrap, topic), registry.url)
+    PostgresSink("pb_orders", url=db.raw).start(
+        frame_, str(checkpoint), trigger={"availableNow": True}
+    ).awaitTermination()
+
+    assert rows(pg) == {m.event_id: expected(m, "java") for m in sent}
