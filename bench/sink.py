@@ -36,6 +36,13 @@ its cost is measured alone too; the peers are also fed that same frame
   source_rf3, sink_rf3: the source alone and the sink, from the same events on a three-broker
            cluster (replication factor 3, min.insync.replicas 2): the cost of replication
            to the reader (--no-cluster leaves them out).
+  sink_avro, jdbc_avro, hand_avro: the same events as Avro in Confluent's wire format, under a
+           schema registry (Apicurio, or SCHEMA_REGISTRY_URL's): the sink through parse_avro
+           (each value read with its writer schema, by id), against the peers as a Spark user
+           feeds them today: Spark's own from_avro(substring(value, 6), the schema pinned)
+           (the spark-avro jar); source_avro_arrow: that peer's frame handed to Python as
+           Arrow and dropped; avro_decode: fastavro's decode of the same values in one
+           process, the Python the sink spends per event (--no-avro leaves them out).
 Where the time goes: the sink's tasks time each stage (sinks/postgres/clock.py: input, that is
 the source, its decoding and Spark's Arrow; encode; COPY; the ledger's lock; the apply
 statement; the commit) and the hand-written peer its own (input, COPY, upsert, commit); both
@@ -57,7 +64,8 @@ are measured in --rounds rounds into fresh tables; a ratio is the median of the 
 ratios, each of runs seconds apart, and a rate the median of its rounds. Five by default: in
 three-round runs one slow round moved the median by a tenth.
 
-    python bench/sink.py [--events 1000000] [--size 200] [--batches 5] [--rounds 5] [--no-cluster] [--json]
+    python bench/sink.py [--events 1000000] [--size 200] [--batches 5] [--rounds 5] [--no-cluster]
+                         [--no-avro] [--json]
 
 Uses DATABASE_URL / KAFKA_BOOTSTRAP_SERVERS if set, else starts embedded services.
 """
@@ -65,6 +73,7 @@ Uses DATABASE_URL / KAFKA_BOOTSTRAP_SERVERS if set, else starts embedded service
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import itertools
 import json
@@ -73,7 +82,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from decimal import Decimal
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -104,7 +114,7 @@ ARROW_SCHEMA = pa.schema(
 RANGES = "topic string, partition int, start long, end long"
 TABLE = "CREATE TABLE {} (event_id uuid PRIMARY KEY, n bigint, amount numeric(12,2), note text)"
 # The Spark runs that write, each to bench_<name>.
-SINKS = ("sink", "sink_memory", "sink_rc", "sink_driver", "sink_traced", "sink_rf3")
+SINKS = ("sink", "sink_memory", "sink_rc", "sink_driver", "sink_traced", "sink_rf3", "sink_avro")
 WRITERS = (
     "sink",
     "jdbc",
@@ -119,6 +129,9 @@ WRITERS = (
     "sink_traced",
     "sink_rf3",
     "tasks_read_kafka",
+    "sink_avro",
+    "jdbc_avro",
+    "hand_avro",
 )
 # The runs the targets compare, measured in --rounds rounds, by feed: the feed handed to Python as Arrow,
 # then the writers of that feed, whose order turns by one each round. A round ran them in one order
@@ -131,16 +144,31 @@ COMPARED = (
         "source_memory_arrow",
         ("sink_memory", "jdbc_memory", "hand_memory", "jdbc_memory_ranged", "hand_memory_ranged"),
     ),
+    ("source_avro_arrow", ("sink_avro", "jdbc_avro", "hand_avro")),
 )
 ROUNDED = tuple(name for feed, writers in COMPARED for name in (feed, *writers))
-WARMED = COMPARED[0][1]  # each writer from Kafka runs once unmeasured first (the JVMs' first reads)
+# Each writer from Kafka runs once unmeasured first (the JVMs' first reads).
+WARMED = (*COMPARED[0][1], *COMPARED[2][1])
+# The Avro events' schema: SCHEMA's columns, as a producer with Confluent's serializer writes them.
+AVRO_SCHEMA = {
+    "type": "record",
+    "name": "Event",
+    "namespace": "bench",
+    "fields": [
+        {"name": "event_id", "type": "string"},
+        {"name": "n", "type": "long"},
+        {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}},
+        {"name": "note", "type": "string"},
+    ],
+}
 
 
-def round_order(k: int) -> list[str]:
+def round_order(k: int, avro: bool = True) -> list[str]:
     """Round k's (from 0) runs: each feed, then its writers turned by k."""
     return [
         name
         for feed, writers in COMPARED
+        if avro or feed != "source_avro_arrow"
         for name in (feed, *writers[k % len(writers) :], *writers[: k % len(writers)])
     ]
 
@@ -252,6 +280,57 @@ def figures(rows: list[int], seconds: list[float]) -> dict[str, float]:
     }
 
 
+@contextlib.contextmanager
+def schema_registry(folder: Path) -> Iterator[str]:
+    """SCHEMA_REGISTRY_URL's registry, else the dev stack's (Apicurio), for the run: its URL."""
+    given = os.environ.get("SCHEMA_REGISTRY_URL")
+    if given:
+        yield given
+        return
+    from outbox_dev import registry
+    from outbox_dev.process import free_port, stop
+
+    service = registry.start(folder, free_port(), die_with_parent=True)
+    try:
+        yield service.env[registry.SCHEMA_REGISTRY_URL]
+    finally:
+        stop(service.pid)
+
+
+def avro_values(rows: pa.Table, topic: str, registry: str) -> list[bytes]:
+    """The rows as Confluent's Avro serializer frames them, under the topic's value subject."""
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+    from fastavro import parse_schema, schemaless_writer
+
+    from outbox._core.wire import frame
+
+    schema_id = SchemaRegistryClient({"url": registry}).register_schema(
+        f"{topic}-value", Schema(json.dumps(AVRO_SCHEMA), "AVRO")
+    )
+    parsed = parse_schema(AVRO_SCHEMA)
+    values = []
+    for row in rows.to_pylist():
+        body = io.BytesIO()
+        schemaless_writer(body, parsed, {**row, "amount": Decimal(row["amount"])})
+        values.append(frame(schema_id, body.getvalue()))
+    return values
+
+
+def avro_decode(values: list[bytes], registry: str) -> dict[str, float]:
+    """What parse_avro's decoding costs, alone: the values read in one process as its tasks read
+    them (sinks/postgres/avro.py), writer schema fetched once; microseconds per event."""
+    from outbox._core.registry import Registry
+    from sinks.postgres.avro import AvroValues
+
+    read = AvroValues(AVRO_SCHEMA).reader_in(Registry.of(registry))
+    read(values[:1])  # the writer schema, fetched once
+    began, cpu = time.perf_counter(), time.process_time()
+    for start in range(0, len(values), 10_000):
+        read(values[start : start + 10_000])
+    wall, cpu = time.perf_counter() - began, time.process_time() - cpu
+    return {"wall_us": wall / len(values) * 1e6, "cpu_us": cpu / len(values) * 1e6}
+
+
 def write_parquet(rows: pa.Table, topic: str, partitions: int, per_batch: int, folder: Path) -> None:
     """The rows with the Kafka positions `produce` gave them, as Parquet files a micro-batch reads.
 
@@ -309,23 +388,43 @@ def spark_runs(
     rounds: int,
     ranges: Path,
     sizes: list[int],
+    avro: tuple[str, str] | None,
 ) -> dict[str, dict[str, Any]]:
     """Every Spark run, in one SparkSession: from Kafka, then from Parquet, each of `total` rows.
 
     replicated: the servers of the RF 3 cluster holding the same topic, or None.
-    ranges: the files of the topic's offset ranges (write_ranges), `sizes` the events of each."""
+    ranges: the files of the topic's offset ranges (write_ranges), `sizes` the events of each.
+    avro: the topic holding the same events as Avro, and the registry's URL; or None."""
     from outbox_dev.jvm import maven
     from outbox_dev.local_spark import kafka_connector_jars, local_session, stop_session
     from sinks.kafka_source import register
-    from sinks.postgres import PostgresSink, parse_json
+    from sinks.postgres import PostgresSink, parse_avro, parse_json
 
     jdbc_driver = maven.jars("postgres-jdbc", what="the PostgreSQL JDBC driver (the JDBC peer)")
-    spark = local_session(work, app_name="bench-sink", jars=[*kafka_connector_jars(), *jdbc_driver])
+    spark_avro = maven.jars("spark-avro", what="Spark's Avro functions (the Avro peers)") if avro else []
+    jars = [*kafka_connector_jars(), *jdbc_driver, *spark_avro]
+    spark = local_session(work, app_name="bench-sink", jars=jars)
     try:
         register(spark)
 
         def kafka(source: str = "kafka", servers: str = bootstrap):  # type: ignore[no-untyped-def]
             return parse_json(stream(spark, source, servers, topic, per_batch), SCHEMA, key_column="event_id")
+
+        def avro_sink_feed():  # type: ignore[no-untyped-def]
+            assert avro is not None
+            return parse_avro(
+                stream(spark, "kafka", bootstrap, avro[0], per_batch), avro[1], key_column="event_id"
+            )
+
+        def avro_peer_feed():  # type: ignore[no-untyped-def]
+            """As a Spark user reads Confluent's framing today: five bytes cut off, one schema pinned."""
+            from pyspark.sql import functions as F
+            from pyspark.sql.avro.functions import from_avro
+
+            assert avro is not None
+            raw = stream(spark, "kafka", bootstrap, avro[0], per_batch)
+            body = F.expr("substring(value, 6)")
+            return raw.select(from_avro(body, json.dumps(AVRO_SCHEMA)).alias("e")).select("e.*")
 
         def memory():  # type: ignore[no-untyped-def]
             typed = f"{SCHEMA}, topic string, partition int, offset long"
@@ -403,13 +502,19 @@ def spark_runs(
             "sink_driver": (kafka, lambda table, frame: sink(table, frame, "driver")),
             "tasks_read_kafka": (offsets, read_kafka),
         }
+        if avro is not None:
+            plan["source_avro_arrow"] = (avro_peer_feed, fixed(to_arrow))
+            plan["sink_avro"] = (avro_sink_feed, sink)
+            plan["jdbc_avro"] = (avro_peer_feed, jdbc)
+            plan["hand_avro"] = (avro_peer_feed, hand)
         if replicated is not None:
             plan["source_rf3"] = (lambda: kafka(servers=replicated), fixed(noop))
             plan["sink_rf3"] = (lambda: kafka(servers=replicated), sink)
         again = [f"bench_{n}_{k}" for n in ROUNDED if n in WRITERS for k in range(2, rounds + 1)]
         tables = [*(f"bench_{n}" for n in WRITERS), *again]
+        warmed = [w for w in WARMED if w in plan]
         with psycopg.connect(url.libpq, autocommit=True) as conn:
-            for table in (*tables, *(f"bench_warm_{w}" for w in WARMED)):
+            for table in (*tables, *(f"bench_warm_{w}" for w in warmed)):
                 conn.execute(TABLE.format(table))
             conn.execute(
                 "CREATE TABLE bench_ledger (tbl text, p int, next_offset bigint, PRIMARY KEY (tbl, p))"
@@ -435,19 +540,19 @@ def spark_runs(
 
         # The broker's and Spark's JVMs are slower on their first reads of a topic (JIT): one unreported
         # pass of each writer from Kafka first, so that no measured run pays for coming first.
-        for writer in WARMED:
+        for writer in warmed:
             measure(writer, f"bench_warm_{writer}")
         runs = {name: measure(name, f"bench_{name}") for name in plan if name not in ROUNDED}
         # The compared runs, round after round, each into fresh tables: two runs here differ by up to
         # a quarter, and a ratio is taken within a round, of runs a few seconds apart.
         for k in range(rounds):
-            for name in round_order(k):
+            for name in round_order(k, avro is not None):
                 result = measure(name, f"bench_{name}" if k == 0 else f"bench_{name}_{k + 1}")
                 if k == 0:
                     runs[name] = {**result, "rounds": [result]}
                 else:
                     runs[name]["rounds"].append(result)
-        for name in ROUNDED:  # a compared run's figures: the median of its rounds'
+        for name in (n for n in ROUNDED if n in runs):  # a compared run's figures: its rounds' median
             each = runs[name]["rounds"]
             runs[name]["steady_per_s"] = median([r["steady_per_s"] for r in each])
             runs[name]["cpu_us_per_row"] = median([r["cpu_us_per_row"] for r in each])
@@ -722,6 +827,12 @@ def main() -> int:
         help="also read the events from a three-broker cluster, replication factor 3",
     )
     parser.add_argument(
+        "--avro",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also write the events as Avro under a schema registry: the sink's parse_avro and its peers",
+    )
+    parser.add_argument(
         "--rounds",
         type=int,
         default=5,
@@ -745,7 +856,17 @@ def main() -> int:
             write_parquet(rows, topic, args.partitions, per_batch, work / "parquet")
             sizes = write_ranges(bootstrap, topic, args.batches, work / "ranges")
             cluster = Cluster(work / "cluster", size=3) if args.cluster else None
+            registry = contextlib.ExitStack()
+            decode: dict[str, float] = {}
             try:
+                avro = None
+                if args.avro:
+                    url_of_registry = registry.enter_context(schema_registry(work / "registry"))
+                    avro = (f"{topic}.avro", url_of_registry)
+                    values = avro_values(rows, avro[0], url_of_registry)
+                    decode = avro_decode(values, url_of_registry)
+                    keys = (r.encode() for r in rows.column("event_id").to_pylist())
+                    produce(bootstrap, avro[0], zip(keys, values, strict=True), args.partitions)
                 if cluster is not None:
                     produce(cluster.bootstrap, topic, records(), args.partitions)
                 runs = spark_runs(
@@ -761,8 +882,10 @@ def main() -> int:
                     args.rounds,
                     work / "ranges",
                     sizes,
+                    avro,
                 )
             finally:
+                registry.close()
                 if cluster is not None:
                     cluster.close()
 
@@ -821,6 +944,11 @@ def main() -> int:
     if "sink_rf3" in runs:
         result["ratio_source_rf3_vs_1"] = paired("source_rf3", "source")
         result["ratio_sink_rf3_vs_1"] = paired("sink_rf3", "sink")
+    if "sink_avro" in runs:
+        result["ratio_sink_avro_vs_jdbc"] = paired("sink_avro", "jdbc_avro")
+        result["ratio_sink_avro_vs_hand"] = paired("sink_avro", "hand_avro")
+        result["ratio_sink_avro_vs_sink"] = paired("sink_avro", "sink")
+        result["avro_decode_us_per_event"] = {k: round(v, 2) for k, v in decode.items()}
     lines = [
         ("psycopg COPY + upsert (the limit)", "psycopg", limit),
         ("from Kafka: source alone, no writes", "source", steady("source")),
@@ -843,6 +971,13 @@ def main() -> int:
         lines += [
             ("from Kafka RF 3: source alone, no writes", "source_rf3", steady("source_rf3")),
             ("from Kafka RF 3: PostgresSink", "sink_rf3", steady("sink_rf3")),
+        ]
+    if "sink_avro" in runs:
+        lines += [
+            ("Avro: from_avro(substring) to Arrow", "source_avro_arrow", steady("source_avro_arrow")),
+            ("Avro: PostgresSink, parse_avro", "sink_avro", steady("sink_avro")),
+            ("Avro: from_avro + JDBC append", "jdbc_avro", steady("jdbc_avro")),
+            ("Avro: from_avro + hand-written upsert", "hand_avro", steady("hand_avro")),
         ]
     print(f"{'':<42}  {'rows/s':>10}  {'CPU us/row':>10}")
     for label, name, value in lines:
@@ -873,6 +1008,12 @@ def main() -> int:
         ratios += [
             ("source, RF 3 / one broker", "ratio_source_rf3_vs_1", "the cost of replication"),
             ("sink, RF 3 / one broker", "ratio_sink_rf3_vs_1", "the cost of replication"),
+        ]
+    if "sink_avro" in runs:
+        ratios += [
+            ("Avro, sink / jdbc", "ratio_sink_avro_vs_jdbc", "target >= 1.2"),
+            ("Avro, sink / hand-written", "ratio_sink_avro_vs_hand", ""),
+            ("sink, Avro / JSON", "ratio_sink_avro_vs_sink", ""),
         ]
     for label, key, note in ratios:
         rounds = f" rounds {', '.join(map(str, spread[key]))}" if key in spread else ""
@@ -1000,6 +1141,32 @@ def main() -> int:
                 f"  sink / {peer:<11}: ceiling {ceiling:.2f}, bound {best:.2f};"
                 f" at {peer}'s share of the cores {alike:.2f}"
             )
+    if "sink_avro" in runs:
+        # Avro: the sink's tasks decode each value in Python (fastavro), which the peers' from_avro
+        # does in the JVM. Its floor: the peer's frame handed to Python as Arrow (a feed no cheaper
+        # than the sink's raw one), the decode alone (avro_decode, one process), the bare COPY +
+        # upsert; the bound is the cores over it, as a ratio to each peer's rate, round by round.
+        decoded = decode["cpu_us"]
+
+        def avro_floor(a: dict[str, Any]) -> float:
+            return a["cpu_us_per_row"] + decoded + base["cpu_us_per_row"]
+
+        for peer in ("jdbc_avro", "hand_avro"):
+            key = f"bound_ratio_sink_avro_vs_{peer.removesuffix('_avro')}"
+            result[key] = across(
+                ("source_avro_arrow", peer),
+                lambda a, p: cores * 1e6 / avro_floor(a) / p["steady_per_s"],
+                key,
+            )
+        floor = avro_floor(runs["source_avro_arrow"])
+        result["floor_avro_cpu_us_per_row"] = round(floor, 1)
+        arrow_cpu, upsert_cpu = runs["source_avro_arrow"]["cpu_us_per_row"], base["cpu_us_per_row"]
+        print(
+            f"Avro, at best: the bound {cores * 1e6 / floor:,.0f} events/s ({cores} cores over"
+            f" {floor:.1f} CPU us per row: the peer's feed to Arrow {arrow_cpu:.1f} + fastavro's decode"
+            f" {decoded:.1f} + upsert {upsert_cpu:.1f}); at best sink / jdbc"
+            f" {result['bound_ratio_sink_avro_vs_jdbc']}, / hand {result['bound_ratio_sink_avro_vs_hand']}"
+        )
     result["rounds"] = args.rounds
     result["ratio_rounds"] = spread
     every = [
