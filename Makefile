@@ -20,8 +20,11 @@ BROKERS ?= 1
 # CONNECT=1: the Spark job as a Spark Connect client of a server of the demo's own.
 CONNECT ?= 0
 
+# FORMAT=avro: the input's values as Avro under a schema registry of the demo's own (Apicurio).
+FORMAT ?= json
+
 demo: $(STAMP)
-	$(PY) -m demos.loop --brokers $(BROKERS) $(if $(filter 1,$(CONNECT)),--connect) $(DEMO_FLAGS)
+	$(PY) -m demos.loop --brokers $(BROKERS) --format $(FORMAT) $(if $(filter 1,$(CONNECT)),--connect) $(DEMO_FLAGS)
 
 demo-smoke: $(STAMP)
 	$(PY) -m demos.smoke

@@ -19,11 +19,12 @@ import os
 import shutil
 import sys
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from rich.console import Console
 
+from demos.loop import formats
 from demos.loop.run import Loop, Settings
 from demos.loop.show import Display, chart, table
 from outbox._core.config import DatabaseUrl
@@ -90,6 +91,13 @@ def parser() -> argparse.ArgumentParser:
         help="run the Spark job as a Spark Connect client of a server of the demo's own; its kill -9s"
         " are of both (`make demo CONNECT=1`)",
     )
+    p.add_argument(
+        "--format",
+        choices=formats.FORMATS,
+        default=os.environ.get("OUTBOX_DEMO_FORMAT", "json"),
+        help="the input's values: JSON, or Avro under a schema registry of the demo's own (env"
+        " OUTBOX_DEMO_FORMAT; default json)",
+    )
     p.add_argument("--no-chaos", action="store_true", help="kill nothing: a quiet run")
     p.add_argument("--seed", type=int, default=None, help="random seed for the input and the kill times")
     p.add_argument(
@@ -133,14 +141,17 @@ def main(argv: list[str] | None = None) -> int:
         drain_timeout=args.drain_timeout,
         connect=args.connect,
     )
-    how = ", Spark Connect" if args.connect else ""
+    how = (", Spark Connect" if args.connect else "") + (", Avro values" if args.format == "avro" else "")
     console.print(f"demo: {args.events:,} events over {args.duration:.0f}s, kills {kills}, seed {seed}{how}")
     try:
         find_java(needed_by="The demo's Spark job and Kafka broker")
         for left in ("kafka", "checkpoint", "spark", "connect", "logs"):  # from a run that was killed
             shutil.rmtree(args.dir / left, ignore_errors=True)
-        with running(args.dir / "services", services=["postgres"]) as started:
+        wanted = ["postgres", *(["registry"] if args.format == "avro" else [])]
+        with running(args.dir / "services", services=wanted) as started:
             url = DatabaseUrl.parse(os.environ.get("DATABASE_URL") or started["DATABASE_URL"])
+            registry = os.environ.get("SCHEMA_REGISTRY_URL") or started.get("SCHEMA_REGISTRY_URL")
+            settings = replace(settings, registry=registry if args.format == "avro" else None)
             if given_kafka:
                 check_kafka(given_kafka)
             broker = given_kafka or (

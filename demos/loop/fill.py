@@ -7,21 +7,29 @@ land after all, the second copy is one more redelivery for the sink to skip.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Sequence
 
 from confluent_kafka import KafkaException, Producer
 
+from demos.loop.formats import Encode, json_value
 from demos.loop.plan import Transaction
 from outbox._core.kafka import client_settings
 
 
 class Filler(threading.Thread):
-    def __init__(self, bootstrap: str, topic: str, plan: Sequence[Transaction], window: float) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        plan: Sequence[Transaction],
+        window: float,
+        encode: Encode = json_value,
+    ) -> None:
         super().__init__(name="filler", daemon=True)
         self.bootstrap, self.topic, self.plan, self.window = bootstrap, topic, plan, window
+        self.encode = encode
         self.committed_at: dict[str, float] = {}  # event id -> wall time its first commit returned
         self.aborted = self.redelivered = self.retried = 0
         self.error: BaseException | None = None
@@ -73,7 +81,7 @@ class Filler(threading.Thread):
         try:
             producer.begin_transaction()
             for e in txn.events:
-                producer.produce(self.topic, key=str(e.account).encode(), value=json.dumps(e.json()).encode())
+                producer.produce(self.topic, key=str(e.account).encode(), value=self.encode(e.json()))
             producer.flush(30)
             if txn.commit:
                 producer.commit_transaction(30)

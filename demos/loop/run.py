@@ -22,7 +22,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg import sql
 
-from demos.loop import plan, traces
+from demos.loop import formats, plan, traces
 from demos.loop.fill import Filler
 from demos.loop.show import Display, Timeline
 from demos.loop.verdict import Input, Out, Verdict, committed_events, judge
@@ -75,6 +75,7 @@ class Settings:
     seed: int
     drain_timeout: float
     connect: bool = False  # the Spark job a Spark Connect client of a server of the demo's own
+    registry: str | None = None  # the input as Avro under this schema registry (else JSON)
 
 
 class Child:
@@ -263,6 +264,7 @@ class Loop:
             TABLE,
             str(self.work / "checkpoint"),
             str(self.work / "spark"),
+            *([self.s.registry] if self.s.registry else []),
         ]
         spark = (
             ConnectChild(ConnectServer(self.work / "connect", env=env), job, env, logs)
@@ -298,7 +300,8 @@ class Loop:
         rng = random.Random(self.s.seed)
         txns = plan.transactions(self.s.events, accounts=self.s.accounts, size=50, rng=rng)
         kills = plan.kills(self.s.window, **self.s.kills, rng=rng)
-        filler = Filler(self.bootstrap, self.input, txns, self.s.window)
+        encode = formats.avro_encoder(self.s.registry, self.input) if self.s.registry else formats.json_value
+        filler = Filler(self.bootstrap, self.input, txns, self.s.window, encode)
         tail = Tail(self.bootstrap, self.output, self.s.partitions)
         sampler = Sampler(self, filler, tail)
         spark, relay = self.children()
@@ -319,7 +322,8 @@ class Loop:
         self.display.say("reading both topics back, read_committed, from the start")
         config = {"bootstrap.servers": self.bootstrap}
         given = committed_events(
-            (m.partition(), m.offset(), m.value()) for m in read_committed(config, self.input)
+            ((m.partition(), m.offset(), m.value()) for m in read_committed(config, self.input)),
+            formats.decode,
         )
         outputs = [
             Out(m.partition(), m.offset(), (m.key() or b"").decode(), m.value())

@@ -11,7 +11,10 @@ Prints "started" once the query runs and
 Connect client reads from PostgreSQL). With SPARK_REMOTE set the job is a
 Spark Connect client of that server (`make demo CONNECT=1`).
 
-Usage: python -m demos.loop.transform BOOTSTRAP INPUT OUTPUT SCHEMA TABLE CHECKPOINT WORKDIR
+With REGISTRY, the input's values are Avro under that schema registry, read with
+parse_avro (`make demo FORMAT=avro`).
+
+Usage: python -m demos.loop.transform BOOTSTRAP INPUT OUTPUT SCHEMA TABLE CHECKPOINT WORKDIR [REGISTRY]
 """
 
 from __future__ import annotations
@@ -24,14 +27,21 @@ from pyspark.sql import functions as F
 
 from outbox_dev.local_spark import local_session
 from sinks.kafka_source import register
-from sinks.postgres import Outbox, PostgresSink, parse_json
+from sinks.postgres import Outbox, PostgresSink, parse_avro, parse_json
 
 SCHEMA = "event_id string, account long, seq long, n long"
 BORN = time.monotonic()  # the times printed count from here
 
 
 def main(
-    bootstrap: str, source: str, output: str, schema: str, table: str, checkpoint: str, work: str
+    bootstrap: str,
+    source: str,
+    output: str,
+    schema: str,
+    table: str,
+    checkpoint: str,
+    work: str,
+    registry: str | None = None,
 ) -> None:
     spark = local_session(Path(work), app_name="demo-transform", conf={"spark.sql.shuffle.partitions": "2"})
     register(spark)
@@ -44,7 +54,8 @@ def main(
         .option("maxOffsetsPerTrigger", 5000)
         .load()
     )
-    squares = parse_json(raw, SCHEMA).withColumn("square", F.col("n") * F.col("n"))
+    events = parse_avro(raw, registry) if registry else parse_json(raw, SCHEMA)
+    squares = events.withColumn("square", F.col("n") * F.col("n"))
     sink = PostgresSink(
         table,
         schema=schema,
@@ -70,4 +81,4 @@ def main(
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:8])
+    main(*sys.argv[1:9])

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from outbox.verify.findings import Record, check, sequence
 
@@ -56,11 +57,14 @@ class Input:
     poison: dict[str, dict] = field(default_factory=dict)
 
 
-def committed_events(records: Iterable[tuple[int, int, bytes | None]]) -> Input:
-    """From the input's committed records, as (partition, offset, value)."""
+def committed_events(
+    records: Iterable[tuple[int, int, bytes | None]],
+    decode: Callable[[bytes | None], dict[str, Any]] = lambda v: dict(json.loads(v or b"{}")),
+) -> Input:
+    """From the input's committed records, as (partition, offset, value); `decode` reads a value."""
     found = Input()
     for partition, offset, value in records:
-        doc = json.loads(value or b"{}")
+        doc = decode(value)
         if not isinstance(doc.get("n"), int):
             found.poison[doc["event_id"]] = doc
         elif doc["event_id"] in found.events:

@@ -87,9 +87,30 @@ class Decoder:
             columns = []
             for f, conv, kind in zip(self.fields.fields, convert, arrow, strict=False):
                 values = [None if r is None else r.get(f.name) for r in records]
-                columns.append(pa.array(values if conv is None else [conv(v) for v in values], kind.type))
+                columns.append(
+                    _column(f, values if conv is None else [conv(v) for v in values], kind, errors)
+                )
             kept = [batch.column(name) for name in self.keep]
             yield pa.RecordBatch.from_arrays([*columns, *kept, pa.array(errors, pa.string())], schema=arrow)
+
+
+def _column(field: T.StructField, values: list[Any], kind: pa.Field, errors: list[str | None]) -> pa.Array:
+    """The field's values as Arrow. A value Arrow cannot hold as the field's type fails its record
+    alone (its error set, its value NULL), not the batch, which Spark would retry for ever."""
+    try:
+        return pa.array(values, kind.type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, ValueError, TypeError):
+        held: list[Any] = []
+        for i, value in enumerate(values):
+            try:
+                pa.array([value], kind.type)
+                held.append(value)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, ValueError, TypeError):
+                held.append(None)
+                errors[i] = (
+                    errors[i] or f"field {field.name!r}: its value is no {field.dataType.simpleString()}"
+                )
+        return pa.array(held, kind.type)
 
 
 _KAFKA_TYPES = {

@@ -26,12 +26,13 @@ def test_smoke_demo_applies_every_committed_event_once(
     assert not work.exists(), "the demo must delete its scratch directory"
 
 
-@pytest.mark.parametrize("mode", ["classic", "connect"])
+@pytest.mark.parametrize("mode", ["classic", "connect-avro"])
 def test_the_loop_under_chaos_delivers_every_committed_event_once_in_order(
     server_url: DatabaseUrl, tmp_path: Path, mode: str
 ) -> None:
     """`make demo` in small: kill -9 the Spark job and the relay twice each, the broker once; and
-    `make demo CONNECT=1`, the Spark job a Connect client whose server is killed -9 with it."""
+    `make demo CONNECT=1 FORMAT=avro`, the Spark job a Connect client whose server is killed -9
+    with it, the input Avro under the demo's own schema registry."""
     work, chart = tmp_path / "loop", tmp_path / "loop.png"
     kills = {"spark": 2, "relay": 2, "broker": 1}
     job = Job(
@@ -55,11 +56,11 @@ def test_the_loop_under_chaos_delivers_every_committed_event_once_in_order(
             "--chart",
             str(chart),
             "--json",
-            *(["--connect"] if mode == "connect" else []),
+            *(["--connect", "--format", "avro"] if mode == "connect-avro" else []),
         ],
         tmp_path / "loop.log",
         # A broker of the demo's own, so that it can restart it.
-        {"DATABASE_URL": server_url.raw, "KAFKA_BOOTSTRAP_SERVERS": ""},
+        {"DATABASE_URL": server_url.raw, "KAFKA_BOOTSTRAP_SERVERS": "", "SCHEMA_REGISTRY_URL": ""},
     )
     code = job.wait(900)
     out = job.output()

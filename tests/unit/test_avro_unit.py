@@ -96,3 +96,15 @@ def test_a_registrys_address_as_logged_holds_no_user_or_password(user: str, pass
     url = f"https://{quote(user, safe='')}:{quote(password, safe='')}@registry.example:8081/apis/ccompat/v7"
     where = Registry.of({"url": url, "basic.auth.user.info": f"{user}:{password}"}).where
     assert where == "https://registry.example:8081/apis/ccompat/v7"
+
+
+def test_a_value_arrow_cannot_hold_fails_its_record_alone() -> None:
+    import pyarrow as pa
+
+    from sinks.postgres.decoded import _column
+
+    field = T.StructField("n", T.LongType())
+    errors: list[str | None] = [None, None, "said before", None]
+    got = _column(field, [1, 2**70, "x", 4], pa.field("n", pa.int64()), errors)
+    assert got.to_pylist() == [1, None, None, 4]
+    assert errors == [None, "field 'n': its value is no bigint", "said before", None]

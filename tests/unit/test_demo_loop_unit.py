@@ -199,3 +199,19 @@ def test_bad_flags_get_one_clear_line(capsys) -> None:  # type: ignore[no-untype
         with pytest.raises(SystemExit):
             parser().parse_args(argv)
         assert says in capsys.readouterr().err
+
+
+def test_an_avro_input_value_reads_back_as_its_document_and_the_poison_one_as_json() -> None:
+    import io
+
+    from fastavro import parse_schema, schemaless_writer
+
+    from demos.loop import formats
+    from outbox._core.wire import frame
+
+    doc = {"event_id": "e1", "account": 3, "seq": 9, "n": -12}
+    body = io.BytesIO()
+    schemaless_writer(body, parse_schema(formats.SCHEMA), doc)
+    assert formats.decode(frame(7, body.getvalue())) == doc
+    poison = {**doc, "n": "not-a-number"}
+    assert formats.decode(formats.json_value(poison)) == poison
