@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import psycopg
 
 from outbox._core.config import bootstrap_servers, database_url
 from outbox._core.postgres import connect
+from outbox._core.registry import Registry
 from outbox._core.tables import EVENT_ID_HEADER
 from outbox.cli import options
 from outbox.errors import error
 from outbox.verify.findings import check
-from outbox.verify.topic import committed, record
+from outbox.verify.topic import avro_fields, committed, record
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -39,6 +41,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     ident.add_argument("--id-field", help="JSON field of the value holding the event id, instead of a header")
     p.add_argument(
         "--order-field", help="JSON field with a per-key sequence or version that must not go down"
+    )
+    p.add_argument(
+        "--registry",
+        default=os.environ.get("SCHEMA_REGISTRY_URL"),
+        help="schema registry URL: values in Confluent's wire format are read as Avro with their writer"
+        " schema for --id-field and --order-field (env SCHEMA_REGISTRY_URL; JSON values still read)",
     )
     p.add_argument(
         "--from-offsets", help='JSON {"partition": offset, ...}: where to start (default: the beginning)'
@@ -77,14 +85,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if start is not None and (args.source_topic or args.source_sql):
         # The source is whole; the topic's part before the offsets would all be "missing".
         raise error("VERIFY_FROM_OFFSETS_WITH_SOURCE")
+    decode = avro_fields(Registry.of(args.registry)) if args.registry else None
     records = [
-        record(m, **ids, order_field=args.order_field)
+        record(m, **ids, order_field=args.order_field, decode=decode)
         for m in committed(servers, args.topic, start, args.timeout)
     ]
     expected: list[str | None] | None = None
     if args.source_topic is not None:
         source = committed(servers, args.source_topic, None, args.timeout)
-        expected = [record(m, **ids, order_field=None).event_id for m in source]
+        expected = [record(m, **ids, order_field=None, decode=decode).event_id for m in source]
     elif args.source_sql is not None:
         expected = _ids_from_sql(args.url, args.source_sql)
     report = check(records, expected)
