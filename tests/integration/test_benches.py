@@ -28,8 +28,8 @@ BENCHES = {
         *("--no-debezium", "--warmup", "0", "--rates", "500", "--seconds", "2"),
     ],
     "scale": [
-        *("bench/scale.py", "--events", "40000", "--table-rows", "0,40000", "--backlogs", "0,40000"),
-        *("--uncleaned", "40000", "--partitions", "1,2", "--png", ""),
+        *("bench/scale.py", "--events", "20000", "--table-rows", "0,20000", "--backlogs", "0,20000"),
+        *("--uncleaned", "20000", "--partitions", "1,2", "--png", ""),
     ],
 }
 # What each bench's JSON must hold, as the docs and the targets name it.
