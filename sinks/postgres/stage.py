@@ -140,8 +140,8 @@ def copy_bisect(
 
 
 def to_csv(rows: pa.RecordBatch, data_columns: int) -> bytes:
-    """Data columns and position/delete flag as CSV, timestamps in UTC."""
-    columns = [_utc(rows.column(i)) for i in range(data_columns + 4)]
+    """Data columns and position/delete flag as CSV, timestamps in UTC, years before 1 as BC."""
+    columns = [_bc(_utc(rows.column(i))) for i in range(data_columns + 4)]
     out = io.BytesIO()
     pacsv.write_csv(pa.RecordBatch.from_arrays(columns, [f"c{i}" for i in range(len(columns))]), out, _CSV)
     return out.getvalue()
@@ -152,6 +152,27 @@ def _utc(column: pa.Array) -> pa.Array:
     if pa.types.is_timestamp(kind) and kind.tz is not None and kind.tz != "UTC":
         return column.cast(pa.timestamp(kind.unit, "UTC"))
     return column
+
+
+_YEAR = r"^-?\d+"  # the year Arrow writes first: 0000 for 1 BC, -0044 for 45 BC
+
+
+def _bc(column: pa.Array) -> pa.Array:
+    """A date or timestamp column as PostgreSQL reads years before 1: Arrow writes ISO's year 0 and
+    negative years (0000-06-15, -0044-03-15), which PostgreSQL refuses; it wants 0001-06-15 BC and
+    0045-03-15 BC. Only a column holding such a year is written as text."""
+    kind = column.type
+    if not (pa.types.is_date(kind) or pa.types.is_timestamp(kind)) or column.null_count == len(column):
+        return column
+    before = pc.less(pc.year(column), 1)
+    if not pc.any(before).as_py():
+        return column
+    text = column.cast(pa.string())
+    year = pc.cast(pc.subtract(1, pc.year(column)), pa.string())
+    bc = pc.binary_join_element_wise(
+        pc.utf8_lpad(year, 4, "0"), pc.replace_substring_regex(text, _YEAR, ""), " BC", ""
+    )
+    return pc.if_else(before, bc, text)
 
 
 def write_dead(
