@@ -110,11 +110,13 @@ def parse_avro(
     given = Registry.of(registry)
     if schema is None:
         schema = _newest(frame, given, subject, "parse_avro").schema_str
-    reader = json.loads(schema) if isinstance(schema, str) else dict(schema)
     try:
+        reader = json.loads(schema) if isinstance(schema, str) else dict(schema)
         parsed = fastavro.parse_schema(reader)
     except Exception as exc:
-        raise error("SINK_READER_SCHEMA_INVALID", kind="Avro", reason=str(exc).splitlines()[0]) from None
+        raise error(
+            "SINK_READER_SCHEMA_INVALID", kind="Avro", reason=(str(exc) or type(exc).__name__).splitlines()[0]
+        ) from None
     event = avro.spark_type(parsed)
     if not isinstance(event, T.StructType):
         raise error("SINK_AVRO_SCHEMA_NOT_RECORD", type=event.simpleString())
@@ -155,7 +157,11 @@ def parse_protobuf(
         name = message or f"{top.package + '.' if top.package else ''}{top.message_type[0].name}"
         descriptor = pool.FindMessageTypeByName(name)
     except (ValueError, KeyError, IndexError, SchemaRegistryError, TypeError) as exc:
-        raise error("SINK_READER_SCHEMA_INVALID", kind="Protobuf", reason=str(exc).splitlines()[0]) from None
+        raise error(
+            "SINK_READER_SCHEMA_INVALID",
+            kind="Protobuf",
+            reason=(str(exc) or type(exc).__name__).splitlines()[0],
+        ) from None
     event = protobuf.spark_type(descriptor)
     values = protobuf.ProtobufValues(files, descriptor.full_name)
     return _decoded(frame, Decoder(given, values, event, KEEP), key_column, key_format)

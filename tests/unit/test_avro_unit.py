@@ -108,3 +108,16 @@ def test_a_value_arrow_cannot_hold_fails_its_record_alone() -> None:
     got = _column(field, [1, 2**70, "x", 4], pa.field("n", pa.int64()), errors)
     assert got.to_pylist() == [1, None, None, 4]
     assert errors == [None, "field 'n': its value is no bigint", "said before", None]
+
+
+@pytest.mark.parametrize(
+    "schema",
+    ['{"type": "record"', '{"type": "record", "name": "R", "fields": [{"name": "a", "type": "nope"}]}'],
+)
+def test_a_reader_schema_that_is_no_avro_is_one_line_at_start(schema: str) -> None:
+    from outbox._core.errors import ConfigError
+    from sinks.postgres import parse_avro
+
+    with pytest.raises(ConfigError) as refused:
+        parse_avro(None, "http://127.0.0.1:9", schema=schema)  # type: ignore[arg-type]  # refused before the frame is read
+    assert refused.value.code == "SINK_READER_SCHEMA_INVALID"
