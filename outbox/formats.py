@@ -83,10 +83,6 @@ def encode(value: Encoded, topic: str, registry: Registry) -> bytes:
 
     serializer = _serializer(value, registry)
     where = subject(value, topic)
-    if isinstance(value, Avro):
-        bad = _unmatched_fields(value)
-        if bad is not None:
-            raise error("OUTBOX_VALUE_NOT_ENCODABLE", kind="Avro", name=value.name(), reason=bad)
     try:
         encoded = serializer(
             value.record if isinstance(value, Avro) else value.message,
@@ -100,13 +96,10 @@ def encode(value: Encoded, topic: str, registry: Registry) -> bytes:
         raise error(
             "OUTBOX_REGISTRY_UNAVAILABLE", registry=registry.where, reason=type(exc).__name__
         ) from None
-    except Exception as exc:  # the serializer's own refusal: named by its kind, since it may quote the value
-        raise error(
-            "OUTBOX_VALUE_NOT_ENCODABLE",
-            kind=type(value).__name__,
-            name=value.name(),
-            reason=type(exc).__name__,
-        ) from None
+    except Exception as exc:  # the serializer's own refusal, which may quote the value: not shown
+        bad = _unmatched_fields(value) if isinstance(value, Avro) else None
+        kind, reason = type(value).__name__, bad or type(exc).__name__
+        raise error("OUTBOX_VALUE_NOT_ENCODABLE", kind=kind, name=value.name(), reason=reason) from None
     assert isinstance(encoded, bytes)
     return encoded
 
@@ -125,8 +118,8 @@ def _rule(registry: Registry, subject: str, refused: Exception) -> str:
 
 
 def _unmatched_fields(value: Avro) -> str | None:
-    """Which fields of the record do not match their types, by name only (a value may be a secret);
-    None where the record matches its schema."""
+    """Which fields of a record the serializer refused do not match their types, by name only (a
+    value may be a secret); None where the record matches its schema."""
     import fastavro
     from fastavro.validation import validate
 
