@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-smoke test test-fast lint clean
+.PHONY: install demo demo-smoke test test-fast soak lint clean
 
 $(STAMP): pyproject.toml devtools/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed (set PYTHON=python3.11)")'
@@ -35,7 +35,11 @@ TEST_WORKERS ?= 3
 
 test: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --basetemp=.tmp/pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --basetemp=.tmp/pytest -m "not soak"
+
+# The long runs under load (the `soak` marker), apart from `make test`.
+soak: $(STAMP)
+	$(PY) -m pytest --basetemp=.tmp/pytest-soak -m soak
 
 # The unit level alone: pure logic, no services, seconds.
 test-fast: $(STAMP)

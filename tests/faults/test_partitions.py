@@ -920,6 +920,7 @@ def soak(kafka: Proxied, db: Proxied, server_url: DatabaseUrl, tmp: Path, bad: b
     return Soak(len(applied), seconds, relayed, looped)
 
 
+@pytest.mark.soak
 def test_a_soak_on_a_bad_link_loses_nothing(  # type: ignore[no-untyped-def]
     kafka: Proxied, db: Proxied, server_url: DatabaseUrl, tmp_path: Path
 ) -> None:
