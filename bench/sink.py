@@ -302,14 +302,14 @@ def schema_registry(folder: Path) -> Iterator[str]:
 
 def avro_values(rows: pa.Table, topic: str, registry: str) -> list[bytes]:
     """The rows as Confluent's Avro serializer frames them, under the topic's value subject."""
-    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+    from confluent_kafka.schema_registry import Schema
     from fastavro import parse_schema, schemaless_writer
 
+    from outbox._core.registry import Registry
     from outbox._core.wire import frame
 
-    schema_id = SchemaRegistryClient({"url": registry}).register_schema(
-        f"{topic}-value", Schema(json.dumps(AVRO_SCHEMA), "AVRO")
-    )
+    schema = Schema(json.dumps(AVRO_SCHEMA), "AVRO")
+    schema_id = Registry.of(registry).ask(lambda c: c.register_schema(f"{topic}-value", schema))
     parsed = parse_schema(AVRO_SCHEMA)
     values = []
     for row in rows.to_pylist():

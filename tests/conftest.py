@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import psycopg
 import pytest
+from confluent_kafka.schema_registry import SchemaRegistryClient
 from hypothesis import settings
 
 from outbox import migrate
@@ -222,6 +223,12 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Connect
 class RunningRegistry(NamedTuple):
     url: str  # Confluent's API
     pid: int  # to stop (SIGSTOP) and resume it
+
+    def client(self) -> SchemaRegistryClient:
+        """Confluent's client, for what a test writes itself. Apicurio now and then leaves a
+        request unanswered (seen in CI: a fresh connection, no reply in 300 s). Such a request
+        times out and is sent again, rather than hanging the test."""
+        return SchemaRegistryClient({"url": self.url, "timeout": 10, "max.retries": 3})
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from outbox._core.registry import Registry
 from outbox._core.wire import frame, framed
 
 FORMATS = ("json", "avro")
@@ -37,12 +38,11 @@ def json_value(doc: dict[str, Any]) -> bytes:
 
 def avro_encoder(registry: str, topic: str) -> Encode:
     """Register the schema under `<topic>-value` and return what frames a document under it."""
-    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+    from confluent_kafka.schema_registry import Schema
     from fastavro import parse_schema, schemaless_writer
 
-    schema_id = SchemaRegistryClient({"url": registry}).register_schema(
-        f"{topic}-value", Schema(json.dumps(SCHEMA), "AVRO")
-    )
+    schema = Schema(json.dumps(SCHEMA), "AVRO")
+    schema_id = Registry.of(registry).ask(lambda c: c.register_schema(f"{topic}-value", schema))
     parsed = parse_schema(SCHEMA)
 
     def encode(doc: dict[str, Any]) -> bytes:

@@ -1,4 +1,4 @@
-"""Tasks that read Kafka themselves, where the frame is `parse_json` over a Kafka source.
+"""Tasks that read Kafka themselves, where the frame is a parse_* of a Kafka source.
 
 From Kafka, most of the sink's CPU per event was Spark's: its source, its
 from_json and its hand-off to Python as Arrow (bench/sink.py). Where the frame
@@ -7,6 +7,10 @@ nothing after it, each task reads the offset ranges Spark planned for it, read
 committed (sinks/kafka_source/reader.py), parses its values with Arrow's JSON
 reader, and applies them as any task does (task.py): the same rows, ledger and
 transaction, without Spark between Kafka and the task.
+
+Avro and Protobuf (parse_avro, parse_protobuf) are decoded in the task by the
+very decoder Spark's Python workers run (decoded.py), so their rows are the
+same by construction, and a value it cannot read is a dead letter, as there.
 
 Arrow's parse is trusted only where it gives what Spark's from_json gives
 (`staged`): a range holding any record it cannot vouch for, or whose read
@@ -33,8 +37,9 @@ from sinks.kafka_source.ranges import Range
 from sinks.kafka_source.reader import ARROW_SCHEMA
 from sinks.kafka_source.source import read_ranges
 from sinks.postgres.clock import Clock
+from sinks.postgres.decoded import Decoder
 from sinks.postgres.placement import Node, Route
-from sinks.postgres.plan import Plan
+from sinks.postgres.plan import ERROR_COLUMN, Plan
 from sinks.postgres.task import NOTHING, TaskJob, apply_records, result
 
 # The types whose JSON Arrow reads as Spark's from_json does, or refuses (FloatType is parsed as a
@@ -61,17 +66,18 @@ _LONGEST = 50_000  # declined whole
 
 
 @dataclass(frozen=True)
-class JsonValues:
-    """What parse_json was asked, kept on the frame it returned."""
+class Parsed:
+    """What parse_json, parse_avro or parse_protobuf was asked, kept on the frame it returned."""
 
     source: Any  # the Kafka source's frame it parsed
     schema: T.StructType
     key_column: str | None
     key_format: str
-    options: dict[str, Any] | None
+    options: dict[str, Any] | None  # parse_json's
+    decoder: Decoder | None = None  # parse_avro's and parse_protobuf's; None: JSON
 
 
-_MARK = "_outbox_json_values"
+_MARK = "_outbox_parsed"
 # The pyarrow whose JSON reader tests/integration/test_sink_direct.py holds to Spark's parse: what
 # another one accepts (decimals as text, Inf, duplicate fields) may differ, so it reads nothing.
 _CHECKED_ARROW = "26"
@@ -90,8 +96,8 @@ def tombstones(delete: object) -> bool:
 _Frame = TypeVar("_Frame")
 
 
-def remember(frame: _Frame, values: JsonValues) -> _Frame:
-    """Mark `frame` as parse_json's; a step after it makes another frame, unmarked."""
+def remember(frame: _Frame, values: Parsed) -> _Frame:
+    """Mark `frame` as a parse_*'s own; a step after it makes another frame, unmarked."""
     setattr(frame, _MARK, values)
     return frame
 
@@ -102,26 +108,26 @@ def arrow_type(kind: T.DataType) -> pa.DataType | None:
     return _TYPES.get(type(kind))
 
 
-def values_of(frame: Any) -> JsonValues | None:
-    """What parse_json was asked, if it made this very frame."""
+def values_of(frame: Any) -> Parsed | None:
+    """What the parse_* that made this very frame was asked, if one did."""
     found = getattr(frame, _MARK, None)
-    return found if isinstance(found, JsonValues) else None
+    return found if isinstance(found, Parsed) else None
 
 
 def why_not(
-    values: JsonValues | None, plan: Plan, delete: object, route: Route, source: Node | None, connect: bool
+    values: Parsed | None, plan: Plan, delete: object, route: Route, source: Node | None, connect: bool
 ) -> str | None:
     """Why the tasks cannot read the frame's Kafka records themselves; None if they can.
 
-    values: values_of(frame); source: the plan of the frame parse_json parsed (spark_plan.read_plan)."""
+    values: values_of(frame); source: the plan of the frame it parsed (spark_plan.read_plan)."""
     if connect:
         return "on Spark Connect a batch's offset ranges are the server's"
     if values is None:
-        return "the frame is not parse_json's own (a step after it, or another parse)"
+        return "the frame is not a parse_*'s own (a step after it, or a parse of another's)"
     if not route.tasks:
         return route.why
     if source is None or source.children or source.source not in ("kafka", "kafka_rc"):
-        return "parse_json did not parse a Kafka source directly"
+        return "the parse did not read a Kafka source directly"
     if values.options:
         return "parse_json was given options, which Spark's parse applies"
     if values.key_column and (
@@ -130,7 +136,7 @@ def why_not(
         return "a tombstone's key is read as a type, or as JSON, by Spark's rules"
     if delete is not None and not tombstones(delete):
         return "the delete rule is an expression for Spark to compute"
-    if not checked_arrow():
+    if values.decoder is None and not checked_arrow():
         return f"pyarrow {pa.__version__}'s JSON reader is not the one held to Spark's ({_CHECKED_ARROW})"
     fields = {f.name: f.dataType for f in values.schema.fields}
     other = [n for n in plan.columns if (n in fields and arrow_type(fields[n]) is None)]
@@ -152,9 +158,10 @@ class Parse:
     key_column: str | None  # a text column a tombstone takes from its Kafka key
     raw_key: bool  # the frame keeps the raw key and value (for dead letters)
     raw_value: bool
+    decoder: Decoder | None = None  # Avro's or Protobuf's; None: JSON, read by Arrow
 
 
-def parse_for(values: JsonValues, plan: Plan, delete: object) -> Parse:
+def parse_for(values: Parsed, plan: Plan, delete: object) -> Parse:
     """The Parse of a frame `why_not` passed."""
     fields = [pa.field(f.name, arrow_type(f.dataType)) for f in values.schema.fields]
     return Parse(
@@ -164,6 +171,7 @@ def parse_for(values: JsonValues, plan: Plan, delete: object) -> Parse:
         key_column=values.key_column,
         raw_key=plan.raw_key is not None,
         raw_value=plan.raw_value is not None,
+        decoder=values.decoder,
     )
 
 
@@ -213,8 +221,9 @@ class Declined(Exception):
 
 
 def staged(records: pa.Table, parse: Parse) -> pa.RecordBatch:
-    """A range's Kafka records as the columns sink.staged_columns gives the tasks, parsed by Arrow as
-    Spark's from_json (PERMISSIVE) would; Declined where that is not certain.
+    """A range's Kafka records as the columns sink.staged_columns gives the tasks: decoded by the
+    frame's own decoder (Avro, Protobuf), or parsed by Arrow as Spark's from_json (PERMISSIVE)
+    would; Declined where that is not certain.
 
     Arrow and Spark differ on input Spark reads and Arrow refuses (single quotes, a string of
     digits for a number), which is declined, and on some Arrow takes that Spark reads otherwise:
@@ -226,18 +235,14 @@ def staged(records: pa.Table, parse: Parse) -> pa.RecordBatch:
     column = {name: _one(records.column(name)) for name in ("key", "value", *_KAFKA)}
     value = column["value"]
     present = pc.is_valid(value)
-    held = value.filter(present)
-    try:
-        text = held.cast(pa.string())  # Spark's JSON parser refuses what is not UTF-8
-    except pa.ArrowInvalid as exc:
-        raise Declined("a value is not UTF-8") from exc
-    parsed = _parse(text, parse.fields)
-    if len(held) < n:  # tombstones: no value, every field null, as from_json(null) gives
-        at = pc.subtract(pc.cumulative_sum(present.cast(pa.int64())), 1)
-        index = pc.if_else(present, at, pa.scalar(None, pa.int64()))
-        parsed = parsed.take(index)
-    # parse_json: a tombstone's key column is its key's text
-    if parse.key_column is not None and len(held) < n:
+    if parse.decoder is None:
+        parsed, errors = _json(value, present, parse.fields), pa.nulls(n, pa.string())
+    else:
+        decoded = pa.Table.from_batches(list(parse.decoder(iter(records.to_batches()))))
+        parsed = decoded.select(parse.decoder.fields.names)
+        errors = _one(decoded.column(ERROR_COLUMN))
+    # a tombstone's key column is its key's text
+    if parse.key_column is not None and value.null_count:
         try:
             key = pc.if_else(present, pa.scalar(None, pa.binary()), column["key"]).cast(pa.string())
         except pa.ArrowInvalid as exc:
@@ -256,11 +261,25 @@ def staged(records: pa.Table, parse: Parse) -> pa.RecordBatch:
         delete,
         column["key"] if parse.raw_key else nothing,
         value if parse.raw_value else nothing,
-        pa.nulls(n, pa.string()),  # a row's parse error: a range with one is declined
+        errors,  # a row's error (Avro, Protobuf): it is dead-lettered; JSON's decline the range
     ]
     names = [*(f"c{i}" for i in range(len(data))), "_topic", "_partition", "_offset", "_delete"]
     names += ["_raw_key", "_raw_value", "_parse_error"]
     return pa.Table.from_arrays([_one(c) for c in columns], names).combine_chunks().to_batches()[0]
+
+
+def _json(value: pa.Array, present: pa.Array, fields: pa.Schema) -> pa.Table:
+    """The values parsed as JSON; a tombstone's fields null, as from_json(null) gives."""
+    held = value.filter(present)
+    try:
+        text = held.cast(pa.string())  # Spark's JSON parser refuses what is not UTF-8
+    except pa.ArrowInvalid as exc:
+        raise Declined("a value is not UTF-8") from exc
+    parsed = _parse(text, fields)
+    if len(held) < len(value):
+        at = pc.subtract(pc.cumulative_sum(present.cast(pa.int64())), 1)
+        parsed = parsed.take(pc.if_else(present, at, pa.scalar(None, pa.int64())))
+    return parsed
 
 
 def _one(column: pa.Array | pa.ChunkedArray) -> pa.Array:

@@ -14,7 +14,7 @@ from outbox._core.registry import Registry, UnknownSchema
 from sinks.errors import error
 from sinks.postgres import avro, protobuf
 from sinks.postgres.decoded import Decoder
-from sinks.postgres.direct import JsonValues, remember
+from sinks.postgres.direct import Parsed, remember
 from sinks.postgres.plan import ERROR_COLUMN
 from sinks.postgres.spark_plan import read_plan
 
@@ -81,7 +81,7 @@ def parse_json(
             unreadable
         )
     out = parsed.select(*(field(f) for f in event.fields), *KEEP, unreadable.alias(ERROR_COLUMN))
-    return remember(out, JsonValues(frame, event, key_column, key_format, options))
+    return remember(out, Parsed(frame, event, key_column, key_format, options))
 
 
 def parse_avro(
@@ -181,13 +181,14 @@ def _decoded(frame: DataFrame, decoder: Decoder, key_column: str | None, key_for
     event = decoder.fields
     _check_fields(event, key_column, key_format)
     decoded = frame.select(*KEEP).mapInArrow(decoder, decoder.out_schema())
+    asked = Parsed(frame, event, key_column, key_format, None, decoder)
     if key_column is None:
-        return decoded
+        return remember(decoded, asked)
     key = _tombstone_key(event[key_column], key_format)
     tombstone = F.col("value").isNull()
     kind = event[key_column].dataType.simpleString()
     why = f"the Kafka key of this tombstone is not a valid {kind} for key column {key_column!r}"
-    return decoded.withColumns(
+    out = decoded.withColumns(
         {
             key_column: F.when(tombstone, key).otherwise(F.col(key_column)),
             ERROR_COLUMN: F.when(tombstone & F.col("key").isNotNull() & key.isNull(), F.lit(why)).otherwise(
@@ -195,6 +196,7 @@ def _decoded(frame: DataFrame, decoder: Decoder, key_column: str | None, key_for
             ),
         }
     )
+    return remember(out, asked)
 
 
 def _value_subject(frame: DataFrame, what: str) -> str:

@@ -14,7 +14,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
@@ -56,7 +55,7 @@ def produce(
 ) -> None:
     """Orders in transactions of 100 (and one aborted), each record's id and fields in headers too,
     for Kafka's console consumer to read without Avro."""
-    write = AvroSerializer(SchemaRegistryClient({"url": registry.url}), json.dumps(schema))
+    write = AvroSerializer(registry.client(), json.dumps(schema))
     context = SerializationContext(topic, MessageField.VALUE)
     producer = transactional_producer(bootstrap)
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
@@ -63,7 +62,7 @@ def test_our_avro_events_are_read_back_by_confluents_deserializer_in_commit_orde
     finally:
         assert terminate(job) == 0, job.output()
 
-    read = AvroDeserializer(SchemaRegistryClient({"url": registry.url}), json.dumps(ORDER_V2))
+    read = AvroDeserializer(registry.client(), json.dumps(ORDER_V2))
     messages = committed_messages(bootstrap, events_topic, 3)
     got = [read(m.value(), SerializationContext(events_topic, MessageField.VALUE)) for m in messages]
     assert [g["id"] for g in got] == list(range(15))
@@ -76,7 +75,7 @@ def test_a_schema_the_registry_refuses_fails_the_write_with_its_subject_and_rule
     outbox_db: DatabaseUrl, registry: RunningRegistry
 ) -> None:
     topic = unique("refused")
-    client = SchemaRegistryClient({"url": registry.url})
+    client = registry.client()
     with psycopg.connect(outbox_db.libpq) as conn, conn.transaction():
         add_event(conn, topic, Avro({"id": 1, "amount": Decimal("1.00")}, ORDER), registry=registry.url)
     client.set_compatibility(f"{topic}-value", "BACKWARD")

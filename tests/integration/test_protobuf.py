@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry import Schema
 from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
@@ -87,7 +87,7 @@ def rows(pg: psycopg.Connection) -> dict[str, tuple]:
 
 def serializer(registry: RunningRegistry, kind: Any) -> ProtobufSerializer:
     return ProtobufSerializer(
-        kind, SchemaRegistryClient({"url": registry.url}), {"use.deprecated.format": False}
+        kind, registry.client(), {"use.deprecated.format": False}
     )
 
 
@@ -130,7 +130,7 @@ def test_protobuf_values_that_cannot_be_read_are_dead_letters_naming_why(  # typ
         order(kind, 3, str(uuid.uuid4()), note="ok"), SerializationContext(topic, MessageField.VALUE)
     )
     schema_id = int.from_bytes(good[1:5], "big")
-    avro_id = SchemaRegistryClient({"url": registry.url}).register_schema(
+    avro_id = registry.client().register_schema(
         unique("avro"), Schema('"long"', "AVRO")
     )
     records = [
@@ -204,7 +204,7 @@ def test_a_schema_registered_as_proto_text_as_javas_serializer_does_is_read(  # 
     """Java's KafkaProtobufSerializer registers .proto text: the registry gives it serialized."""
     pg.execute(TABLE)
     package = unique("j")
-    schema_id = SchemaRegistryClient({"url": registry.url}).register_schema(
+    schema_id = registry.client().register_schema(
         f"{topic}-value", Schema(PROTO_TEXT % package, "PROTOBUF")
     )
     kind = order_class(2, package=package)

@@ -19,7 +19,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
@@ -60,7 +59,7 @@ V2 = {**V1, "fields": [*V1["fields"], {"name": "note", "type": "string", "defaul
 
 
 def serializer(registry: RunningRegistry, schema: dict[str, Any]) -> AvroSerializer:
-    return AvroSerializer(SchemaRegistryClient({"url": registry.url}), json.dumps(schema))
+    return AvroSerializer(registry.client(), json.dumps(schema))
 
 
 def order(n: int, event_id: str, **more: Any) -> dict[str, Any]:
@@ -159,6 +158,94 @@ def test_values_that_cannot_be_read_are_dead_letters_naming_why_and_the_rest_is_
     assert "schema id 2000000 is not known to the schema registry" in dead[b"b"], dead[b"b"]
     assert f"does not decode as Avro of writer schema id {schema_id}" in dead[b"c"], dead[b"c"]
     assert f"2 bytes past its record of writer schema id {schema_id}" in dead[b"d"], dead[b"d"]
+
+
+# Fields of the types the tasks read from Kafka themselves (sinks/postgres/direct.py).
+PLAIN_V1 = {
+    "type": "record",
+    "name": "Payment",
+    "namespace": "shop",
+    "fields": [
+        {"name": "event_id", "type": "string"},
+        {"name": "n", "type": "long"},
+        {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}},
+        {"name": "paid", "type": "boolean"},
+        {"name": "rate", "type": "double"},
+    ],
+}
+PLAIN_V2 = {
+    **PLAIN_V1,
+    "fields": [*PLAIN_V1["fields"], {"name": "note", "type": ["null", "string"], "default": None}],
+}
+
+
+@pytest.mark.parametrize("source", ["kafka", "kafka_rc"])
+def test_the_tasks_read_avro_from_kafka_themselves_and_apply_what_sparks_rows_apply(  # type: ignore[no-untyped-def]
+    spark, bootstrap, topic, db, pg, registry, tmp_path, caplog, source
+) -> None:
+    """v1 and v2 records, a tombstone, an aborted transaction and values that cannot be read, applied
+    once by tasks that read and decode them themselves, once from Spark's rows: the same tables, the
+    same dead letters, and no range left to Spark's rows."""
+    context = SerializationContext(topic, MessageField.VALUE)
+    v1, v2 = serializer(registry, PLAIN_V1), serializer(registry, PLAIN_V2)
+    ids = [str(uuid.uuid4()) for _ in range(60)]
+
+    def payment(n: int, event_id: str, **more: Any) -> dict[str, Any]:
+        return {
+            "event_id": event_id,
+            "n": n,
+            "amount": Decimal(f"{n}.05"),
+            "paid": n % 2 == 0,
+            "rate": n / 7,
+            **more,
+        }
+
+    producer = transactional_producer(bootstrap)
+    produce_transaction(
+        producer, topic, [(i.encode(), v1(payment(n, i), context)) for n, i in enumerate(ids[:40])]
+    )
+    later = [(i.encode(), v2(payment(n + 100, i, note=f"v2 {n}"), context)) for n, i in enumerate(ids[30:])]
+    good = later[0][1]
+    bad = [
+        (b"bad-magic", b"{}"),
+        (b"bad-id", b"\x00" + struct.pack(">I", 2_000_000) + good[5:]),
+        (b"bad-cut", good[:8]),
+    ]
+    produce_transaction(producer, topic, [*later, *bad, (ids[0].encode(), None)])
+    produce_transaction(producer, topic, [(ids[1].encode(), v2(payment(-1, ids[1]), context))], commit=False)
+
+    found = {}
+    for table, read_kafka in (("avro_direct", True), ("avro_spark", False)):
+        pg.execute(
+            f"CREATE TABLE {table} (event_id text PRIMARY KEY, n bigint NOT NULL, amount numeric(12,2),"
+            " paid boolean, rate double precision, note text)"
+        )
+        frame = parse_avro(stream(spark, bootstrap, topic, source), registry.url, key_column="event_id")
+        sink = PostgresSink(table, url=db.raw, read_kafka=read_kafka)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="sinks.postgres"):
+            query = sink.start(frame, str(tmp_path / table), trigger={"availableNow": True})
+            query.awaitTermination()
+        if read_kafka:
+            assert "its tasks read the batches' Kafka records themselves" in caplog.text
+            assert "applied from Spark's rows" not in caplog.text, caplog.text
+        found[table] = pg.execute(
+            f"SELECT event_id, n, amount, paid, rate, note FROM {table} ORDER BY 1"
+        ).fetchall()
+        found[table + " dead"] = pg.execute(
+            "SELECT key, error FROM sink_dead_letters WHERE sink = %s ORDER BY key", [f"public.{table}"]
+        ).fetchall()
+
+    by_id = {r[0]: r for r in found["avro_direct"]}
+    assert len(by_id) == 59 and ids[0] not in by_id  # 40 v1, 30 v2 (10 of them edits), one deleted
+    assert by_id[ids[1]] == (ids[1], 1, Decimal("1.05"), False, 1 / 7, None)  # its edit was aborted
+    assert by_id[ids[35]] == (ids[35], 105, Decimal("105.05"), False, 105 / 7, "v2 5")
+    assert by_id[ids[5]] == (ids[5], 5, Decimal("5.05"), False, 5 / 7, None)  # v1: the default
+    dead = dict(found["avro_direct dead"])
+    assert sorted(dead) == [b"bad-cut", b"bad-id", b"bad-magic"], dead
+    assert "schema id 2000000 is not known to the schema registry" in dead[b"bad-id"]
+    assert found["avro_direct"] == found["avro_spark"]
+    assert found["avro_direct dead"] == found["avro_spark dead"]
 
 
 def fresh(schema: dict[str, Any]) -> dict[str, Any]:
