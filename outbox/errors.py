@@ -202,6 +202,14 @@ CONDITIONS = Conditions(
         ConfigError, "relay {relay!r} is running: stop it before forgetting it"
     ),
     RELAY_REGISTRY_DATABASE_ERROR=Condition(OutboxError, "outbox relays {action} in {url}: {reason}"),
+    # sinks: `outbox sinks adopt`
+    SINKS_CHECKPOINT_UNREADABLE=Condition(
+        ConfigError,
+        "checkpoint {path}: {reason}; give --query and --batch instead (the id in its metadata file,"
+        " the highest number in its commits/ folder)",
+    ),
+    SINKS_ADOPT_ARGUMENTS=Condition(ConfigError, "give --checkpoint DIR, or --query ID and --batch N"),
+    SINKS_DATABASE_ERROR=Condition(OutboxError, "outbox sinks {action} in {url}: {reason}"),
     # trace: `outbox trace`
     TRACE_EVENT_OR_PRUNE=Condition(ConfigError, "give an EVENT_ID to trace, or --prune DAYS (not both)"),
     TRACE_PRUNE_DAYS_INVALID=Condition(ConfigError, "--prune needs a number of days >= 0, got {days:g}"),

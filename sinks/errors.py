@@ -255,7 +255,7 @@ CONDITIONS = Conditions(
         " (it went back in time: a failover to an asynchronous replica, a restore, or a crash without"
         " fsync); nothing of batch {batch} was applied. To read the lost events again, restart the query"
         " with a new checkpointLocation and kafka_rc's option ledger.sink={sink}, which starts where the"
-        " ledger stands, or with startingOffsets='{offsets}'",
+        " ledger stands, or with startingOffsets='{offsets}'{moved}",
     ),
     SINK_TASK_COMMIT_LOST=Condition(
         ServiceUnavailable,

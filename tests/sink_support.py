@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from decimal import Decimal
 from pathlib import Path
@@ -209,3 +210,28 @@ def sink_job(
     `pause_at` a batch id, -1, or "start" (see the job); env: SPARK_REMOTE for a Connect client."""
     argv = [bootstrap, topic, db.raw, "orders", str(tmp / "checkpoint"), str(tmp / run), "400", str(pause_at)]
     return Job(["tests/jobs/sink_job.py", *argv, *extra], tmp / f"{run}.log", env or {})
+
+
+def applied_both_ways(  # type: ignore[no-untyped-def]
+    frame_of, db: DatabaseUrl, pg: psycopg.Connection, columns: str, tmp_path: Path, caplog
+) -> dict[bool, tuple[list[tuple], list[tuple]]]:
+    """A frame (made anew by `frame_of()`) applied into a table of `columns` by tasks that read Kafka
+    themselves, and into another from Spark's rows: each one's rows and dead letters (key, error),
+    by read_kafka. The tasks must have read every range: none left to Spark's rows."""
+    found = {}
+    for read_kafka in (True, False):
+        table = f"both_{'direct' if read_kafka else 'spark'}"
+        pg.execute(sql.SQL("CREATE TABLE {} ({})").format(sql.Identifier(table), sql.SQL(columns)))
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="sinks.postgres"):
+            sink = PostgresSink(table, url=db.raw, read_kafka=read_kafka)
+            sink.start(frame_of(), str(tmp_path / table), trigger={"availableNow": True}).awaitTermination()
+        if read_kafka:
+            assert "its tasks read the batches' Kafka records themselves" in caplog.text, caplog.text
+            assert "applied from Spark's rows" not in caplog.text, caplog.text
+        rows = pg.execute(sql.SQL("SELECT * FROM {} ORDER BY 1").format(sql.Identifier(table))).fetchall()
+        dead = pg.execute(
+            "SELECT key, error FROM sink_dead_letters WHERE sink = %s ORDER BY key", [f"public.{table}"]
+        ).fetchall()
+        found[read_kafka] = (rows, dead)
+    return found

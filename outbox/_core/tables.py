@@ -29,6 +29,8 @@ TXID_TRIGGER = "outbox_events_txid"  # stamps each outbox row's txid (0010), on 
 
 # Columns that later revisions added to a table: whoever requires the table needs them too.
 ADDED_COLUMNS = {SINK_BATCHES: ("result",)}
+# Primary keys that later revisions changed (0014: a sink's batches by query), as they are now.
+CHANGED_KEYS = {SINK_BATCHES: ("sink", "query_id")}
 
 # What a writer of outbox rows supplies; id, txid and created_at come from their defaults.
 # The session setting that turns the outbox's NOTIFY on insert off (migration 0009): PostgreSQL
@@ -67,7 +69,8 @@ def require(conn: psycopg.Connection[Any], url: DatabaseUrl, schema: str, names:
     if missing:
         raise missing_tables(schema, missing, url)
     wanted = [(t, c) for t in names for c in ADDED_COLUMNS.get(t, ())]
-    if not wanted:
+    keyed = [t for t in names if t in CHANGED_KEYS]
+    if not wanted and not keyed:
         return
     present = conn.execute(
         "SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = %s"
@@ -75,6 +78,21 @@ def require(conn: psycopg.Connection[Any], url: DatabaseUrl, schema: str, names:
         [schema, [t for t, _ in wanted], [c for _, c in wanted]],
     ).fetchall()
     behind = [f"{schema}.{t}.{c}" for t, c in wanted if (t, c) not in set(present)]
+    keys = dict(
+        conn.execute(
+            "SELECT c.relname::text, array_agg(a.attname::text ORDER BY k.n) FROM pg_index i"
+            " JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace s ON s.oid = c.relnamespace"
+            " CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)"
+            " JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum"
+            " WHERE i.indisprimary AND s.nspname = %s AND c.relname = ANY(%s) GROUP BY c.relname",
+            [schema, keyed],
+        ).fetchall()
+    )
+    behind += [
+        f"{schema}.{t}'s primary key ({', '.join(CHANGED_KEYS[t])})"
+        for t in keyed
+        if tuple(keys.get(t, ())) != CHANGED_KEYS[t]
+    ]
     if behind:
         raise error(
             "TABLES_OUTDATED",

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 
 from outbox._core import plugins
 from outbox._core.errors import OutboxError
-from outbox.cli import check, db, relay, relays, status, trace, transactions, verify
+from outbox.cli import check, db, relay, relays, sinks, status, trace, transactions, verify
 from outbox.errors import error
 from outbox.stopping import release_stop_signals
 
@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.register(commands)
     relay.register(commands)
     relays.register(commands)
+    sinks.register(commands)
     verify.register(commands)
     status.register(commands)
     trace.register(commands)

@@ -6,13 +6,14 @@ restore, a crash of a server without fsync. Spark would go on from its
 checkpoint and those events would never be read again. So each batch records
 (query, batch id) in its own commit, and the next batch checks that the
 database still shows the one before it. WAL keeps commits in order: if that
-record survived, every earlier commit of the sink did too.
+record survived, every earlier commit of the sink did too. Records are kept
+by query: a new checkpoint's query, whose batch 0 a restore took away, finds
+no record of its own rather than an older query's, which proves nothing.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 import psycopg
 from pyspark.sql import DataFrame
@@ -25,22 +26,17 @@ from sinks.postgres.spark_plan import is_connect
 from sinks.postgres.statements import Statements
 
 
-@dataclass(frozen=True)
-class LastBatch:
-    query: str  # Spark's query id, kept in the checkpoint across restarts
-    batch: int
-
-
-def lost(last: LastBatch | None, query: str | None, batch: int) -> range:
+def lost(last: int | None, query: str | None, batch: int) -> range:
     """The batches of `query` before `batch` that the database no longer shows; empty if none.
 
-    Spark starts batch N only once N-1 returned, so the database must show N-1,
-    or N itself when N is replayed after a crash. Another query (a new
-    checkpoint) counts its batches from 0 again: nothing to compare.
+    last: the last batch of `query` the database shows (None: none). Spark starts batch N only
+    once N-1 returned, so the database must show N-1, or N itself when N is replayed after a
+    crash; a query at batch N > 0 of which it shows none has lost them all, unless its checkpoint
+    was never this sink's (`outbox sinks adopt` records it). No query: nothing to compare.
     """
-    if last is None or query is None or last.query != query:
+    if query is None:
         return range(0)
-    return range(last.batch + 1, batch)
+    return range(0 if last is None else last + 1, batch)
 
 
 def behind(ledger: Positions, ends: Positions) -> list[tuple[str, int]]:
@@ -78,16 +74,30 @@ def check(conn: psycopg.Connection, st: Statements, query: str | None, batch: in
     the batch before), and a task starting over on the server that came back would move the
     ledger on past the lost batch's events, which then no remedy reads again.
     """
-    row = conn.execute(st.last_batch(), {"sink": st.spec.name}).fetchone()
-    gone = lost(LastBatch(*row) if row else None, query, batch)
+    if query is None:
+        return
+    row = conn.execute(st.last_batch(), {"sink": st.spec.name, "query": query}).fetchone()
+    gone = lost(row[0] if row else None, query, batch)
     if gone:
         ledger = positions(conn, st.spec.ledger_schema, st.spec.name)
-        raise lost_batches(st.spec.name, gone, batch, ledger)
+        raise lost_batches(st.spec.name, gone, batch, ledger, None if row else query)
 
 
-def lost_batches(sink: str, gone: range, batch: int, ledger: Positions) -> OutboxError:
-    """The one line for a database that went back: what is missing and how to read it again."""
+def lost_batches(
+    sink: str, gone: range, batch: int, ledger: Positions, unknown: str | None = None
+) -> OutboxError:
+    """The one line for a database that went back: what is missing and how to read it again.
+
+    unknown: the query, where the database holds no batch of it at all: then its checkpoint may
+    also be one moved onto the sink, which adopting it says."""
     first, last = gone[0], gone[-1]
     which = f"batch {first}" if first == last else f"batches {first}-{last}"
+    moved = ""
+    if unknown is not None:
+        which += " of this query, which it holds no batch of"
+        moved = (
+            ". If this checkpoint was never this sink's (moved onto it, or the sink added to a running"
+            f" query), record it instead: outbox sinks adopt {sink} --query {unknown} --batch {last}"
+        )
     offsets = json.dumps(to_offsets(ledger), separators=(",", ":"))
-    return error("SINK_BATCH_LOST", sink=sink, which=which, batch=batch, offsets=offsets)
+    return error("SINK_BATCH_LOST", sink=sink, which=which, batch=batch, offsets=offsets, moved=moved)

@@ -110,11 +110,11 @@ class PostgresSink:
         row per statement, not per record); the outbox events it writes then
         take ids a trace can compute. Prune old rows with `outbox trace --prune DAYS`.
     read_kafka : bool, default True
-        Where the frame is `parse_json` over a Kafka source, applied in the tasks:
-        the tasks read each batch's records from Kafka themselves and parse them
-        with Arrow (sinks/postgres/direct.py); a range Arrow may read otherwise
-        than Spark is left to Spark's rows. Spark's progress then counts no input
-        row. False: the tasks always take Spark's rows.
+        Where the frame is `parse_json`, `parse_avro` or `parse_protobuf` over a
+        Kafka source, applied in the tasks: the tasks read each batch's records
+        from Kafka themselves and parse them (sinks/postgres/direct.py); a JSON
+        range Arrow may read otherwise than Spark is left to Spark's rows. Spark's
+        progress then counts no input row. False: the tasks always take Spark's rows.
 
     Raises
     ------

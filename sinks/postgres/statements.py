@@ -196,15 +196,16 @@ class Statements:
 
     def last_batch(self) -> Query:
         return bindable(
-            sql.SQL("SELECT query_id, batch_id FROM {} WHERE sink = %(sink)s").format(self.names.batches)
+            sql.SQL("SELECT batch_id FROM {} WHERE sink = %(sink)s AND query_id = %(query)s").format(
+                self.names.batches
+            )
         )
 
     def record_batch(self) -> Query:
         return bindable(
             sql.SQL(
                 "INSERT INTO {} AS b (sink, query_id, batch_id) VALUES (%(sink)s, %(query)s, %(batch)s)"
-                " ON CONFLICT (sink) DO UPDATE SET query_id = EXCLUDED.query_id,"
-                " batch_id = EXCLUDED.batch_id, updated_at = now()"
+                " ON CONFLICT (sink, query_id) DO UPDATE SET batch_id = EXCLUDED.batch_id, updated_at = now()"
             ).format(self.names.batches)
         )
 

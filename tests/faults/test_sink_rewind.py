@@ -158,3 +158,46 @@ def test_a_batch_lost_while_the_next_ones_tasks_wait_is_said_and_read_again(  # 
     with psycopg.connect(url, autocommit=True) as pg:
         assert table(pg) == expected
         assert ledger(pg) == {0: log_ends(bootstrap, topic)[0]}
+
+
+@pytest.mark.parametrize("start", ["ledger", "earliest"])
+def test_a_new_querys_batch_lost_to_a_restore_fails_its_next_batch(  # type: ignore[no-untyped-def]
+    spark, bootstrap, topic, own_postgres: OwnPostgres, tmp_path: Path, start: str
+) -> None:
+    """Query A applies; query B, on a new checkpoint (the remedy SINK_BATCH_LOST names), applies its
+    batch 0; a restore takes PostgreSQL back to A's last batch. B's batch 1 must stop: before, it
+    went on, and batch 0's events were never read again (80 rows of 120; issue 60, item 4)."""
+    url = own_postgres.url.raw
+    from_ledger = {"ledger.sink": "orders", "ledger.url": url}
+
+    def sink_run(checkpoint: Path, **options: str) -> PostgresSink:
+        sink = PostgresSink("orders", url=url, name="orders")
+        return run(spark, bootstrap, topic, checkpoint, sink, **options)
+
+    def rows() -> dict[str, tuple]:
+        with psycopg.connect(url, autocommit=True) as pg:
+            return table(pg)
+
+    expected = orders(bootstrap, topic, 50)
+    sink_run(tmp_path / "a")
+    own_postgres.execute("CHECKPOINT")
+    lose = lose_what_follows(own_postgres, "restore", tmp_path / "backup")
+    expected |= orders(bootstrap, topic, 40)
+    b = from_ledger if start == "ledger" else {}  # else from earliest: the ledger skips A's events
+    sink_run(tmp_path / "b", **b)  # B's batch 0
+    server = lose()
+    try:
+        assert len(rows()) == 50, "B's batch 0 was to be lost"
+        expected |= orders(bootstrap, topic, 30)
+        with pytest.raises(
+            StreamingQueryException,
+            match=r"\[SINK_BATCH_LOST\] sink orders: PostgreSQL no longer holds batch 0 of this query",
+        ) as info:
+            sink_run(tmp_path / "b", **b)  # B's batch 1
+        assert f'startingOffsets=\'{{"{topic}":{{"0":50}}}}\'' in str(info.value)
+        assert len(rows()) == 50
+        sink_run(tmp_path / "c", **from_ledger)  # the remedy the error names
+        assert rows() == expected
+    finally:
+        if server is not own_postgres:
+            server.stop()

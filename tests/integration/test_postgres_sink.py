@@ -560,14 +560,22 @@ def test_position_columns_and_ledger_are_required(spark, database, db, pg) -> No
     assert missing.value.code == "TABLES_MISSING"
     assert "outbox db upgrade --schema elsewhere" in missing.value.message  # the remedy, for that schema
 
-    # Tables of an older revision: the column a later one added is named, with the same remedy.
+    # Tables of an older revision: the key or the column a later one added is named, with the same remedy.
+    frame = spark.createDataFrame([], f"event_id string, n long, {KAFKA}")
+    migrate.downgrade(db, "public", "0013")
+    with pytest.raises(ConfigError) as keyed:
+        PostgresSink("orders", url=db.raw).writer(frame)
+    assert keyed.value.code == "TABLES_OUTDATED"
+    assert keyed.value.message.startswith("public.sink_batches's primary key (sink, query_id) is missing ")
     migrate.downgrade(db, "public", "0006")
     with pytest.raises(ConfigError) as behind:
         PostgresSink("orders", url=db.raw).writer(
             spark.createDataFrame([], f"event_id string, n long, {KAFKA}")
         )
     assert behind.value.code == "TABLES_OUTDATED"
-    assert behind.value.message.startswith("public.sink_batches.result is missing "), behind.value.message
+    assert behind.value.message.startswith(
+        "public.sink_batches.result, public.sink_batches's primary key (sink, query_id) are missing "
+    ), behind.value.message
     assert "outbox db upgrade --schema public" in behind.value.message
 
 

@@ -24,7 +24,7 @@ from sinks.postgres import PostgresSink, parse_protobuf
 from tests.conftest import RunningRegistry
 from tests.helpers import committed_messages, produce_transaction, transactional_producer, unique
 from tests.relay_support import ACTIVE, relay_job, terminate, wait_published
-from tests.sink_support import ledger, log_ends
+from tests.sink_support import applied_both_ways, ledger, log_ends
 from tests.source_support import stream
 
 pytestmark = pytest.mark.timeout(300)
@@ -36,8 +36,9 @@ TABLE = (
 F = descriptor_pb2.FieldDescriptorProto
 
 
-def order_class(version: int, package: str = "shop") -> Any:
-    """shop.Order, v1 or v2 (v2 adds `note`), made from its descriptor as protoc's output would be."""
+def order_class(version: int, package: str = "shop", only: tuple[str, ...] = ()) -> Any:
+    """shop.Order, v1 or v2 (v2 adds `note`), made from its descriptor as protoc's output would be;
+    of its fields `only` those, if given."""
     file = descriptor_pb2.FileDescriptorProto(
         name=f"{package}/order_v{version}.proto",
         package=package,
@@ -59,6 +60,8 @@ def order_class(version: int, package: str = "shop") -> Any:
     if version == 2:
         fields.append(("note", 7, F.TYPE_STRING, None, F.LABEL_OPTIONAL))
     for name, number, kind, type_name, label in fields:
+        if only and name not in only:
+            continue
         field = message.field.add(name=name, number=number, type=kind, label=label)
         if type_name:
             field.type_name = type_name
@@ -86,9 +89,7 @@ def rows(pg: psycopg.Connection) -> dict[str, tuple]:
 
 
 def serializer(registry: RunningRegistry, kind: Any) -> ProtobufSerializer:
-    return ProtobufSerializer(
-        kind, registry.client(), {"use.deprecated.format": False}
-    )
+    return ProtobufSerializer(kind, registry.client(), {"use.deprecated.format": False})
 
 
 def test_confluents_protobuf_records_of_an_evolving_message_are_applied_once(  # type: ignore[no-untyped-def]
@@ -121,6 +122,39 @@ def test_confluents_protobuf_records_of_an_evolving_message_are_applied_once(  #
     assert pg.execute("SELECT count(*) FROM sink_dead_letters").fetchone() == (0,)
 
 
+def test_the_tasks_read_protobuf_from_kafka_themselves_and_apply_what_sparks_rows_apply(  # type: ignore[no-untyped-def]
+    spark, bootstrap, topic, db, pg, registry, tmp_path, caplog
+) -> None:
+    """A message of fields the tasks read as written: the tasks decode it themselves, and give the
+    rows and the dead letters Spark's rows give."""
+    kind = order_class(2, package=unique("p"), only=("event_id", "n", "status", "big", "note"))
+    write, context = serializer(registry, kind), SerializationContext(topic, MessageField.VALUE)
+    ids = [str(uuid.uuid4()) for _ in range(30)]
+    messages = [
+        kind(event_id=i, n=n, status=n % 2, big=2**64 - 1 - n, note=f"n{n}") for n, i in enumerate(ids)
+    ]
+    records = [(m.event_id.encode(), write(m, context)) for m in messages]
+    produce_transaction(
+        transactional_producer(bootstrap), topic, [*records, (b"bad", b"{}"), (ids[0].encode(), None)]
+    )
+
+    found = applied_both_ways(
+        lambda: parse_protobuf(stream(spark, bootstrap, topic), registry.url, key_column="event_id"),
+        db,
+        pg,
+        "event_id text PRIMARY KEY, n bigint NOT NULL, status text, big numeric, note text",
+        tmp_path,
+        caplog,
+    )
+
+    assert found[True] == found[False]
+    rows, dead = found[True]
+    assert rows == sorted(
+        (m.event_id, m.n, "PAID" if m.n % 2 else "NEW", m.big, m.note) for m in messages[1:]
+    )
+    assert [key for key, _ in dead] == [b"bad"]
+
+
 def test_protobuf_values_that_cannot_be_read_are_dead_letters_naming_why(  # type: ignore[no-untyped-def]
     spark, bootstrap, topic, db, pg, registry, checkpoint
 ) -> None:
@@ -130,9 +164,7 @@ def test_protobuf_values_that_cannot_be_read_are_dead_letters_naming_why(  # typ
         order(kind, 3, str(uuid.uuid4()), note="ok"), SerializationContext(topic, MessageField.VALUE)
     )
     schema_id = int.from_bytes(good[1:5], "big")
-    avro_id = registry.client().register_schema(
-        unique("avro"), Schema('"long"', "AVRO")
-    )
+    avro_id = registry.client().register_schema(unique("avro"), Schema('"long"', "AVRO"))
     records = [
         (b"a", b"{}"),  # no magic byte
         (b"b", frame(2_000_000, good[5:])),  # an unknown id
@@ -204,9 +236,7 @@ def test_a_schema_registered_as_proto_text_as_javas_serializer_does_is_read(  # 
     """Java's KafkaProtobufSerializer registers .proto text: the registry gives it serialized."""
     pg.execute(TABLE)
     package = unique("j")
-    schema_id = registry.client().register_schema(
-        f"{topic}-value", Schema(PROTO_TEXT % package, "PROTOBUF")
-    )
+    schema_id = registry.client().register_schema(f"{topic}-value", Schema(PROTO_TEXT % package, "PROTOBUF"))
     kind = order_class(2, package=package)
     sent = [order(kind, n, str(uuid.uuid4()), note="java") for n in range(5)]
     framed = [(None, frame(schema_id, b"\x00" + m.SerializeToString())) for m in sent]
