@@ -69,7 +69,7 @@ import psycopg
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from cpu import measured  # bench/cpu.py
-from debezium import Debezium  # bench/debezium.py
+from debezium import on_outbox  # bench/debezium.py
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 from services import services  # bench/services.py
@@ -83,6 +83,7 @@ from outbox.relay import Relay, RelaySettings
 from outbox.relay.kafka import PRODUCER_DEFAULTS
 from outbox.relay.metrics import STEPS as RELAY_STEPS
 from outbox.writer import Event, add_events
+from outbox_dev.debezium import Debezium
 from outbox_dev.kafka import Cluster
 from outbox_dev.process import free_port, spawn
 
@@ -679,12 +680,12 @@ def main() -> int:
         topic = create_topic(bootstrap)
         fill(url, topic, args.events, args.size)
         peers = {
-            name: Debezium(Path(tmp) / name, url, bootstrap, schema, exactly_once=name == "debezium_eos")
+            name: on_outbox(Path(tmp) / name, url, bootstrap, schema, exactly_once=name == "debezium_eos")
             for name, schema in ({} if args.no_debezium else PEERS).items()
         }
         # In the mid-stream fault only: a standalone worker that flushes its offsets every second.
         peers |= {
-            name: Debezium(Path(tmp) / name, url, bootstrap, schema, flush_ms=FLUSH_MS)
+            name: on_outbox(Path(tmp) / name, url, bootstrap, schema, flush_ms=FLUSH_MS)
             for name, schema in ({} if args.no_debezium else FLUSHED).items()
         }
         cluster = Cluster(Path(tmp) / "cluster", size=3) if args.cluster else None

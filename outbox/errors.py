@@ -210,6 +210,25 @@ CONDITIONS = Conditions(
     ),
     SINKS_ADOPT_ARGUMENTS=Condition(ConfigError, "give --checkpoint DIR, or --query ID and --batch N"),
     SINKS_DATABASE_ERROR=Condition(OutboxError, "outbox sinks {action} in {url}: {reason}"),
+    # adopt: `outbox db adopt-debezium`
+    ADOPT_TABLE_MISSING=Condition(
+        ConfigError, "there is no table {table}: name the outbox table Debezium reads"
+    ),
+    ADOPT_COLUMN_MISSING=Condition(
+        ConfigError, "{table} has no column {column!r} (the router's {option}): give --set {option}=COLUMN"
+    ),
+    ADOPT_COLUMN_TYPE=Condition(ConfigError, "{table}.{column} is of type {type}; it must be {needs}"),
+    ADOPT_OPTION_UNSUPPORTED=Condition(
+        ConfigError,
+        "the EventRouter option {option!r} is not one adopt-debezium maps; it takes {supported}",
+    ),
+    ADOPT_OPTION_MALFORMED=Condition(ConfigError, "--set needs OPTION=VALUE, got {text!r}"),
+    ADOPT_PLACEMENT_UNSUPPORTED=Condition(
+        ConfigError,
+        "table.fields.additional.placement {item!r}: only COLUMN:header[:ALIAS] is mapped"
+        " (envelope and partition placements are not)",
+    ),
+    ADOPT_DATABASE_ERROR=Condition(OutboxError, "outbox db adopt-debezium in {url}: {reason}"),
     # trace: `outbox trace`
     TRACE_EVENT_OR_PRUNE=Condition(ConfigError, "give an EVENT_ID to trace, or --prune DAYS (not both)"),
     TRACE_PRUNE_DAYS_INVALID=Condition(ConfigError, "--prune needs a number of days >= 0, got {days:g}"),

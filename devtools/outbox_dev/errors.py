@@ -40,6 +40,7 @@ CONDITIONS = Conditions(
     DEV_PGBOUNCER_MISSING=Condition(
         ConfigError, "pgbouncer is not installed (Debian: apt-get install pgbouncer)"
     ),
+    DEV_DEBEZIUM_NOT_STREAMING=Condition(ServiceUnavailable, "Debezium did not start streaming: see {log}"),
     # The local schema registry (registry.py).
     DEV_REGISTRY_JAVA=Condition(
         ConfigError,

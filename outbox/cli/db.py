@@ -1,12 +1,18 @@
-"""`outbox db upgrade | downgrade | current`: the framework's own schema migrations."""
+"""`outbox db upgrade | downgrade | current`: the framework's own schema migrations; `outbox db
+adopt-debezium`: a Debezium-layout outbox table feeding ours (outbox.debezium)."""
 
 from __future__ import annotations
 
 import argparse
 
-from outbox import migrate
+import psycopg
+
+from outbox import debezium, migrate
+from outbox._core import tables
 from outbox._core.config import database_url, schema_name
+from outbox._core.postgres import connect, reason
 from outbox.cli import options
+from outbox.errors import error
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,6 +39,30 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     options.database(actions.add_parser("current", help="show the applied revision")).set_defaults(
         handler=cmd_current
     )
+
+    adopt = options.database(
+        actions.add_parser(
+            "adopt-debezium",
+            help="copy each row a Debezium-layout outbox table gets into ours, as the EventRouter maps it",
+            description="Put a trigger on TABLE, an outbox table written for Debezium's outbox EventRouter,"
+            " that copies each inserted row into outbox_events in the same transaction, mapped as the"
+            " router maps it (its defaults, or the options given with --set): the relay, run with"
+            f" --event-id-header {debezium.ID_HEADER}, then publishes the records Debezium would."
+            " The application changes nothing; rows it deletes in the same transaction are copied too.",
+        )
+    )
+    adopt.add_argument("table", help="the Debezium outbox table")
+    adopt.add_argument("--table-schema", help="its schema (default: --schema's)")
+    adopt.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="OPTION=VALUE",
+        help="an EventRouter option, as in the connector's configuration (its transforms.NAME. prefix"
+        f" may stay): {', '.join(debezium.ROUTER_DEFAULTS)}",
+    )
+    adopt.add_argument("--undo", action="store_true", help="take the trigger away")
+    adopt.set_defaults(handler=cmd_adopt_debezium)
 
 
 def _lock_timeout(parser: argparse.ArgumentParser) -> None:
@@ -73,4 +103,29 @@ def cmd_current(args: argparse.Namespace) -> int:
         return 1
     suffix = " (head)" if revs.up_to_date else f" (head is {revs.head}: run `outbox db upgrade`)"
     print(", ".join(revs.current) + suffix)
+    return 0
+
+
+def cmd_adopt_debezium(args: argparse.Namespace) -> int:
+    url, schema = database_url(args.url), schema_name(args.schema)
+    table_schema = args.table_schema or schema
+    name = f"{table_schema}.{args.table}"
+    pairs = [text.partition("=") for text in args.set]
+    if bad := next((text for text, (_, sep, _) in zip(args.set, pairs, strict=True) if not sep), None):
+        raise error("ADOPT_OPTION_MALFORMED", text=bad)
+    router = debezium.Router.of({key.strip(): value.strip() for key, _, value in pairs})
+    with connect(url, autocommit=True) as conn:
+        try:
+            if args.undo:
+                had = debezium.uninstall(conn, table_schema, args.table)
+                print(f"# {name}: {'trigger taken away' if had else 'had no trigger: nothing changed'}")
+                return 0
+            tables.require(conn, url, schema, (tables.OUTBOX_EVENTS,))
+            debezium.install(conn, table_schema, args.table, schema, router)
+        except psycopg.Error as exc:
+            raise error("ADOPT_DATABASE_ERROR", url=url.safe, reason=reason(exc, url)) from None
+    print(
+        f"# {name}: each row inserted is copied into {schema}.{tables.OUTBOX_EVENTS} ({router.describe()});"
+        f" run the relay with --event-id-header {debezium.ID_HEADER}"
+    )
     return 0

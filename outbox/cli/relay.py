@@ -142,6 +142,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
         synchronous_commit=args.synchronous_commit,
         kafka_timeout=args.kafka_timeout,
         database_timeout=args.database_timeout,
+        event_id_header=args.event_id_header,
     )
     # Set by SIGTERM or SIGINT, also one that came while the relay was still starting.
     stop = STOP

@@ -102,12 +102,14 @@ class Publisher:
         exactly_once: bool = True,
         timeout: float = 30.0,
         pause: Pause | None = None,
+        id_header: str = EVENT_ID_HEADER,
     ) -> None:
         clash = sorted(RESERVED & set(kafka))
         if clash:
             raise error("RELAY_KAFKA_SETTING_RESERVED", setting=clash[0])
         self.bootstrap, self.relay = bootstrap, relay
         self.exactly_once, self.timeout, self.pause = exactly_once, timeout, pause
+        self.id_header = id_header
         self.retry_for = 2 * timeout  # how long a call the outcome table retries is asked again
         self.settings = {**PRODUCER_DEFAULTS, **kafka}
         self.access = Access.of(bootstrap, relay.name, positions_topic, self.settings)
@@ -178,7 +180,7 @@ class Publisher:
     def check_rows(self, rows: Sequence[Row]) -> None:
         """Raise Poison for the first row that cannot go out as written, or whose topic does not
         exist (checked before producing); warn of a topic that can lose what is published to it."""
-        if (bad := unpublishable(rows, self.positions.topic)) is not None:
+        if (bad := unpublishable(rows, self.positions.topic, self.id_header)) is not None:
             raise Poison(*bad)
         topics = {row.topic for row in rows}
         if wanted := topics - self._known_topics:
@@ -337,7 +339,7 @@ class Publisher:
 
     def _produce_rows(self, producer: Producer, rows: Iterable[Row]) -> None:
         for row in rows:
-            headers: list[tuple[str, str | bytes | None]] = [(EVENT_ID_HEADER, row.event_id)]
+            headers: list[tuple[str, str | bytes | None]] = [(self.id_header, row.event_id)]
             if row.header_keys:
                 headers += zip(row.header_keys, row.header_values or (), strict=True)
             try:

@@ -98,12 +98,15 @@ def missing_topic(topic: str) -> str:
     return f"topic {topic!r} does not exist (create it; the relay never auto-creates topics)"
 
 
-def unpublishable(rows: Sequence[Row], positions_topic: str) -> tuple[int, str] | None:
+def unpublishable(
+    rows: Sequence[Row], positions_topic: str, id_header: str = EVENT_ID_HEADER
+) -> tuple[int, str] | None:
     """The first row that can never go out as written, and why; None when every row can. Rows
     written by hand (other languages INSERT them) can hold what add_event refuses; published, they
     would end the relay's process at every start, or go out other than they read. On the publishing
     path: headers are looked at only where a row has some, each topic once."""
-    found = [(r.id, why) for r in rows if (r.header_keys or r.header_values) and (why := _headers(r))]
+    headed = [r for r in rows if r.header_keys or r.header_values]
+    found = [(r.id, why) for r in headed if (why := _headers(r, id_header))]
     first: dict[str, int] = {}
     for r in rows:
         first.setdefault(r.topic, r.id)
@@ -111,7 +114,7 @@ def unpublishable(rows: Sequence[Row], positions_topic: str) -> tuple[int, str] 
     return min(found) if found else None
 
 
-def _headers(row: Row) -> str | None:
+def _headers(row: Row, id_header: str) -> str | None:
     names, values = row.header_keys or [], row.header_values or []
     if len(names) != len(values):
         return f"its header_keys and header_values differ in length ({len(names)} and {len(values)})"
@@ -121,8 +124,8 @@ def _headers(row: Row) -> str | None:
         return "header_keys and header_values must be one-dimensional arrays"
     if None in names:
         return "a header name is NULL"
-    if EVENT_ID_HEADER in names:
-        return f"a header named {EVENT_ID_HEADER!r}: the relay stamps every record with the event's id there"
+    if id_header in names:
+        return f"a header named {id_header!r}: the relay stamps every record with the event's id there"
     return None
 
 

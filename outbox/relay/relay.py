@@ -146,6 +146,7 @@ class Relay:
                 exactly_once=s.exactly_once,
                 timeout=s.kafka_timeout,
                 pause=self.pause,
+                id_header=s.event_id_header,
             )
             self.metrics.active.set(1)
             try:

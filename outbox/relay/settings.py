@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from outbox._core import tables
 from outbox._core.config import DatabaseUrl, schema_name
 from outbox._core.settings import Setting, boolean, check_all
 from outbox.errors import error
@@ -141,6 +142,14 @@ SYNCHRONOUS = Setting(
     "OUTBOX_RELAY_SYNCHRONOUS_COMMIT",
     choices=SYNCHRONOUS_COMMIT,
 )
+EVENT_ID_HEADER = Setting(
+    "--event-id-header",
+    tables.EVENT_ID_HEADER,
+    "the header each record carries its event's id in (`id` for an outbox adopted from Debezium's,"
+    " as its EventRouter names it); `outbox verify --id-header` reads the same",
+    str,
+    "OUTBOX_RELAY_EVENT_ID_HEADER",
+)
 LOG_FORMAT = Setting(
     "--log-format",
     "json",
@@ -168,6 +177,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
     DATABASE_TIMEOUT,
     MAX_RETRIES,
     SYNCHRONOUS,
+    EVENT_ID_HEADER,
     LOG_FORMAT,
 )
 
@@ -196,6 +206,7 @@ class RelaySettings:
     synchronous_commit: str = SYNCHRONOUS.default
     kafka_timeout: float = KAFKA_TIMEOUT.default
     database_timeout: float = DATABASE_TIMEOUT.default
+    event_id_header: str = EVENT_ID_HEADER.default
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", relay_name(self.name))
