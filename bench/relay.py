@@ -262,8 +262,9 @@ def relay_run(settings: RelaySettings, count: int) -> dict[str, Any]:
 class Arrivals(threading.Thread):
     """A read_committed consumer of one topic that stamps each event id's first arrival."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    def __init__(self, bootstrap: str, topic: str, id_header: str = tables.EVENT_ID_HEADER) -> None:
         super().__init__(daemon=True)
+        self.id_header = id_header
         self.consumer = reader(bootstrap)
         self.consumer.subscribe([topic])
         self.first: dict[bytes, float] = {}
@@ -278,7 +279,7 @@ class Arrivals(threading.Thread):
             m = self.consumer.poll(0.05)
             if m is not None and m.error() is None:
                 self.records += 1
-                event_id = dict(m.headers() or [])["event_id"]
+                event_id = dict(m.headers() or [])[self.id_header]
                 self.first.setdefault(event_id, time.time())
                 self.produced.setdefault(event_id, m.timestamp()[1] / 1000)
         self.consumer.close()
@@ -551,10 +552,12 @@ def losses(
     kill: Callable[[], None],
     probe: psycopg.Connection | None,
     schema: str,
+    table: tuple[str, str] = (tables.OUTBOX_EVENTS, "event_id"),
 ) -> dict[str, object]:
     """Once every committed event (`row`: event id -> its place) is out, or 120 s: duplicates and
     missing, and which rows are missing, with the LSNs they share with rows that came out.
-    `seen`: what the bench had read when it killed the publisher."""
+    `seen`: what the bench had read when it killed the publisher; `table`: the table the rows
+    were written to, and its event id column."""
     arrivals.wait_for(len(row), 120)
     time.sleep(2)  # late duplicates
     arrivals.close()
@@ -569,7 +572,7 @@ def losses(
     if missing:
         out["missing_rows"] = _spans(missing)
         if probe is not None:
-            out["missing_by_lsn"] = _by_lsn(probe, schema, row, set(missing), {row[e] for e in seen})
+            out["missing_by_lsn"] = _by_lsn(probe, schema, table, row, set(missing), {row[e] for e in seen})
     return out
 
 
@@ -585,17 +588,22 @@ def _spans(rows: list[int]) -> str:
 
 
 def _by_lsn(
-    probe: psycopg.Connection, schema: str, row: dict[bytes, int], missing: set[int], seen: set[int]
+    probe: psycopg.Connection,
+    schema: str,
+    table: tuple[str, str],
+    row: dict[bytes, int],
+    missing: set[int],
+    seen: set[int],
 ) -> list[dict[str, object]]:
     """For each LSN a missing row has: which of the transaction's rows have it, how many of them
     the bench had read when it killed the publisher, how many are missing."""
     changes = probe.execute(
         "SELECT lsn::text, data FROM pg_logical_slot_peek_changes(%s, NULL, NULL)", [PROBE]
     ).fetchall()
-    marker, table = "event_id[uuid]:'", f"table {schema}.{tables.OUTBOX_EVENTS}: INSERT:"
+    marker, written = f"{table[1]}[uuid]:'", f"table {schema}.{table[0]}: INSERT:"
     lsn_rows: dict[str, list[int]] = {}
     for lsn, data in changes:
-        if data.startswith(table) and marker in data:
+        if data.startswith(written) and marker in data:
             event = data.split(marker, 1)[1].split("'", 1)[0].encode()
             if event in row:
                 lsn_rows.setdefault(lsn, []).append(row[event])
@@ -628,14 +636,15 @@ def relay_spawn(
 
 
 def relay_process(
-    url: DatabaseUrl, bootstrap: str, work: Path, delivery: str = "exactly-once"
+    url: DatabaseUrl, bootstrap: str, work: Path, delivery: str = "exactly-once", *flags: str
 ) -> tuple[Callable[[], None], Callable[[], None]]:
     """`outbox relay` as a child process: (start, kill -9), for the fault comparison."""
     name = f"bench-fault-{uuid.uuid4().hex[:6]}"
     proc: list[subprocess.Popen[bytes]] = []
 
     def start() -> None:
-        proc.append(relay_spawn(url, bootstrap, name, work / f"{name}.log", "off", "--delivery", delivery))
+        log = work / f"{name}.log"
+        proc.append(relay_spawn(url, bootstrap, name, log, "off", "--delivery", delivery, *flags))
 
     def kill() -> None:
         if proc:
