@@ -168,7 +168,7 @@ CONDITIONS = Conditions(
     SINK_TABLE_NOT_FOUND=Condition(
         ConfigError,
         "table {schema}.{table} does not exist in {database}: create it (with a unique"
-        " index on the key columns) before starting the sink",
+        " index on the key columns) before starting the sink, or pass create=True",
     ),
     # -- plan (sinks/postgres/plan.py): the frame against the table ------------------------------------
     SINK_COLUMNS_NOT_IN_TABLE=Condition(
@@ -204,6 +204,15 @@ CONDITIONS = Conditions(
         "the DataFrame needs the Kafka position columns topic (string), partition (int) and offset"
         " (long) to apply each event exactly once; missing or mistyped: {columns}. Keep them when you"
         " parse the value, or use sinks.postgres.parse_json",
+    ),
+    SINK_FIELD_TYPE_UNMAPPED=Condition(
+        ConfigError,
+        "create/evolve: a Spark {spark_type} has no column type of its own; cast it in the DataFrame first",
+    ),
+    SINK_COLUMN_NO_LONGER_FITS=Condition(
+        ConfigError,
+        "{table}.{column} is {type}, and the frame's {column} is now a Spark {spark_type}: some of its"
+        " values may not fit, and the sink never narrows nor changes a column itself. To take them: {alter}",
     ),
     SINK_COLUMN_TYPE_MISMATCH=Condition(
         ConfigError,

@@ -29,7 +29,9 @@ _PASSING = (408, 429, 502, 503, 504)  # answers that pass by themselves: timed o
 Settings = tuple[tuple[str, str], ...]
 # Unless the settings say otherwise: a request that hangs (a registry stopped, not down) ends, and
 # is asked again by `ask`, which says that it waits, rather than by the client, which says nothing.
-_DEFAULTS = {"timeout": 5, "max.retries": 0}
+# The client keeps a subject's newest version for good unless told otherwise: a query started again
+# in the same driver would read with the version of the process's first start.
+_DEFAULTS = {"timeout": 5, "max.retries": 0, "cache.latest.ttl.sec": 0}
 
 
 class UnknownSchema(LookupError):

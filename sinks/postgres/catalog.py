@@ -61,9 +61,17 @@ GROUP BY i.indexrelid
 
 
 def describe(conn: psycopg.Connection, schema: str, table: str) -> Table:
+    found = find(conn, schema, table)
+    if found is None:
+        raise error("SINK_TABLE_NOT_FOUND", schema=schema, table=table, database=conn.info.dbname)
+    return found
+
+
+def find(conn: psycopg.Connection, schema: str, table: str) -> Table | None:
+    """The table's catalog entry; None where there is no such table."""
     rows = conn.execute(_COLUMNS, [schema, table]).fetchall()
     if not rows:
-        raise error("SINK_TABLE_NOT_FOUND", schema=schema, table=table, database=conn.info.dbname)
+        return None
     columns = {r[0]: Column(*r) for r in rows}
     keys = tuple(frozenset(r[0]) for r in conn.execute(_UNIQUE, [schema, table]).fetchall())
     return Table(schema, table, columns, keys)

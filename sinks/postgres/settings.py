@@ -97,6 +97,18 @@ TRACE = _keyword(
     " `outbox trace EVENT_ID` (one row per statement, no index; what it costs is measured in"
     " [Benchmarks](benchmarks.md#the-sink)); the outbox events then take ids a trace can compute",
 )
+CREATE = _keyword(
+    "create",
+    False,
+    "make the table when it is missing: a column per field of the frame (Kafka's own columns"
+    " aside), the key its primary key",
+)
+EVOLVE = _keyword(
+    "evolve",
+    False,
+    "add a nullable column for each field the table lacks, before the first batch; a field whose"
+    " type no longer fits its column stops the query, naming the ALTER TABLE that would take it",
+)
 READ_KAFKA = _keyword(
     "read_kafka",
     True,
@@ -121,5 +133,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
     KAFKA,
     DATABASE_TIMEOUT,
     TRACE,
+    CREATE,
+    EVOLVE,
     READ_KAFKA,
 )

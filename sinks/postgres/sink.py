@@ -24,7 +24,7 @@ from outbox._core.errors import ServiceUnavailable
 from outbox._core.postgres import connect, keepalive, pooled, watched
 from sinks.errors import SinkError, error
 from sinks.ledger import Positions, positions
-from sinks.postgres import continuity, direct
+from sinks.postgres import continuity, direct, evolve
 from sinks.postgres import settings as S
 from sinks.postgres.apply import BatchResult, apply_batch
 from sinks.postgres.catalog import describe
@@ -109,6 +109,15 @@ class PostgresSink:
         `sink_traces`, in the same transaction, for `outbox trace EVENT_ID` (one
         row per statement, not per record); the outbox events it writes then
         take ids a trace can compute. Prune old rows with `outbox trace --prune DAYS`.
+    create : bool, default False
+        Make the table when it is missing: a column per field of the frame
+        (Kafka's own columns aside), typed from Spark's types, the key its
+        primary key.
+    evolve : bool, default False
+        Add a nullable column for each field the table lacks, before the first
+        batch. A column is never dropped or narrowed: a field whose type no
+        longer fits its column (text into an integer, a wider decimal) stops
+        the query in one line naming the ALTER TABLE that would take it.
     read_kafka : bool, default True
         Where the frame is `parse_json`, `parse_avro` or `parse_protobuf` over a
         Kafka source, applied in the tasks: the tasks read each batch's records
@@ -141,6 +150,8 @@ class PostgresSink:
         kafka: Mapping[str, str] | None = S.KAFKA.default,
         database_timeout: float = S.DATABASE_TIMEOUT.default,
         trace: bool = S.TRACE.default,
+        create: bool = S.CREATE.default,
+        evolve: bool = S.EVOLVE.default,
         read_kafka: bool = S.READ_KAFKA.default,
     ) -> None:
         self.spec = SinkSpec(
@@ -157,6 +168,8 @@ class PostgresSink:
             apply_in=apply_in,
             database_timeout=database_timeout,
             trace=trace,
+            create=create,
+            evolve=evolve,
             read_kafka=read_kafka,
         )
         self.delete = delete
@@ -262,6 +275,10 @@ class BatchWriter:
             tables.require(
                 conn, spec.url, spec.ledger_schema, used + ((tables.SINK_TRACES,) if spec.trace else ())
             )
+            if spec.create or spec.evolve:
+                conn.commit()  # the DDL commits on its own, before any batch
+                for change in evolve.prepare(conn, spec, frame.schema):
+                    log.warning("sink %s: %s", spec.name, change)
             self.plan = plan(frame.schema, describe(conn, spec.schema, spec.table), spec)
             self.statements = Statements(spec, self.plan)
             in_task = Statements(spec, self.plan, in_task=True)

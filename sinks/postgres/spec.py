@@ -50,6 +50,8 @@ class SinkSpec:
     apply_in: ApplyIn = S.APPLY_IN.default
     database_timeout: float = S.DATABASE_TIMEOUT.default  # seconds; see `silence` and `retry_for`
     trace: bool = S.TRACE.default  # each input record's outcome, for `outbox trace` (outbox/_core/trace.py)
+    create: bool = S.CREATE.default  # make a missing table (evolve.py)
+    evolve: bool = S.EVOLVE.default  # add the columns the table lacks (evolve.py)
     read_kafka: bool = S.READ_KAFKA.default  # the tasks read Kafka themselves where they can (direct.py)
 
     @property

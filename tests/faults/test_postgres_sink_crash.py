@@ -70,3 +70,27 @@ def test_broker_killed_mid_stream_then_restarted(own_broker: Broker, db, pg, tmp
         resumed = sink_job(bootstrap, topic, db, tmp_path, "resumed", -1, "available-now")
         assert resumed.wait(300) == 0, resumed.output()
     check_exactly_once(pg, bootstrap, topic, expected)
+
+
+def test_kill9_after_evolve_added_a_column_and_before_its_rows_then_restart(
+    bootstrap, topic, db, pg, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """The column is added when the writer is made and commits on its own; the job killed before
+    batch 0 applies leaves it with no rows, and the replay writes them, each once."""
+    pg.execute("ALTER TABLE orders DROP COLUMN amount")
+    expected = produce_orders(bootstrap, topic, 900)
+
+    first = sink_job(bootstrap, topic, db, tmp_path, "first", 0, "evolve")
+    first.wait_for_output("staged 0", timeout=180)
+    first.kill9()
+    added = pg.execute(
+        "SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = 'orders'::regclass"
+        " AND attname = 'amount' AND NOT attisdropped"
+    ).fetchall()
+    assert added == [("numeric(12,2)",)]
+    assert table(pg) == {} and ledger(pg) == {}
+
+    second = sink_job(bootstrap, topic, db, tmp_path, "second", -1, "available-now", "evolve")
+    assert second.wait(300) == 0, second.output()
+    assert "applied 0" in second.output()
+    check_exactly_once(pg, bootstrap, topic, expected)

@@ -313,3 +313,42 @@ def test_a_spark_connect_client_applies_avro_records_as_a_classic_one(  # type: 
     route = probe(connect_server.url, tmp_path, "avro", bootstrap, topic, registry.url, db.raw, "avro_orders")
     assert rows(pg) == {r["event_id"]: expected(r, "c") for r in records}, route
     assert pg.execute("SELECT count(*) FROM sink_dead_letters").fetchone() == (0,)
+
+
+def test_a_v2_schema_with_a_new_field_adds_its_column_under_evolve(  # type: ignore[no-untyped-def]
+    spark, bootstrap, topic, outbox_db, pg, registry, checkpoint
+) -> None:
+    """A table made from v1 by create=True; v2 registered with a field more; the query started again
+    on its checkpoint reads with v2, adds the column and writes it, the rows of v1 kept."""
+    context = SerializationContext(topic, MessageField.VALUE)
+    v1, v2 = serializer(registry, PLAIN_V1), serializer(registry, PLAIN_V2)
+    producer = transactional_producer(bootstrap)
+    first, later = str(uuid.uuid4()), str(uuid.uuid4())
+    body = {"n": 1, "amount": Decimal("1.05"), "paid": True, "rate": 0.5}
+
+    def run() -> None:
+        frame = parse_avro(stream(spark, bootstrap, topic), registry.url, key_column="event_id")
+        sink = PostgresSink("payments", url=outbox_db.raw, create=True, evolve=True)
+        sink.start(frame, str(checkpoint), trigger={"availableNow": True}).awaitTermination()
+
+    produce_transaction(producer, topic, [(first.encode(), v1({"event_id": first, **body}, context))])
+    run()
+    produce_transaction(
+        producer, topic, [(later.encode(), v2({"event_id": later, **body, "note": "v2"}, context))]
+    )
+    run()
+
+    found = pg.execute("SELECT event_id, n, note FROM payments ORDER BY n, note NULLS FIRST").fetchall()
+    assert sorted(found, key=str) == sorted([(first, 1, None), (later, 1, "v2")], key=str)
+    types = pg.execute(
+        "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute"
+        " WHERE attrelid = 'payments'::regclass AND attnum > 0 ORDER BY attnum"
+    ).fetchall()
+    assert types == [
+        ("event_id", "text"),
+        ("n", "bigint"),
+        ("amount", "numeric(12,2)"),
+        ("paid", "boolean"),
+        ("rate", "double precision"),
+        ("note", "text"),
+    ]

@@ -9,7 +9,8 @@ Prints "applied N" after each applied batch. With PAUSE_AT "start" the job runs
 its route, and at the end `sink.last` as JSON: what a Spark Connect client
 (SPARK_REMOTE) can see, since its batch function runs beside the server.
 With "metrics" it serves the sink's metrics and prints "metrics HOST:PORT SINK"; with
-"versioned" the sink keeps the newest `version` of each row.
+"versioned" the sink keeps the newest `version` of each row; with "evolve" it adds the columns
+the table lacks (evolve=True) when its writer is made, before batch 0.
 """
 
 import json
@@ -30,7 +31,13 @@ register(spark)
 versioned = "versioned" in sys.argv[9:]
 events = orders_stream(spark, bootstrap, topic, max_offsets, versioned)
 outbox = Outbox(topic="out", key="written.event_id::text")
-sink = PostgresSink(table, url=url, outbox=outbox, version="version" if versioned else None)
+sink = PostgresSink(
+    table,
+    url=url,
+    outbox=outbox,
+    version="version" if versioned else None,
+    evolve="evolve" in sys.argv[9:],
+)
 trigger = {"availableNow": True} if available_now else {"processingTime": "1 second"}
 if "metrics" in sys.argv[9:]:
     print(f"metrics {sink.serve_metrics(spark).address} {sink.name}", flush=True)
