@@ -6,6 +6,8 @@ import random
 import signal
 import time
 
+import pytest
+
 from outbox_dev.kafka import Broker
 from tests.helpers import create_topic, unique
 from tests.sink_support import check_exactly_once, ledger, log_ends, produce_orders, sink_job, table
@@ -33,6 +35,7 @@ def test_kill9_after_executors_staged_then_restart(bootstrap, topic, db, pg, tmp
     check_exactly_once(pg, bootstrap, topic, expected)
 
 
+@pytest.mark.soak  # kills at chosen points are in `make test` (above, and test_sink_tasks_faults.py)
 def test_kill9_at_random_points_then_restart(bootstrap, topic, db, pg, tmp_path) -> None:  # type: ignore[no-untyped-def]
     expected: dict[str, tuple] = {}
     delays = [random.uniform(0.0, 3.0) for _ in range(3)]
