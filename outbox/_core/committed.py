@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import cast
 
 from confluent_kafka import (
@@ -29,6 +29,7 @@ from outbox._core.errors import error
 from outbox._core.kafka import about_the_group, client_settings
 
 NEW_TOPIC_S = 5.0  # how long a topic that is not found is asked for again before it is said missing
+HELD_AFTER_S = 5.0  # how long a read gets nothing, short of its end, before `held` is told
 
 
 def read_committed(
@@ -38,11 +39,14 @@ def read_committed(
     start: Mapping[int, int] | None = None,
     timeout: float = 60.0,
     stuck: str | None = None,
+    held: Callable[[str], None] | None = None,
 ) -> list[Message]:
     """Every committed record of `topic`, per partition in offset order.
 
     config: client settings, `bootstrap.servers` included (security settings go
-    along); stuck: the message when the end is not reached within `timeout`.
+    along); stuck: the message when the end is not reached within `timeout`;
+    held: told once, with where the read stands, when it has got nothing for
+    HELD_AFTER_S short of its end (a transaction still open holds it there).
     """
     consumer, ends_of = _consumer(config, "read_committed"), _consumer(config, "read_uncommitted")
     servers = config.get("bootstrap.servers")
@@ -66,24 +70,31 @@ def read_committed(
         pending = {p for p, end in ends.items() if end > max(first[p], 0)}
         consumer.assign([TopicPartition(topic, p, first[p]) for p in pending])
         out: list[Message] = []
+        last_got = time.monotonic()
+
+        def where() -> str:
+            reached = {
+                p.partition: p.offset for p in consumer.position([TopicPartition(topic, p) for p in pending])
+            }
+            return ", ".join(
+                f"partition {p} at offset {reached.get(p, '?')} of {ends[p]}" for p in sorted(pending)
+            )
+
         while pending:
+            if held is not None and time.monotonic() - last_got > HELD_AFTER_S:
+                held(where())
+                held = None
             if time.monotonic() > deadline:
-                reached = {
-                    p.partition: p.offset
-                    for p in consumer.position([TopicPartition(topic, p) for p in pending])
-                }
-                where = ", ".join(
-                    f"partition {p} at offset {reached.get(p, '?')} of {ends[p]}" for p in sorted(pending)
-                )
                 if stuck:
-                    raise error("KAFKA_READ_STUCK", stuck=stuck, where=where)
-                raise error("KAFKA_READ_TIMEOUT", topic=topic, timeout=timeout, where=where)
+                    raise error("KAFKA_READ_STUCK", stuck=stuck, where=where())
+                raise error("KAFKA_READ_TIMEOUT", topic=topic, timeout=timeout, where=where())
             message = consumer.poll(0.5)
             if message is None:
                 continue
             failure = message.error()
             partition, offset = place(message)
             if failure is None:
+                last_got = time.monotonic()
                 out.append(message)
                 if offset + 1 >= ends[partition]:
                     pending.discard(partition)

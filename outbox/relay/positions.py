@@ -210,8 +210,20 @@ class PositionStore:
             f"the positions topic {self.topic!r} was not read to its end in {self.timeout * 4:.0f}s:"
             " a transaction still open (another relay's, not yet timed out), or Kafka slow to answer"
         )
+
+        def held(where: str) -> None:
+            log.warning(
+                "the positions topic %r is held by a transaction still open (%s): another relay's, or"
+                " another shard's, which every relay sharing the topic waits for. This one starts when"
+                " it commits or aborts (Kafka aborts it at its transaction.timeout.ms), or gives up"
+                " after %.0fs. A relay of its own positions topic (--positions-topic) waits for none",
+                self.topic,
+                where,
+                self.timeout * 4,
+            )
+
         try:
-            messages = read_committed(config, self.topic, timeout=self.timeout * 4, stuck=stuck)
+            messages = read_committed(config, self.topic, timeout=self.timeout * 4, stuck=stuck, held=held)
         except ConfigError as exc:
             if exc.code != "KAFKA_TOPIC_MISSING":
                 raise

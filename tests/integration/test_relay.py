@@ -102,6 +102,34 @@ def test_standby_takes_over_and_the_old_instance_is_fenced(
     assert terminate(second) == 0
 
 
+def test_a_relay_held_mid_transaction_holds_another_names_start_only_until_it_ends_and_says_so(
+    tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, events_topic: str
+) -> None:
+    """Relays of two names share a positions topic, each reading it read_committed: one held with
+    its position produced and not committed holds the topic's stable end, and the other, started
+    meanwhile, cannot read its own position past it. It says so in one line within seconds (before,
+    nothing until it gave up), and starts as soon as the held transaction commits."""
+    positions = unique("positions")
+    with psycopg.connect(outbox_db.libpq) as conn:
+        ids = add_events(conn, [Event(events_topic, {"n": i}, key=f"k{i}") for i in range(10)])
+    held, resume = relay_job(
+        tmp_path, env, unique("held"), "--positions-topic", positions, pause_at="before-commit", label="held"
+    )
+    held.wait_for_output("paused at before-commit", 60)
+    other, _ = relay_job(tmp_path, env, unique("other"), "--positions-topic", positions, label="other")
+    other.wait_for_output(f"the positions topic '{positions}' is held by a transaction still open", 30)
+    assert ACTIVE not in other.output()
+    resume.touch()
+    released = time.monotonic()
+    other.wait_for_output(ACTIVE, 30)
+    started = time.monotonic() - released
+    # Each name publishes the whole outbox once: every event twice, none more.
+    records = wait_published(bootstrap, events_topic, 3, 2 * len(ids))
+    assert sorted(e for *_, e in records) == sorted(str(i) for i in ids for _ in range(2))
+    assert terminate(other) == 0 and terminate(held) == 0
+    print(f"the other relay became active {started:.1f} s after the held transaction was let go")
+
+
 def test_shards_split_the_keys_and_together_publish_everything(
     tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, events_topic: str
 ) -> None:
