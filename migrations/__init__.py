@@ -66,6 +66,19 @@ def drop_table(name: str) -> None:
     from outbox.errors import error
 
     schema, context = target_schema(), op.get_context()
+    if name == "outbox_events" and not context.as_sql:
+        from shlex import quote
+
+        from outbox.debezium import adopters
+
+        if found := op.get_bind().execute(sql_text(adopters(schema))).all():
+            first = found[0]
+            raise error(
+                "DB_DOWNGRADE_ADOPTED",
+                tables=", ".join(f"{s}.{t}" for s, t in found),
+                schema=schema,
+                undo=f"outbox db adopt-debezium {quote(first[1])} --table-schema {quote(first[0])} --undo",
+            )
     if name in KEPT and not context.as_sql and not context.opts.get(FORCE):
         rows = sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(sql.Identifier(schema, name))
         if op.get_bind().execute(sql_text(rows)).scalar():

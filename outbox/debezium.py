@@ -29,7 +29,7 @@ from psycopg import sql
 from outbox._core import tables
 from outbox.errors import error
 
-__all__ = ["ID_HEADER", "ROUTER_DEFAULTS", "Router", "install", "installed", "uninstall"]
+__all__ = ["ID_HEADER", "ROUTER_DEFAULTS", "Router", "adopters", "install", "installed", "uninstall"]
 
 ID_HEADER = "id"  # the header the EventRouter puts the row's id in
 ROUTER_DEFAULTS: Mapping[str, str] = {
@@ -256,3 +256,14 @@ def installed(conn: psycopg.Connection[Any], schema: str, table: str) -> bool:
         [schema, table, TRIGGER],
     ).fetchone()
     return row is not None
+
+
+def adopters(outbox_schema: str) -> sql.Composed:
+    """A query of the tables whose adopt trigger copies rows into outbox_schema's outbox_events
+    (schema, name): dropping that table would fail each of their applications' inserts."""
+    target = sql.Identifier(outbox_schema, tables.OUTBOX_EVENTS)
+    return sql.SQL(
+        "SELECT n.nspname, c.relname FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid"
+        " JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE t.tgname = {} AND position({} in p.prosrc) > 0 ORDER BY 1, 2"
+    ).format(sql.Literal(TRIGGER), sql.Literal(target.as_string(None)))

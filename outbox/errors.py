@@ -211,6 +211,12 @@ CONDITIONS = Conditions(
     SINKS_ADOPT_ARGUMENTS=Condition(ConfigError, "give --checkpoint DIR, or --query ID and --batch N"),
     SINKS_DATABASE_ERROR=Condition(OutboxError, "outbox sinks {action} in {url}: {reason}"),
     # adopt: `outbox db adopt-debezium`
+    DB_DOWNGRADE_ADOPTED=Condition(
+        ConfigError,
+        "{tables} copy each inserted row into {schema}.outbox_events (outbox db adopt-debezium): without"
+        " it their applications' inserts fail. Take each trigger away first (`{undo}`); nothing"
+        " was dropped",
+    ),
     ADOPT_TABLE_MISSING=Condition(
         ConfigError, "there is no table {table}: name the outbox table Debezium reads"
     ),

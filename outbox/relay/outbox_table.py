@@ -24,6 +24,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 import psycopg
 from psycopg import sql
 
+from outbox import debezium
 from outbox._core import tables
 from outbox._core.config import DatabaseUrl
 from outbox._core.errors import ConfigError, ServiceUnavailable
@@ -291,6 +292,11 @@ class OutboxTable:
                 "RELAY_OUTBOX_ID_MISSING", schema=self.schema, table=tables.OUTBOX_IDENTITY, url=self.url.safe
             )
         return str(row[0])
+
+    @round_trip("reading which tables feed the outbox")
+    def adopted(self) -> list[str]:
+        """The tables `outbox db adopt-debezium` made feed this outbox (schema.table)."""
+        return [f"{s}.{t}" for s, t in self.conn.execute(debezium.adopters(self.schema)).fetchall()]
 
     @round_trip("trying the lock")
     def try_lock(self) -> bool:

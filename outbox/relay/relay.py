@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 from confluent_kafka import KafkaException
 
+from outbox import debezium
 from outbox._core.config import DatabaseUrl
 from outbox._core.errors import NotReady, OutboxError, ServiceUnavailable, Standby
 from outbox._core.postgres import reason
@@ -67,6 +68,7 @@ class Relay:
         self._topic_waits: dict[str, float] = {}
         self._limit = settings.batch_size  # rows a batch may take now (pace.py); kept across sessions
         self._context = {"relay": settings.name, "shard": str(settings.shard)}
+        self._adoption_checked = False
 
     def run(self) -> None:
         """Relay until `stop` is set; raise ServiceUnavailable after max_retries failures in a row."""
@@ -131,6 +133,21 @@ class Relay:
             s.url, s.schema, s.name, s.shard, s.synchronous_commit, s.database_timeout, s.silence
         )
 
+    def _check_adopted(self, table: OutboxTable) -> None:
+        """Once a process: tables adopted from Debezium's outbox feed this one, and the relay names
+        the event id's header otherwise than Debezium's EventRouter does."""
+        if self._adoption_checked:
+            return
+        self._adoption_checked = True
+        if self.settings.event_id_header != debezium.ID_HEADER and (fed := table.adopted()):
+            log.warning(
+                f"{', '.join(fed)} feed this outbox as Debezium's EventRouter maps them (outbox db"
+                f" adopt-debezium), but the relay puts each event's id in header"
+                f" {self.settings.event_id_header!r}, where the router puts it in {debezium.ID_HEADER!r}:"
+                f" run it with --event-id-header {debezium.ID_HEADER} to publish the records Debezium would",
+                extra=self._context,
+            )
+
     def _session(self) -> None:
         s = self.settings
         table = self._table()
@@ -138,6 +155,7 @@ class Relay:
             if not self._stand_by(table):
                 return
             relay = Identity(s.name, table.outbox_id(), s.shard)
+            self._check_adopted(table)
             publisher = Publisher(
                 s.bootstrap,
                 s.kafka,

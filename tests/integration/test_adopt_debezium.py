@@ -318,3 +318,29 @@ def test_a_row_with_no_aggregate_type_gets_a_topic_the_relay_refuses_by_name(
     assert topic == "outbox.event.${routedByValue}"
     found = unpublishable([Row(1, b"e", topic, None, None, None, None, 0.0)], "positions")
     assert found is not None and f"topic {topic!r} is no name Kafka takes" in found[1]
+
+
+def test_a_downgrade_that_would_drop_the_table_an_adopted_one_feeds_is_refused_until_undone(
+    db: DatabaseUrl, pg: psycopg.Connection, env: dict[str, str]
+) -> None:
+    """Dropped under the trigger, outbox_events would fail every insert of the application."""
+    debezium_layout(pg)
+    assert outbox("db", "adopt-debezium", TABLE, env=env).code == 0
+    refused = outbox("db", "downgrade", "base", "--force", env=env)
+    assert_one_line_error(refused, "public.app_outbox copy each inserted row into public.outbox_events")
+    assert f"outbox db adopt-debezium {TABLE} --table-schema public --undo" in refused.err
+    assert pg.execute("SELECT to_regclass('outbox_events') IS NOT NULL").fetchone() == (True,)
+    assert outbox("db", "adopt-debezium", TABLE, "--undo", env=env).code == 0
+    assert outbox("db", "downgrade", "base", "--force", env=env).code == 0
+    assert pg.execute("SELECT to_regclass('outbox_events') IS NULL").fetchone() == (True,)
+
+
+def test_a_relay_naming_the_event_id_header_otherwise_than_the_router_says_so(
+    db: DatabaseUrl, pg: psycopg.Connection, env: dict[str, str], tmp_path: Path
+) -> None:
+    debezium_layout(pg)
+    assert outbox("db", "adopt-debezium", TABLE, env=env).code == 0
+    job, _ = relay_job(tmp_path, env, unique("plain"))
+    job.wait_for_output("public.app_outbox feed this outbox as Debezium's EventRouter maps them", 60)
+    assert "run it with --event-id-header id" in job.output()
+    assert terminate(job) == 0
