@@ -25,7 +25,7 @@ import psycopg
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 
-from outbox import formats
+from outbox import formats, tracecontext
 from outbox._core import tables
 from outbox._core.config import schema_name
 from outbox._core.kafka import topic_name_valid
@@ -90,10 +90,11 @@ def add_event(
     schema: str | None = None,
     notify: bool = True,
     registry: str | Mapping[str, Any] | None = None,
+    trace_context: bool = True,
 ) -> uuid.UUID:
     """Add one event in the caller's open transaction; returns its event id."""
     event = Event(topic, value, key, headers or {}, event_id or uuid.uuid4())
-    add_events(conn, [event], schema=schema, notify=notify, registry=registry)
+    add_events(conn, [event], schema=schema, notify=notify, registry=registry, trace_context=trace_context)
     return event.event_id
 
 
@@ -104,14 +105,18 @@ def add_events(
     schema: str | None = None,
     notify: bool = True,
     registry: str | Mapping[str, Any] | None = None,
+    trace_context: bool = True,
 ) -> list[uuid.UUID]:
     """Add many events with one COPY, in order, in the caller's open transaction.
 
     notify=False: no NOTIFY wakes the relay, which finds the events at its poll interval; for the
     rest of this transaction (`outbox.notify` set LOCAL), so that it can be PREPAREd.
     registry: where an Avro or Protobuf value's schema is registered (outbox/formats.py): a URL or
-    confluent-kafka's SchemaRegistryClient settings; by default SCHEMA_REGISTRY_URL."""
-    rows = [e.row() for e in _encoded(events, registry)]
+    confluent-kafka's SchemaRegistryClient settings; by default SCHEMA_REGISTRY_URL.
+    trace_context: with OpenTelemetry and a current span, each event that has no `traceparent`
+    header gets that span's (outbox/tracecontext.py); False: none is added."""
+    traceparent = tracecontext.current() if trace_context else None
+    rows = [_traced(e.row(), traceparent) for e in _encoded(events, registry)]
     schema = schema or schema_name()
     target = sql.Identifier(schema, tables.OUTBOX_EVENTS)
     statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
@@ -128,7 +133,15 @@ def add_events(
         raise tables.missing_tables(
             schema, [tables.OUTBOX_EVENTS], note="this transaction is now aborted"
         ) from None
-    return [r[0] for r in rows]  # type: ignore[misc]  # each row is a tuple whose first item is the id
+    return [r[0] for r in rows]
+
+
+def _traced(row: tuple[Any, ...], traceparent: str | None) -> tuple[Any, ...]:
+    """The row with the span's traceparent among its headers, unless it has one of its own."""
+    *head, names, values = row
+    if traceparent is None or tracecontext.HEADER in names:
+        return row
+    return (*head, [*names, tracecontext.HEADER], [*values, traceparent.encode()])
 
 
 def _encoded(events: Iterable[Event], registry: str | Mapping[str, Any] | None) -> Iterator[Event]:

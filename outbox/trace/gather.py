@@ -14,6 +14,7 @@ import psycopg
 from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
 from psycopg import sql
 
+from outbox import tracecontext
 from outbox._core import tables
 from outbox._core.committed import place, read_committed
 from outbox._core.kafka import client_settings
@@ -138,6 +139,7 @@ def in_kafka(trace: Trace, servers: str, timeout: float) -> Trace:
     The waiting ones are looked for too: a relay records in PostgreSQL how far
     it published about once a second, so one killed in between has published
     more than PostgreSQL says. Kafka, read_committed, has the last word."""
+    trace = replace(trace, records=tuple(_with_traceparent(r, servers, timeout) for r in trace.records))
     wanted = [r for r in trace.records if r.outbox and r.outbox.state in ("published", "waiting")]
     found: dict[uuid.UUID, Published] = {}
     for topic in sorted({r.outbox.topic for r in wanted if r.outbox}):
@@ -145,6 +147,41 @@ def in_kafka(trace: Trace, servers: str, timeout: float) -> Trace:
         since = min(r.at for r in wanted if r.outbox and r.outbox.topic == topic)
         found |= _search(servers, topic, ids, since, timeout)
     return found_in_kafka(trace, found)
+
+
+def _with_traceparent(record: Applied, servers: str, timeout: float) -> Applied:
+    """The input record with its `traceparent` header, read at its position (none where the record
+    has none, or is gone from the topic)."""
+    consumer = Consumer(
+        client_settings(
+            {
+                "bootstrap.servers": servers,
+                "group.id": "outbox-trace",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+            },
+            "consumer",
+        )
+    )
+    try:
+        consumer.assign([TopicPartition(record.topic, record.partition, record.offset)])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            if message.error() is not None or place(message)[1] != record.offset:
+                return record  # the end, or an offset past it: the record is gone
+            headers = dict(message.headers() or [])
+            value = headers.get(tracecontext.HEADER)
+            text = value.decode(errors="replace") if isinstance(value, bytes) else value
+            return replace(record, traceparent=text or None)
+        return record
+    except KafkaException as exc:
+        raise error("KAFKA_READ_UNREACHABLE", servers=servers, reason=exc.args[0].str()) from None
+    finally:
+        consumer.close()
 
 
 def found_in_kafka(trace: Trace, found: Mapping[uuid.UUID, Published]) -> Trace:

@@ -51,6 +51,7 @@ class Applied:
     version: str | None
     at: datetime
     outbox: OutboxEvent | None = None
+    traceparent: str | None = None  # the input record's W3C trace context header, read from Kafka
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,8 @@ def lines(trace: Trace) -> list[str]:
             f"  input {r.topic}[{r.partition}]@{r.offset}: sink {r.sink} {SAID.get(r.outcome, r.outcome)}"
             f"{version}, {_at(r.at)}"
         )
+        if r.traceparent:
+            out.append(f"    traceparent {r.traceparent} (its writer's span)")
         if r.outbox:
             out.append(f"    {_outbox_line(r.outbox)}")
     for d in trace.dead_letters:

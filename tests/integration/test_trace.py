@@ -15,9 +15,17 @@ from psycopg import sql
 
 from outbox._core.trace import key_text_sql, outbox_event_id, outbox_event_id_sql
 from outbox.trace.outcomes import COLUMNS, ORDER, Record, TraceRow, records
+from outbox.writer import add_event
 from sinks.postgres import Outbox, PostgresSink
 from tests.cli import outbox
-from tests.helpers import create_topic, produce_transaction, transactional_producer, unique
+from tests.helpers import (
+    committed_messages,
+    create_topic,
+    produce_transaction,
+    transactional_producer,
+    unique,
+    wait_for,
+)
 from tests.relay_support import ACTIVE, relay_job, terminate, wait_published
 from tests.sink_support import apply_batches, event, run
 
@@ -213,3 +221,53 @@ def test_a_key_of_several_columns_is_one_line_of_csv_that_reads_back_as_its_colu
     )
     [(text,)] = pg.execute(query, key).fetchall()
     assert next(csv.reader([text])) == key
+
+
+def test_the_writers_span_goes_through_the_relay_and_the_sink_into_outbox_trace(  # type: ignore[no-untyped-def]
+    spark, bootstrap, db, pg, checkpoint, tmp_path, env
+) -> None:
+    """An application writes events inside an OpenTelemetry span; the relay publishes them with the
+    span's traceparent among their headers, unchanged; a tracing sink applies them; `outbox trace`
+    names the span of each input record. An event written with trace_context=False carries none."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    topic = create_topic(bootstrap, unique("traced"), partitions=2)
+    traced, untraced, own = (str(uuid.uuid4()) for _ in range(3))
+    body = {"n": 1, "amount": "1.00"}
+    with trace.get_tracer("test", tracer_provider=TracerProvider()).start_as_current_span("checkout") as span:
+        with psycopg.connect(db.libpq) as conn:
+            add_event(conn, topic, {"event_id": traced, **body}, key=traced)
+            add_event(conn, topic, {"event_id": untraced, **body}, key=untraced, trace_context=False)
+            given = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+            add_event(conn, topic, {"event_id": own, **body}, key=own, headers=given)
+        context = span.get_span_context()
+    traceparent = f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
+
+    job, _ = relay_job(tmp_path, env, unique("relay"))
+    try:
+        published = {m.key().decode(): dict(m.headers() or []) for m in wait_committed(bootstrap, topic, 3)}
+    finally:
+        assert terminate(job) == 0, job.output()
+    assert published[traced]["traceparent"] == traceparent.encode()
+    assert "traceparent" not in published[untraced]
+    assert published[own]["traceparent"] == given["traceparent"].encode()
+
+    run(spark, bootstrap, topic, checkpoint, PostgresSink("orders", url=db.raw, trace=True))
+    said = outbox("trace", traced, "--bootstrap-servers", bootstrap, env={"DATABASE_URL": db.raw})
+    assert said.code == 0, said
+    assert f"    traceparent {traceparent} (its writer's span)" in said.out.splitlines(), said.out
+    as_json = json.loads(outbox("trace", untraced, "--json", "--bootstrap-servers", bootstrap, env=env).out)
+    assert [r["traceparent"] for r in as_json["records"]] == [None]
+
+
+def wait_committed(bootstrap: str, topic: str, count: int) -> list:
+    """The topic's committed records once there are `count`."""
+    found: list = []
+
+    def enough() -> bool:
+        found[:] = committed_messages(bootstrap, topic, 2)
+        return len(found) >= count
+
+    wait_for(enough, 60, f"{count} records in {topic}")
+    return found
