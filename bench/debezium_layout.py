@@ -29,7 +29,6 @@ import json
 import logging
 import os
 import tempfile
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -37,17 +36,7 @@ from pathlib import Path
 import flags  # bench/flags.py
 import psycopg
 from psycopg import sql
-from relay import (  # bench/relay.py
-    FLUSH_MS,
-    FLUSHES,
-    LABELS,
-    PROBE,
-    Arrivals,
-    create_topic,
-    losses,
-    lsn_probe,
-    relay_process,
-)
+from relay import FLUSH_MS, FLUSHES, LABELS, killed_at_first_read, relay_process  # bench/relay.py
 from services import services  # bench/services.py
 
 from outbox import debezium, logs, migrate
@@ -97,17 +86,6 @@ def write(url: DatabaseUrl, schema: str, topic: str, events: int, how: str) -> d
     return {str(row[0]).encode(): i for i, row in enumerate(rows)}
 
 
-def lsns(probe: psycopg.Connection | None, schema: str) -> int | None:
-    """How many WAL positions the rows written to schema's table so far took."""
-    if probe is None:
-        return None
-    (count,) = probe.execute(
-        "SELECT count(DISTINCT lsn) FROM pg_logical_slot_peek_changes(%s, NULL, NULL) WHERE data LIKE %s",
-        [PROBE, f"table {schema}.{TABLE}: INSERT:%"],
-    ).fetchone() or (0,)
-    return int(count)
-
-
 def killed_inside(
     url: DatabaseUrl,
     bootstrap: str,
@@ -119,21 +97,16 @@ def killed_inside(
 ) -> dict[str, object]:
     """The transaction written while the publisher runs; it is killed -9 as soon as the bench reads
     the first event, and started again at once."""
-    topic = create_topic(bootstrap)
-    with lsn_probe(url) as probe:
-        start()
-        arrivals = Arrivals(bootstrap, topic, id_header=debezium.ID_HEADER)
-        arrivals.start()
-        time.sleep(3)  # the reader's group joined: its first arrivals are not late
-        row = write(url, schema, topic, events, how)
-        deadline = time.monotonic() + 120
-        while not arrivals.first and time.monotonic() < deadline:
-            time.sleep(0.001)
-        kill()
-        seen = set(arrivals.first)
-        start()
-        found = losses(arrivals, row, seen, kill, probe, schema, (TABLE, "id"))
-        return {**found, "wal_positions": lsns(probe, schema)}
+    return killed_at_first_read(
+        url,
+        bootstrap,
+        schema,
+        start,
+        kill,
+        lambda topic: write(url, schema, topic, events, how),
+        id_header=debezium.ID_HEADER,
+        table=(TABLE, "id"),
+    )
 
 
 def main() -> int:

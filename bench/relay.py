@@ -512,23 +512,42 @@ def fault_inside_transaction(
     A COPY writes a heap page's rows as one WAL record, so they share a WAL position (an LSN): a
     reader that resumes from a position inside such a group may skip the rest of it.
     """
-    topic = create_topic(bootstrap)
-    with lsn_probe(url) as probe:
-        start()
-        arrivals = Arrivals(bootstrap, topic)
-        arrivals.start()
-        time.sleep(3)  # the reader's group joined: its first arrivals are not late
+
+    def write(topic: str) -> dict[bytes, int]:
         events = [Event(topic, {"n": i}, key=f"k{i % 97}") for i in range(size)]
         with psycopg.connect(url.libpq) as conn:
             add_events(conn, events, schema=schema)
-        row = {str(e.event_id).encode(): i for i, e in enumerate(events)}
+        return {str(e.event_id).encode(): i for i, e in enumerate(events)}
+
+    return killed_at_first_read(url, bootstrap, schema, start, kill, write)
+
+
+def killed_at_first_read(
+    url: DatabaseUrl,
+    bootstrap: str,
+    schema: str,
+    start: Callable[[], None],
+    kill: Callable[[], None],
+    write: Callable[[str], dict[bytes, int]],
+    id_header: str = tables.EVENT_ID_HEADER,
+    table: tuple[str, str] = (tables.OUTBOX_EVENTS, "event_id"),
+) -> dict[str, object]:
+    """`write(topic)` (one transaction; event id -> place) while the publisher runs, which is killed
+    -9 as soon as the bench reads the first event, and started again at once; then `losses`."""
+    topic = create_topic(bootstrap)
+    with lsn_probe(url) as probe:
+        start()
+        arrivals = Arrivals(bootstrap, topic, id_header)
+        arrivals.start()
+        time.sleep(3)  # the reader's group joined: its first arrivals are not late
+        row = write(topic)
         deadline = time.monotonic() + 120
         while not arrivals.first and time.monotonic() < deadline:
             time.sleep(0.001)
         kill()
         seen = set(arrivals.first)
         start()
-        return losses(arrivals, row, seen, kill, probe, schema)
+        return losses(arrivals, row, seen, kill, probe, schema, table)
 
 
 @contextlib.contextmanager
@@ -569,11 +588,22 @@ def losses(
         "duplicates": arrivals.records - len(arrivals.first),
         "missing": len(missing),
     }
+    if probe is not None:  # a COPY's rows share a WAL position a page at a time
+        out["wal_positions"] = _wal_positions(probe, schema, table[0])
     if missing:
         out["missing_rows"] = _spans(missing)
         if probe is not None:
             out["missing_by_lsn"] = _by_lsn(probe, schema, table, row, set(missing), {row[e] for e in seen})
     return out
+
+
+def _wal_positions(probe: psycopg.Connection, schema: str, table: str) -> int:
+    """How many WAL positions the rows written to the table since the probe began took."""
+    (count,) = probe.execute(
+        "SELECT count(DISTINCT lsn) FROM pg_logical_slot_peek_changes(%s, NULL, NULL) WHERE data LIKE %s",
+        [PROBE, f"table {schema}.{table}: INSERT:%"],
+    ).fetchone() or (0,)
+    return int(count)
 
 
 def _spans(rows: list[int]) -> str:

@@ -27,6 +27,7 @@ BENCHES = {
         *("bench/relay.py", "--events", "10000", "--batch-size", "500", "--rounds", "1", "--no-cluster"),
         *("--no-debezium", "--warmup", "0", "--rates", "500", "--seconds", "2"),
     ],
+    "debezium_layout": ["bench/debezium_layout.py", "--events", "3000", "--no-debezium"],
     "scale": [
         *("bench/scale.py", "--events", "20000", "--table-rows", "0,20000", "--backlogs", "0,20000"),
         *("--uncleaned", "20000", "--partitions", "1,2", "--png", ""),
@@ -40,6 +41,7 @@ KEYS = {
     ),
     "relay": ("ratio_relay_vs_raw", "exactly_once_cost", "relay_steps_us_per_event", "latency", "faults"),
     "scale": ("sink", "relay", "kafka_rc", "verdicts"),
+    "debezium_layout": ("copy", "insert"),
 }
 
 
@@ -70,6 +72,9 @@ def test_a_bench_runs_and_ends_with_its_figures(
     if bench == "scale":
         points = [p for curve in ("sink", "relay", "kafka_rc") for p in found[curve]]
         assert points and all(p["per_s"] > 0 for p in points), points
+    elif bench == "debezium_layout":  # a loss count, no rate: the relay's runs, each event once
+        runs = [found[how]["relay"] for how in ("copy", "insert")]
+        assert all(r["committed"] == 3000 and r["missing"] == r["duplicates"] == 0 for r in runs), runs
     else:
         ratios = {k: v for k, v in found.items() if k.startswith("ratio_") and isinstance(v, float)}
         assert ratios and all(math.isfinite(v) and v > 0 for v in ratios.values()), ratios
