@@ -1,0 +1,152 @@
+"""Storms: the relay killed and paused over and over, for a minute (ten under `make soak`), while
+consumer groups of both protocols come and go; every event once in every view."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, KafkaException
+
+from outbox._core.config import DatabaseUrl
+from tests.helpers import Job, unique, wait_for
+from tests.relay_support import ACTIVE, Writers, assert_exactly_once, check_two_readers, relay_job, terminate
+
+# Short timeouts, so a paused active relay's session ends, and its standby takes over, within seconds.
+FLAGS = ("--batch-size", "50", "--database-timeout", "2", "--kafka-timeout", "2")
+
+
+def view(seen: list[tuple[int, int, str, str, bool]]) -> list[tuple[int, int, str, str]]:
+    """A group's records, each event once where it came again only after a refused commit: a
+    repeat after a commit that was taken is kept, for the check to find."""
+    refused = {e for *_, e, taken in seen if not taken}
+    first: dict[str, tuple[int, int, str, str]] = {}
+    repeats: list[tuple[int, int, str, str]] = []
+    for p, o, k, e, _ in sorted(seen):
+        if e in first and e not in refused:
+            repeats.append((p, o, k, e))
+        first.setdefault(e, (p, o, k, e))
+    return sorted([*first.values(), *repeats])
+
+
+class Group(threading.Thread):
+    """A consumer group whose members join, read read_committed a few seconds, commit each record
+    after they count it, and leave; two members at a time, so the group rebalances all along. A
+    record whose commit was refused (its partition moved on) is read again by its next owner: its
+    repeat is the group's, not the relay's, and is told apart (`view`)."""
+
+    def __init__(self, bootstrap: str, topic: str, protocol: str) -> None:
+        super().__init__(daemon=True)
+        self.settings = {
+            "bootstrap.servers": bootstrap,
+            "group.id": unique(f"storm-{protocol}"),
+            "group.protocol": protocol,
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+        self.topic, self.protocol = topic, protocol
+        self.seen: list[tuple[int, int, str, str, bool]] = []  # ..., whether its commit was taken
+        self.lock = threading.Lock()
+        self.stop, self.draining = threading.Event(), threading.Event()
+        self.errors: list[BaseException] = []
+
+    def run(self) -> None:
+        members = [threading.Thread(target=self._member, args=(i,), daemon=True) for i in range(2)]
+        for m in members:
+            m.start()
+        for m in members:
+            m.join()
+
+    def _member(self, index: int) -> None:
+        rng = random.Random(index)
+        try:
+            while not self.stop.is_set():
+                consumer = Consumer(self.settings)
+                consumer.subscribe([self.topic])
+                until = time.monotonic() + rng.uniform(1, 4)
+                while not self.stop.is_set() and (self.draining.is_set() or time.monotonic() < until):
+                    message = consumer.poll(0.2)
+                    if message is None or message.error() is not None:
+                        continue
+                    event = dict(message.headers() or [])["event_id"].decode()
+                    try:
+                        consumer.commit(message, asynchronous=False)
+                        taken = True
+                    except KafkaException:
+                        taken = False  # its partition moved on: the member that has it now reads it again
+                    with self.lock:
+                        self.seen.append(
+                            (message.partition(), message.offset(), message.key().decode(), event, taken)
+                        )
+                consumer.close()  # leaves the group: a rebalance
+        except BaseException as exc:  # surfaced by the test
+            self.errors.append(exc)
+
+
+@pytest.mark.parametrize(
+    "storm_s",
+    [
+        pytest.param(60, marks=pytest.mark.timeout(600)),
+        pytest.param(600, marks=[pytest.mark.soak, pytest.mark.timeout(1500)]),
+    ],
+)
+def test_a_flapping_relay_publishes_each_event_once_to_every_view(
+    tmp_path: Path,
+    outbox_db: DatabaseUrl,
+    env: dict[str, str],
+    bootstrap: str,
+    events_topic: str,
+    storm_s: int,
+) -> None:
+    """Two instances of one relay, one or the other killed -9 (and replaced) or frozen with SIGSTOP
+    for up to 15 s, every 1-4 s, while writers commit; checked by our reader, Kafka's console
+    consumer and `outbox verify`, and by each group's view. Seen to catch a relay that reads its
+    position read_uncommitted (an event lost)."""
+    name, rng = unique("relay"), random.Random()
+    writers = Writers(outbox_db, events_topic).start(max_delay=0.05)
+    groups = [Group(bootstrap, events_topic, protocol) for protocol in ("classic", "consumer")]
+    for group in groups:
+        group.start()
+    relays: list[Job] = [relay_job(tmp_path, env, name, *FLAGS, label=f"relay{i}")[0] for i in range(2)]
+    kills = pauses = 0
+    deadline = time.monotonic() + storm_s
+    try:
+        wait_for(lambda: any(ACTIVE in j.output() for j in relays), 60, "an active relay")
+        while time.monotonic() < deadline:
+            time.sleep(rng.uniform(1, 4))
+            victim = rng.randrange(len(relays))
+            if rng.random() < 0.5:  # kill -9, and a new instance in its place
+                relays[victim].kill9()
+                relays[victim] = relay_job(tmp_path, env, name, *FLAGS, label=unique("relay"))[0]
+                kills += 1
+            else:  # frozen past its session's silence: the standby takes over; it wakes a zombie
+                os.killpg(relays[victim].process.pid, signal.SIGSTOP)
+                time.sleep(rng.uniform(2, 15))
+                os.killpg(relays[victim].process.pid, signal.SIGCONT)
+                pauses += 1
+        writers.stop.set()
+        writers.join()
+        print(f"storm: {kills} kill -9s and {pauses} pauses of the relay in {storm_s:.0f} s")
+        records = check_two_readers(bootstrap, events_topic, 3, writers.committed, outbox_db)
+        assert writers.committed.count > 200 and kills + pauses >= storm_s / 10
+        for group in groups:
+            group.draining.set()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and any(len({r[3] for r in g.seen}) < len(records) for g in groups):
+            time.sleep(0.5)
+    finally:
+        writers.stop.set()
+        for group in groups:
+            group.stop.set()
+            group.join(60)
+    for group in groups:
+        assert not group.errors, group.errors
+        assert_exactly_once(view(group.seen), writers.committed)  # the group's view, whoever read it
+    for job in relays:
+        assert terminate(job) == 0, job.output()[-3000:]
