@@ -267,7 +267,7 @@ def trace_cost(url: DatabaseUrl, rows: pa.Table, per_batch: int, rounds: int = 5
                         copy.write_row((r["event_id"], r["n"], r["amount"], r["note"], "t", 0, i, False, 1))
                 settle(url)
                 t0 = time.perf_counter()
-                apply_batch(conn, st, 0, [1], len(batch))
+                apply_batch(conn, [st], 0, [1], len(batch))
                 seconds[traced].append(time.perf_counter() - t0)
                 conn.execute(f"DROP TABLE {table}")
     plain, traced_ = (sorted(seconds[k])[len(seconds[k]) // 2] / len(batch) * 1e6 for k in (False, True))

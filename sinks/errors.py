@@ -122,6 +122,29 @@ CONDITIONS = Conditions(
     ),
     # -- sink spec (sinks/postgres/spec.py) ------------------------------------------------------------
     SINK_TABLE_UNNAMED=Condition(ConfigError, "the sink needs a table name"),
+    SINK_ROUTES_EMPTY=Condition(
+        ConfigError, "a routed sink needs at least one table: tables={{value: Table(...)}}"
+    ),
+    SINK_ROUTED_UNNAMED=Condition(
+        ConfigError, "a routed sink needs name=..., what its ledger keys the offsets of all its tables by"
+    ),
+    SINK_UNROUTED_NOT_A_CHOICE=Condition(ConfigError, "unrouted must be one of {choices}, got {got!r}"),
+    SINK_ROUTED_TABLE_REPEATS=Condition(
+        ConfigError,
+        "route values {values} both go to table {table}: route by a Column that gives them one value"
+        " (F.when(...)), and map that value once",
+    ),
+    SINK_ROUTE_NEEDS_COLUMNS=Condition(
+        ConfigError,
+        "table {table}: create or evolve on a routed sink needs columns=[...], the frame's fields that"
+        " table takes (the frame carries every route's fields)",
+    ),
+    SINK_ROUTE_COLUMN_ABSENT=Condition(
+        ConfigError, "the route column {by!r} is not in the frame (columns: {columns})"
+    ),
+    SINK_ROUTED_COLUMNS_ABSENT=Condition(
+        ConfigError, "table {table}: columns {columns} are not fields of the frame (fields: {fields})"
+    ),
     SINK_KEY_MISSING=Condition(ConfigError, "the sink needs at least one key column (default: event_id)"),
     SINK_KEY_REPEATS=Condition(ConfigError, "key columns repeat: {key}"),
     SINK_VERSION_IS_KEY=Condition(ConfigError, "the version column {version!r} cannot also be a key column"),

@@ -14,12 +14,14 @@ task, a redelivered event or a lost checkpoint changes nothing.
   statements.py the SQL, built with psycopg.sql
   plan.py       which columns go where, checked at start; catalog.py reads the table
   spec.py       what the user asked for; parse.py: parse_json, parse_avro, parse_protobuf
+  routing.py    one query into several tables: Table, header, each row's lane
   decoded.py    registry-framed values decoded in the tasks: avro.py, protobuf.py
 """
 
 from sinks.errors import SinkError
 from sinks.postgres.apply import BatchResult
 from sinks.postgres.parse import parse_avro, parse_json, parse_protobuf
+from sinks.postgres.routing import Table, header
 from sinks.postgres.sink import PostgresSink
 from sinks.postgres.spec import Outbox, SinkSpec
 
@@ -29,6 +31,8 @@ __all__ = [
     "PostgresSink",
     "SinkError",
     "SinkSpec",
+    "Table",
+    "header",
     "parse_avro",
     "parse_json",
     "parse_protobuf",

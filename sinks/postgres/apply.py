@@ -11,6 +11,7 @@ and dead-lettered.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -30,6 +31,7 @@ class BatchResult:
     deleted: int
     dead: int  # dead-lettered
     stale: int = 0  # of the fresh rows that changed nothing, those refused as older than their row
+    ignored: int = 0  # a routed sink's rows that no table took, passed over (unrouted="ignore")
     retries: int = 0  # task transactions started over (lost connection, deadlock)
     stage_seconds: float = 0.0  # in the tasks: the slowest task's COPY; on the driver: the stage job
     apply_seconds: float = 0.0  # in the tasks: the slowest task's apply and commit
@@ -48,6 +50,7 @@ class BatchResult:
 
     def __str__(self) -> str:
         again = f", {self.retries} task transactions started over" if self.retries else ""
+        again += f", {self.ignored} taken by no table" if self.ignored else ""
         return (
             f"batch {self.batch_id}: {self.staged} rows, {self.upserted} upserted, {self.deleted} deleted,"
             f" {self.dead} dead letters, {self.duplicates} duplicates, {self.stale} stale,"
@@ -58,19 +61,26 @@ class BatchResult:
 
 def apply_batch(
     conn: psycopg.Connection,
-    st: Statements,
+    tables: Sequence[Statements],
     batch_id: int,
     attempts: list[int],
     staged: int,
     record: dict[str, Any] | None = None,
+    ends: dict[str, list[Any]] | None = None,
 ) -> BatchResult:
-    """record: the parameters of `st.record_batch()`, committed with the batch (continuity.py)."""
+    """tables: the sink's one table's statements, or a routed sink's per table, applied in turn.
+    record: the parameters of `record_batch()`, committed with the batch (continuity.py).
+    ends: a routed sink's `move_ledger` parameters: its ledger moves once, after every table."""
+    st = tables[0]
     params: dict[str, Any] = {"sink": st.spec.name, "attempts": attempts}
     with conn.transaction():
-        counts = apply_rows(conn, st, params)
+        counts = summed([apply_rows(conn, table, params) for table in tables])
         if counts.staged != staged:  # raising here rolls the whole batch back
             raise error("SINK_STAGE_INCOMPLETE", sink=st.spec.name, present=counts.staged, staged=staged)
-        conn.execute(st.drop_stage())
+        for table in tables:
+            conn.execute(table.drop_stage())
+        if ends is not None:
+            conn.execute(st.move_ledger(), {**params, **ends})
         if record:
             conn.execute(st.record_batch(), record)
     return BatchResult(batch_id, **counts._asdict())
@@ -85,6 +95,14 @@ class Counts(NamedTuple):
     deleted: int
     dead: int
     stale: int
+    ignored: int = 0  # a routed sink's rows that no table took, passed over as asked (routing.py)
+
+
+def summed(counts: Sequence[Counts]) -> Counts:
+    """Several tables' counts as one."""
+    return (
+        Counts(*(sum(column) for column in zip(*counts, strict=True))) if counts else Counts(0, 0, 0, 0, 0, 0)
+    )
 
 
 def apply_rows(

@@ -10,12 +10,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, replace
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Any
 
 import psycopg
 from psycopg import sql
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 from pyspark.sql.streaming import StreamingQuery
 
 from outbox._core import tables
@@ -32,18 +33,17 @@ from sinks.postgres.clock import STAGES
 from sinks.postgres.continuity import behind, query_id
 from sinks.postgres.metrics import SinkMetrics
 from sinks.postgres.placement import ApplyIn, Route, choose
-from sinks.postgres.plan import Conversion, Plan, plan
+from sinks.postgres.plan import ERROR_COLUMN, KAFKA_COLUMNS, Conversion, Plan, plan
 from sinks.postgres.retry import MOMENTARY, start_query, with_retries
+from sinks.postgres.routing import Delete, Lanes, Routing, Table, Unrouted
 from sinks.postgres.spark_plan import is_connect, planned_tasks, read_plan
 from sinks.postgres.spec import Mode, OnError, Outbox, SinkSpec
-from sinks.postgres.stage import RESULT_SCHEMA, StageJob, stager
+from sinks.postgres.stage import RESULT_SCHEMA, StageJob, moved, stager
 from sinks.postgres.statements import Statements
 from sinks.postgres.task import COUNTS, TASK_RESULT, TIMES, TaskJob, applier
 from sinks.postgres.topics import TopicCheck
 
 log = logging.getLogger("sinks.postgres")
-
-Delete = Literal["tombstone"] | str | Column | None
 
 
 class PostgresSink:
@@ -174,8 +174,60 @@ class PostgresSink:
         )
         self.delete = delete
         self.kafka = dict(kafka or {})
+        self.routing: Routing | None = None
         self._writer: BatchWriter | None = None
         self._query: StreamingQuery | None = None
+
+    @classmethod
+    def routed(
+        cls,
+        by: str | Column,
+        tables: Mapping[str, Table],
+        *,
+        name: str,
+        unrouted: Unrouted = "dead_letter",
+        url: str | None = S.URL.default,
+        on_error: OnError = S.ON_ERROR.default,
+        ledger_schema: str | None = S.LEDGER_SCHEMA.default,
+        apply_in: ApplyIn = S.APPLY_IN.default,
+        kafka: Mapping[str, str] | None = S.KAFKA.default,
+        database_timeout: float = S.DATABASE_TIMEOUT.default,
+        trace: bool = S.TRACE.default,
+    ) -> PostgresSink:
+        """One query into several tables, each row's table chosen by the value of `by`.
+
+        >>> sink = PostgresSink.routed("type", {
+        ...     "OrderCreated": Table("orders", key="order_id"),
+        ...     "OrderPaid": Table("payments", key="payment_id", version="version"),
+        ... }, name="orders")
+
+        by: a column of the frame (a field of the events, or `topic`), or a Column,
+        such as `header("type")`; its value, as text, picks the table. In each
+        transaction every table's rows commit with the one ledger, named `name`.
+        unrouted: a row whose value no table takes is a dead letter ("dead_letter"),
+        or passed over ("ignore"), the ledger moving past it either way.
+        The other keywords are PostgresSink's, for all the tables.
+        """
+        if not name:
+            raise error("SINK_ROUTED_UNNAMED")
+        routing = Routing(by, tables, unrouted)
+        first = next(iter(tables.values()))
+        sink = cls(
+            first.name,
+            **_table_keywords(first),
+            url=url,
+            on_error=on_error,
+            name=name,
+            ledger_schema=ledger_schema,
+            apply_in=apply_in,
+            kafka=kafka,
+            database_timeout=database_timeout,
+            trace=trace,
+        )
+        for table in tables.values():  # each table's settings checked now, as PostgresSink's are
+            replace(sink.spec, table=table.name, **_spec_keywords(table))
+        sink.routing = routing
+        return sink
 
     @property
     def last(self) -> BatchResult | None:
@@ -218,7 +270,7 @@ class PostgresSink:
 
         On Spark Connect, name the query's `checkpoint_location`: the writer reads
         the query's id there, which its check that no batch was lost needs."""
-        return BatchWriter(self.spec, frame, self.delete, self.kafka, checkpoint_location)
+        return BatchWriter(self.spec, frame, self.delete, self.kafka, checkpoint_location, self.routing)
 
     def start(
         self,
@@ -248,6 +300,89 @@ class Staged:
     conn: psycopg.Connection  # holds the sink's advisory lock until the batch is applied
     seconds: float  # the staging job took
     query: str | None  # the streaming query's id, recorded with the batch
+    ends: dict[str, list[Any]] | None = None  # a routed sink's: where its ledger moves (stage.moved)
+    ignored: int = 0  # a routed sink's rows that no table took
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One table the writer applies to: the sink's one, or one of a routed sink's (routing.py)."""
+
+    spec: SinkSpec
+    plan: Plan
+    statements: Statements  # the driver's, on the shared stage
+    in_task: Statements  # a task's, on its own temp stage
+
+
+def _wanted(
+    spec: SinkSpec, delete: Delete, routing: Routing | None
+) -> list[tuple[SinkSpec, Delete, Sequence[str] | None]]:
+    """Each table's spec, delete rule and the frame's fields it takes (None: the sink's one table
+    takes them all)."""
+    if routing is None:
+        return [(spec, delete, None)]
+    return [
+        (replace(spec, table=t.name, **_spec_keywords(t)), t.delete, t.columns or ())
+        for t in routing.tables.values()
+    ]
+
+
+def _lane(
+    conn: psycopg.Connection,
+    schema: T.StructType,
+    spec: SinkSpec,
+    delete: Delete,
+    columns: Sequence[str] | None,
+    lane: int | None,
+) -> Lane:
+    """The table's lane: made or evolved first if asked, then planned against the frame's fields
+    it takes (a routed table's named ones, else those it has)."""
+    if columns:
+        absent = [c for c in columns if c not in schema.fieldNames()]
+        if absent:
+            raise error(
+                "SINK_ROUTED_COLUMNS_ABSENT",
+                table=f"{spec.schema}.{spec.table}",
+                columns=absent,
+                fields=schema.fieldNames(),
+            )
+        schema = _only(schema, set(columns))
+    if spec.create or spec.evolve:
+        conn.commit()  # the DDL commits on its own, before any batch
+        for change in evolve.prepare(conn, spec, schema):
+            log.warning("sink %s: %s", spec.name, change)
+    table = describe(conn, spec.schema, spec.table)
+    if columns is not None and not columns:  # a routed table without columns=: the fields it has
+        schema = _only(schema, set(table.columns))
+    found = plan(schema, table, spec)
+    return Lane(
+        spec, found, Statements(spec, found, lane=lane), Statements(spec, found, in_task=True, lane=lane)
+    )
+
+
+def _only(schema: T.StructType, names: set[str]) -> T.StructType:
+    """The frame's fields among `names`, with Kafka's own columns and the parse error."""
+    kept = names | KAFKA_COLUMNS | {ERROR_COLUMN}
+    return T.StructType([f for f in schema.fields if f.name in kept])
+
+
+def _spec_keywords(table: Table) -> dict[str, Any]:
+    """A routed table's own SinkSpec fields."""
+    key = (table.key,) if isinstance(table.key, str) else tuple(table.key)
+    return {
+        "schema": table.schema,
+        "key": key,
+        "mode": table.mode,
+        "version": table.version,
+        "outbox": table.outbox,
+        "create": table.create,
+        "evolve": table.evolve,
+    }
+
+
+def _table_keywords(table: Table) -> dict[str, Any]:
+    """A routed table's own PostgresSink keywords."""
+    return {**_spec_keywords(table), "key": table.key, "delete": table.delete}
 
 
 class BatchWriter:
@@ -260,6 +395,7 @@ class BatchWriter:
         delete: Delete,
         kafka: Mapping[str, str] | None = None,
         checkpoint: str | None = None,
+        routing: Routing | None = None,
     ) -> None:
         self.spec = spec
         self.checkpoint = checkpoint
@@ -270,34 +406,29 @@ class BatchWriter:
                 " sink.writer(frame, checkpoint_location) it cannot check that PostgreSQL lost no batch",
                 spec.name,
             )
+        if routing is not None and isinstance(routing.by, str) and routing.by not in frame.columns:
+            raise error("SINK_ROUTE_COLUMN_ABSENT", by=routing.by, columns=frame.columns)
         with connect(spec.url) as conn:
             used = (tables.SINK_PROGRESS, tables.SINK_DEAD_LETTERS, tables.SINK_BATCHES, tables.SINK_TOPICS)
             tables.require(
                 conn, spec.url, spec.ledger_schema, used + ((tables.SINK_TRACES,) if spec.trace else ())
             )
-            if spec.create or spec.evolve:
-                conn.commit()  # the DDL commits on its own, before any batch
-                for change in evolve.prepare(conn, spec, frame.schema):
-                    log.warning("sink %s: %s", spec.name, change)
-            self.plan = plan(frame.schema, describe(conn, spec.schema, spec.table), spec)
-            self.statements = Statements(spec, self.plan)
-            in_task = Statements(spec, self.plan, in_task=True)
-            self._stage_job = self._job(conn, self.statements)
-            self._task_job = TaskJob(self._job(conn, in_task), in_task)
+            wanted = _wanted(spec, delete, routing)
+            self.lanes = tuple(
+                _lane(conn, frame.schema, lane_spec, rule, columns, None if routing is None else i)
+                for i, (lane_spec, rule, columns) in enumerate(wanted)
+            )
+            self.plan, self.statements = self.lanes[0].plan, self.lanes[0].statements
+            self._stage_jobs = tuple(self._job(conn, lane, lane.statements) for lane in self.lanes)
+            in_task = tuple((self._job(conn, lane, lane.in_task), lane.in_task) for lane in self.lanes)
+            lanes = None
+            if routing is not None:
+                widths = tuple(len(lane.plan.columns) for lane in self.lanes)
+                lanes = Lanes(tuple(routing.tables), widths, routing.unrouted, routing.described)
+            self._task_job = TaskJob(*in_task[0], lanes=lanes, tables=in_task if lanes else ())
             self._drop_stale_stage(conn)
-            if self._emptied(conn):
-                progress = sql.Identifier(spec.ledger_schema, tables.SINK_PROGRESS).as_string(conn)
-                log.warning(
-                    "sink %s: %s.%s is empty, but the sink's ledger says it applied offsets to it, and"
-                    " skips them: to rebuild the table from the topic, DELETE FROM %s WHERE sink = %s"
-                    " and start the query from earliest with a new checkpoint (if the sink's own"
-                    " deletes emptied it, nothing is amiss)",
-                    spec.name,
-                    spec.schema,
-                    spec.table,
-                    progress,
-                    sql.Literal(spec.name).as_string(conn),
-                )
+            for lane in self.lanes:
+                self._warn_emptied(conn, lane)
             if pooled(conn):
                 log.warning(
                     "sink %s: PostgreSQL is reached through a connection pooler: in transaction mode the"
@@ -305,17 +436,26 @@ class BatchWriter:
                     spec.name,
                 )
         # Built once: each is a call into the JVM (or a proto), and a batch would pay them all again.
-        if direct.tombstones(delete) and self.plan.raw_value is None:
-            log.warning(
-                "sink %s: delete='tombstone' reads Kafka's binary `value` column, which the frame does"
-                " not have (cast to text or dropped): no record deletes its key, and a tombstone upserts"
-                " it with empty columns. Keep `value` as Kafka gives it, or pass delete=None or a rule",
-                spec.name,
+        for (_, rule, _), lane in zip(wanted, self.lanes, strict=True):
+            if direct.tombstones(rule) and lane.plan.raw_value is None:
+                log.warning(
+                    "sink %s: delete='tombstone' reads Kafka's binary `value` column, which the frame does"
+                    " not have (cast to text or dropped): no record deletes its key, and a tombstone"
+                    " upserts it with empty columns. Keep `value` as Kafka gives it, or pass delete=None"
+                    " or a rule",
+                    spec.name,
+                )
+        rules = [_delete_rule(rule, lane.plan) for (_, rule, _), lane in zip(wanted, self.lanes, strict=True)]
+        if routing is None:
+            self._columns = staged_columns(self.plan, rules[0])
+            probe = frame.select("*", rules[0].alias("_delete"))
+        else:
+            self._columns = routed_columns([lane.plan for lane in self.lanes], rules, routing.column())
+            probe = frame.select(
+                "*", *(r.alias(f"_delete{i}") for i, r in enumerate(rules)), routing.column()
             )
-        rule = _delete_rule(delete, self.plan)
-        self._columns = staged_columns(self.plan, rule)
-        # Proven with the delete rule, which the tasks compute too: a window in it is a shuffle.
-        root, position = read_plan(frame.select("*", rule.alias("_delete")))
+        # Proven with the delete rules and the route, which the tasks compute too: a window is a shuffle.
+        root, position = read_plan(probe)
         self.route = choose(root, position, spec.apply_in)
         self._topics = TopicCheck(root, kafka or {}, spec.name, spec.ledger_schema)
         self._topics.check_ledgers(spec.url)
@@ -330,6 +470,8 @@ class BatchWriter:
         values, connect = direct.values_of(frame), is_connect(frame)
         if not self.spec.read_kafka:
             why: str | None = "read_kafka=False"
+        elif len(self.lanes) > 1 or self._task_job.lanes is not None:
+            why = "a routed sink's tasks take Spark's rows"
         else:
             source = read_plan(values.source)[0] if values is not None and not connect else None
             why = direct.why_not(values, self.plan, delete, self.route, source, connect)
@@ -514,14 +656,19 @@ class BatchWriter:
             raise
         try:
             with self.watched(conn):
-                conn.execute(self.statements.create_stage())
-            job = replace(self._stage_job, token=secrets.randbits(31))
-            tasks = batch.select(*self._columns).mapInArrow(stager(job, self.spec), RESULT_SCHEMA).collect()
+                for lane in self.lanes:
+                    conn.execute(lane.statements.create_stage())
+            token = secrets.randbits(31)
+            jobs = [replace(job, token=token) for job in self._stage_jobs]
+            stage = stager(jobs, self.spec, self._task_job.lanes)
+            tasks = batch.select(*self._columns).mapInArrow(stage, RESULT_SCHEMA).collect()
         except BaseException:
-            _drop_stage(conn, self.statements)
+            _drop_stage(conn, self.lanes)
             raise
         attempts, rows = [t.attempt for t in tasks], sum(t.staged for t in tasks)
-        return Staged(batch_id, attempts, rows, conn, time.perf_counter() - start, query)
+        ends = moved(t.ends for t in tasks) if self._task_job.lanes is not None else None
+        seconds, ignored = time.perf_counter() - start, sum(t.ignored for t in tasks)
+        return Staged(batch_id, attempts, rows, conn, seconds, query, ends, ignored)
 
     def apply(self, staged: Staged) -> BatchResult:
         """Apply a staged batch in one transaction with the ledger; a replay changes nothing."""
@@ -530,16 +677,18 @@ class BatchWriter:
             with self.watched(staged.conn):
                 result = apply_batch(
                     staged.conn,
-                    self.statements,
+                    [lane.statements for lane in self.lanes],
                     staged.batch_id,
                     staged.attempts,
                     staged.rows,
                     self._batch(staged.query, staged.batch_id) if staged.query else None,
+                    staged.ends,
                 )
         except BaseException:
-            _drop_stage(staged.conn, self.statements)  # a failed batch leaves nothing behind
+            _drop_stage(staged.conn, self.lanes)  # a failed batch leaves nothing behind
             raise
-        self.last = replace(result, stage_seconds=staged.seconds, apply_seconds=time.perf_counter() - start)
+        took = time.perf_counter() - start
+        self.last = replace(result, stage_seconds=staged.seconds, apply_seconds=took, ignored=staged.ignored)
         with staged.conn, self.watched(staged.conn):
             if staged.query:
                 self._report(staged.conn, staged.query, self.last)
@@ -547,13 +696,13 @@ class BatchWriter:
         log.info("sink %s: %s", self.spec.name, self.last)
         return self.last
 
-    def _job(self, conn: psycopg.Connection, st: Statements) -> StageJob:
+    def _job(self, conn: psycopg.Connection, lane: Lane, st: Statements) -> StageJob:
         """What a task needs to COPY into `st`'s stage; token set per batch run."""
         return StageJob(
             copy_rows=st.copy_rows().as_bytes(conn),
             copy_dead=st.copy_dead().as_bytes(conn),
-            keys=tuple(self.plan.columns.index(k) for k in self.spec.key),
-            names=self.plan.columns,
+            keys=tuple(lane.plan.columns.index(k) for k in lane.spec.key),
+            names=lane.plan.columns,
             token=0,
         )
 
@@ -576,20 +725,28 @@ class BatchWriter:
             continuity.check(conn, self.statements, query, batch_id)
         self._topics(conn)
 
-    def _emptied(self, conn: psycopg.Connection) -> bool:
-        """statements.emptied, as advice: a table locked (a TRUNCATE not yet committed) or slow to
-        scan (the dead rows of a DELETE) is passed over, not waited for."""
-        try:
-            with conn.transaction():
-                conn.execute("SET LOCAL lock_timeout = '1s'; SET LOCAL statement_timeout = '5s'")
-                return bool(conn.execute(self.statements.emptied(), {"sink": self.spec.name}).fetchone()[0])  # type: ignore[index]  # a query that always returns one row
-        except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled):
-            return False
+    def _warn_emptied(self, conn: psycopg.Connection, lane: Lane) -> None:
+        """Say so when the lane's table is empty while the ledger says the sink applied offsets."""
+        if not _emptied(conn, lane.statements):
+            return
+        progress = sql.Identifier(self.spec.ledger_schema, tables.SINK_PROGRESS).as_string(conn)
+        log.warning(
+            "sink %s: %s.%s is empty, but the sink's ledger says it applied offsets to it, and"
+            " skips them: to rebuild the table from the topic, DELETE FROM %s WHERE sink = %s"
+            " and start the query from earliest with a new checkpoint (if the sink's own"
+            " deletes emptied it, nothing is amiss)",
+            self.spec.name,
+            lane.spec.schema,
+            lane.spec.table,
+            progress,
+            sql.Literal(self.spec.name).as_string(conn),
+        )
 
     def _drop_stale_stage(self, conn: psycopg.Connection) -> None:
-        """Drop the stage table a killed staged batch left, unless a live query holds the sink."""
+        """Drop the stage tables a killed staged batch left, unless a live query holds the sink."""
         if conn.execute(f"SELECT pg_try_advisory_xact_lock({_LOCK_KEY})", [self.spec.name]).fetchone()[0]:  # type: ignore[index]  # a query that always returns one row
-            conn.execute(self.statements.drop_stage())
+            for lane in self.lanes:
+                conn.execute(lane.statements.drop_stage())
 
     def _batch(self, query: str, batch_id: int) -> dict[str, Any]:
         return {"sink": self.spec.name, "query": query, "batch": batch_id}
@@ -606,13 +763,25 @@ _LOCK_KEY = "hashtextextended('outbox-sink:' || %s, 0)"
 _DECLINED_WHOLE = 3
 
 
-def _drop_stage(conn: psycopg.Connection, statements: Statements) -> None:
-    """Drop the stage table, if the connection still works, and close it, the lock freed."""
+def _emptied(conn: psycopg.Connection, st: Statements) -> bool:
+    """statements.emptied, as advice: a table locked (a TRUNCATE not yet committed) or slow to
+    scan (the dead rows of a DELETE) is passed over, not waited for."""
+    try:
+        with conn.transaction():
+            conn.execute("SET LOCAL lock_timeout = '1s'; SET LOCAL statement_timeout = '5s'")
+            return bool(conn.execute(st.emptied(), {"sink": st.spec.name}).fetchone()[0])  # type: ignore[index]  # a query that always returns one row
+    except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled):
+        return False
+
+
+def _drop_stage(conn: psycopg.Connection, lanes: Sequence[Lane]) -> None:
+    """Drop the stage tables, if the connection still works, and close it, the lock freed."""
     try:
         if not conn.closed and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
-            conn.execute(statements.drop_stage())
+            for lane in lanes:
+                conn.execute(lane.statements.drop_stage())
     except psycopg.Error as exc:
-        log.warning("sink %s: could not drop the stage table: %s", statements.spec.name, exc)
+        log.warning("sink %s: could not drop the stage table: %s", lanes[0].spec.name, exc)
     finally:
         _unlock(conn)
         conn.close()
@@ -629,20 +798,42 @@ def _unlock(conn: psycopg.Connection) -> None:
 
 def staged_columns(plan: Plan, delete: Column) -> list[Column]:
     """The columns the stager copies: data as c0..cN, then position, delete flag, raw record, parse error."""
-    data = [_convert(_col(n), plan.conversions[n]).alias(f"c{i}") for i, n in enumerate(plan.columns)]
+    return [*_data(plan), *_position(), F.coalesce(delete, F.lit(False)).alias("_delete"), *_kept(plan)]
+
+
+def routed_columns(plans: Sequence[Plan], deletes: Sequence[Column], route: Column) -> list[Column]:
+    """A routed sink's: each lane's data as l{i}_c0..l{i}_cN and delete flag, then the columns the
+    lanes share, then the route (routing.Lanes.split takes each lane's rows from these)."""
+    lanes = [
+        column
+        for i, (plan, delete) in enumerate(zip(plans, deletes, strict=True))
+        for column in (
+            *_data(plan, f"l{i}_"),
+            F.coalesce(delete, F.lit(False)).alias(f"l{i}_delete"),
+        )
+    ]
+    return [*lanes, *_position(), *_kept(plans[0]), route]
+
+
+def _data(plan: Plan, prefix: str = "") -> list[Column]:
+    return [_convert(_col(n), plan.conversions[n]).alias(f"{prefix}c{i}") for i, n in enumerate(plan.columns)]
+
+
+def _position() -> list[Column]:
+    return [
+        F.col("topic").alias("_topic"),
+        F.col("partition").alias("_partition"),
+        F.col("offset").alias("_offset"),
+    ]
+
+
+def _kept(plan: Plan) -> list[Column]:
+    """The raw record, for dead letters, and the parse error."""
     raw = [
         (_col(name) if name else F.lit(None).cast("binary")).alias(alias)
         for name, alias in ((plan.raw_key, "_raw_key"), (plan.raw_value, "_raw_value"))
     ]
-    return [
-        *data,
-        F.col("topic").alias("_topic"),
-        F.col("partition").alias("_partition"),
-        F.col("offset").alias("_offset"),
-        F.coalesce(delete, F.lit(False)).alias("_delete"),
-        *raw,
-        (_col(plan.error) if plan.error else F.lit(None).cast("string")).alias("_parse_error"),
-    ]
+    return [*raw, (_col(plan.error) if plan.error else F.lit(None).cast("string")).alias("_parse_error")]
 
 
 # Spark's to_json writes times to the millisecond unless told: microseconds, as Spark holds them;

@@ -17,8 +17,9 @@ from __future__ import annotations
 import io
 import itertools
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 import pyarrow as pa
@@ -30,10 +31,20 @@ from outbox._core.postgres import connect, keepalive, limit_session, server_limi
 from sinks.postgres.clock import Clock
 from sinks.postgres.refusal import ROW_ERRORS, reason
 from sinks.postgres.retry import with_retries
+from sinks.postgres.routing import Lanes
 from sinks.postgres.spec import SinkSpec
 from sinks.postgres.statements import ATTEMPT_SETTING
 
-_RESULT = pa.schema([("attempt", pa.int64()), ("staged", pa.int64()), ("dead", pa.int64())])
+END = pa.struct([("topic", pa.string()), ("partition", pa.int64()), ("offset", pa.int64())])
+_RESULT = pa.schema(
+    [
+        ("attempt", pa.int64()),
+        ("staged", pa.int64()),
+        ("dead", pa.int64()),
+        ("ignored", pa.int64()),  # a routed sink's rows that no table took (unrouted="ignore")
+        ("ends", pa.list_(END)),  # a routed sink's: where the ledger moves, past rows no table took
+    ]
+)
 RESULT_SCHEMA = from_arrow_schema(_RESULT)  # a StructType: a DDL string is parsed again every batch
 _CSV = pacsv.WriteOptions(include_header=False)
 
@@ -50,33 +61,73 @@ class StageJob:
     token: int  # random per batch run: attempt ids restart with each SparkContext
 
 
-def stager(job: StageJob, spec: SinkSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+def stager(
+    jobs: Sequence[StageJob], spec: SinkSpec, lanes: Lanes | None = None
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """jobs: the sink's one stage, or a routed sink's stage per lane (`lanes` splits the rows)."""
+
     def stage(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         rows = [b for b in batches if b.num_rows]  # kept: a try that starts over copies them again
+        parts = portions(jobs, lanes, rows)
         tries = itertools.count()
         who = f"sink stager (pid {os.getpid()})"
-        (attempt, dead), _ = with_retries(
-            lambda: _stage_once(job, spec, rows, next(tries)), spec.retry_for, who
-        )
-        staged = sum(b.num_rows for b in rows)
-        yield pa.RecordBatch.from_pydict({"attempt": [attempt], "staged": [staged], "dead": [dead]}, _RESULT)
+        (attempt, dead), _ = with_retries(lambda: _stage_once(parts, spec, next(tries)), spec.retry_for, who)
+        staged = sum(b.num_rows for _, part in parts for b in part)
+        ignored = sum(b.num_rows for b in rows) - staged
+        done = {"attempt": attempt, "staged": staged, "dead": dead, "ignored": ignored}
+        done["ends"] = ends(rows) if lanes is not None else []
+        yield pa.RecordBatch.from_pydict({k: [v] for k, v in done.items()}, _RESULT)
 
     return stage
 
 
-def _stage_once(job: StageJob, spec: SinkSpec, rows: list[pa.RecordBatch], tries: int) -> tuple[int, int]:
-    """Stage `rows` in one transaction: (its attempt id, the dead letters staged). Each try has an
+def _stage_once(
+    parts: list[tuple[StageJob, list[pa.RecordBatch]]], spec: SinkSpec, tries: int
+) -> tuple[int, int]:
+    """Stage the rows in one transaction: (its attempt id, the dead letters staged). Each try has an
     id of its own: a try whose commit was made but whose answer was lost leaves rows no try reports."""
-    attempt = attempt_id(job.token, tries)
+    attempt = attempt_id(parts[0][0].token, tries)
     name = f"outbox-sink stager, pid {os.getpid()}"
     settings = keepalive(spec.database_timeout)
     conn = connect(spec.url, application_name=name, timeout=spec.database_timeout, settings=settings)
     with conn, watched(conn, spec.url, spec.database_timeout):
         limit_session(conn, server_limits(spec.database_timeout, spec.silence, bound_statements=False))
         conn.execute("SELECT set_config(%s, %s, true)", [ATTEMPT_SETTING, str(attempt)])
-        dead = sum(copy_batch(conn, job, batch) for batch in rows)
+        dead = sum(copy_batch(conn, job, batch) for job, part in parts for batch in part)
         conn.commit()
     return attempt, dead
+
+
+def portions(
+    jobs: Sequence[StageJob], lanes: Lanes | None, rows: list[pa.RecordBatch]
+) -> list[tuple[StageJob, list[pa.RecordBatch]]]:
+    """Each stage's rows: all of them for a sink of one table; each lane's for a routed one."""
+    if lanes is None:
+        return [(jobs[0], rows)]
+    split = [lanes.split(batch) for batch in rows]
+    return [(job, [s[i] for s in split if s[i].num_rows]) for i, job in enumerate(jobs)]
+
+
+def moved(tasks_ends: Iterable[Iterable[Mapping[str, Any]]]) -> dict[str, list[Any]]:
+    """`move_ledger`'s parameters from tasks' `ends`: each topic-partition's furthest."""
+    far: dict[tuple[str, int], int] = {}
+    for end in itertools.chain.from_iterable(tasks_ends):
+        at = (end["topic"], end["partition"])
+        far[at] = max(far.get(at, 0), end["offset"])
+    return {"topics": [t for t, _ in far], "partitions": [p for _, p in far], "ends": list(far.values())}
+
+
+def ends(rows: list[pa.RecordBatch]) -> list[dict[str, Any]]:
+    """Where the ledger stands for each topic-partition of `rows` once they are applied."""
+    if not rows:
+        return []
+    found = pa.Table.from_batches(rows).group_by(["_topic", "_partition"]).aggregate([("_offset", "max")])
+    return [
+        {"topic": t, "partition": p, "offset": o + 1}
+        for t, p, o in zip(
+            *found.select(["_topic", "_partition", "_offset_max"]).to_pydict().values(), strict=True
+        )
+    ]
 
 
 def attempt_id(token: int, tries: int = 0) -> int:

@@ -51,14 +51,21 @@ class Names:
     outbox: sql.Identifier
     batches: sql.Identifier
     traces: sql.Identifier
+    rounds: sql.Identifier  # a batch's events numbered per key, when they go in rounds
 
     @classmethod
-    def of(cls, spec: SinkSpec, *, in_task: bool = False) -> Names:
-        """in_task: the stage is the task's own temp table, not the batch's table shared by tasks."""
+    def of(cls, spec: SinkSpec, *, in_task: bool = False, lane: int | None = None) -> Names:
+        """in_task: the stage is the task's own temp table, not the batch's table shared by tasks.
+        lane: the table's place among a routed sink's tables, each staged apart (routing.py)."""
         digest = hashlib.sha1(spec.name.encode()).hexdigest()[:16]
         ledger = spec.ledger_schema
+        suffix = "" if lane is None else f"_{lane}"
         stage = sql.Identifier(
-            *(("pg_temp", "sink_task") if in_task else (ledger, tables.SINK_STAGE_PREFIX + digest))
+            *(
+                ("pg_temp", "sink_task" + suffix)
+                if in_task
+                else (ledger, tables.SINK_STAGE_PREFIX + digest + suffix)
+            )
         )
         return cls(
             target=sql.Identifier(spec.schema, spec.table),
@@ -68,6 +75,7 @@ class Names:
             outbox=sql.Identifier(ledger, tables.OUTBOX_EVENTS),
             batches=sql.Identifier(ledger, tables.SINK_BATCHES),
             traces=sql.Identifier(ledger, tables.SINK_TRACES),
+            rounds=sql.Identifier("sink_rounds" + suffix),
         )
 
 
@@ -102,10 +110,13 @@ def _unless_all_changed(
 class Statements:
     """Every statement of one sink, from its spec and plan."""
 
-    def __init__(self, spec: SinkSpec, plan: Plan, *, in_task: bool = False) -> None:
+    def __init__(self, spec: SinkSpec, plan: Plan, *, in_task: bool = False, lane: int | None = None) -> None:
+        """lane: one table of a routed sink; its statements leave the ledger alone, for it moves once
+        for all the tables, after them (`move_ledger`): each table's statement reads it as it was."""
         self.spec = spec
         self.in_task = in_task
-        self.names = Names.of(spec, in_task=in_task)
+        self.lane = lane
+        self.names = Names.of(spec, in_task=in_task, lane=lane)
         self.columns = plan.columns
         self.no_equality = plan.no_equality
         self.targets = [sql.Identifier(c) for c in plan.columns]
@@ -313,25 +324,27 @@ class Statements:
         keys = _list(self.keys)
         return bindable(
             sql.SQL(
-                "CREATE TEMP TABLE sink_rounds ON COMMIT DROP AS WITH {ctes}"
+                "CREATE TEMP TABLE {rounds} ON COMMIT DROP AS WITH {ctes}"
                 " SELECT row_number() OVER (PARTITION BY _round ORDER BY {keys}) AS _n, * FROM"
                 " (SELECT row_number() OVER (PARTITION BY {keys} ORDER BY _topic, _partition, _offset)"
                 " AS _round, * FROM fresh WHERE _error IS NULL) AS r"
-            ).format(ctes=_list([self._staged(), self._fresh()]), keys=keys)
+            ).format(rounds=self.names.rounds, ctes=_list([self._staged(), self._fresh()]), keys=keys)
         )
 
     def index_rounds(self) -> Query:
         """Each round and each half of one is read by an index, not by a scan of the whole batch."""
-        return sql.SQL("CREATE INDEX ON sink_rounds (_round, _n); ANALYZE sink_rounds")
+        return sql.SQL("CREATE INDEX ON {r} (_round, _n); ANALYZE {r}").format(r=self.names.rounds)
 
     def round_sizes(self) -> Query:
-        return sql.SQL("SELECT _round, count(*) FROM sink_rounds GROUP BY _round ORDER BY _round")
+        return sql.SQL("SELECT _round, count(*) FROM {} GROUP BY _round ORDER BY _round").format(
+            self.names.rounds
+        )
 
     def apply_range(self) -> Query:
         """Rows _n in [lo, hi] of round `round`: (upserted, deleted, stale) counts."""
         latest = sql.SQL(
-            "latest AS (SELECT * FROM sink_rounds WHERE _round = %(round)s AND _n BETWEEN %(lo)s AND %(hi)s)"
-        )
+            "latest AS (SELECT * FROM {} WHERE _round = %(round)s AND _n BETWEEN %(lo)s AND %(hi)s)"
+        ).format(self.names.rounds)
         changes = self._changes(sql.SQL("%(round)s::int"))
         return self._with([latest, *changes], [_count("upserted"), _count("deleted"), self._stale()])
 
@@ -349,8 +362,10 @@ class Statements:
                 " SELECT %(sink)s, _topic, _partition, _offset,"
                 " coalesce(_raw_key, convert_to({key}, 'UTF8')),"
                 " coalesce(_raw_value, convert_to(jsonb_build_object({pairs})::text, 'UTF8')), %(error)s"
-                " FROM sink_rounds AS r WHERE _round = %(round)s AND _n = %(n)s"
-            ).format(dead=self.names.dead, key=self._event("r", self.keys), pairs=pairs)
+                " FROM {rounds} AS r WHERE _round = %(round)s AND _n = %(n)s"
+            ).format(
+                dead=self.names.dead, rounds=self.names.rounds, key=self._event("r", self.keys), pairs=pairs
+            )
         )
 
     def finish(self) -> Query:
@@ -573,11 +588,29 @@ class Statements:
             if dead_letters
             else "dead AS (SELECT 1 WHERE false)"
         ).format(dead=n.dead)
-        progress = sql.SQL(
-            "progress AS (INSERT INTO {progress} AS p (sink, topic, kafka_partition, next_offset)"
-            " SELECT %(sink)s, _topic, _partition, next_offset FROM staged"
+        if self.lane is not None:
+            return [dead]
+        progress = sql.SQL("progress AS ({} RETURNING 1)").format(
+            self._advance(sql.SQL("SELECT %(sink)s, _topic, _partition, next_offset FROM staged"))
+        )
+        return [dead, progress]
+
+    def _advance(self, rows: sql.Composable) -> sql.Composable:
+        """Move the ledger to `rows` (sink, topic, partition, next offset), never back."""
+        return sql.SQL(
+            "INSERT INTO {progress} AS p (sink, topic, kafka_partition, next_offset) {rows}"
             " ON CONFLICT (sink, topic, kafka_partition) DO UPDATE"
             " SET next_offset = GREATEST(p.next_offset, EXCLUDED.next_offset), updated_at = now()"
-            " RETURNING 1)"
-        ).format(progress=n.progress)
-        return [dead, progress]
+        ).format(progress=self.names.progress, rows=rows)
+
+    def move_ledger(self) -> Query:
+        """A routed sink's ledger moved once, after its tables: to each topic-partition's next offset
+        (%(topics)s, %(partitions)s, %(ends)s), past the records no table took too."""
+        return bindable(
+            self._advance(
+                sql.SQL(
+                    "SELECT %(sink)s, t, p, o FROM unnest(%(topics)s::text[], %(partitions)s::int[],"
+                    " %(ends)s::bigint[]) AS e (t, p, o)"
+                )
+            )
+        )

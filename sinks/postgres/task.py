@@ -29,22 +29,22 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from outbox._core.postgres import connect, keepalive, limit_session, server_limits, watched
 from sinks.errors import SinkError
 from sinks.postgres import continuity
-from sinks.postgres.apply import Counts, apply_rows
+from sinks.postgres.apply import Counts, apply_rows, summed
 from sinks.postgres.clock import STAGES, Clock
 from sinks.postgres.retry import with_retries
-from sinks.postgres.stage import StageJob, attempt_id, copy_batch
+from sinks.postgres.routing import Lanes
+from sinks.postgres.stage import END, StageJob, attempt_id, copy_batch, ends, moved, portions
 from sinks.postgres.statements import Statements
 
 COUNTS = (*Counts._fields, "retries")  # BatchResult's names
 TIMES = tuple(f"{stage}_seconds" for stage in STAGES)
 _REFUSAL = ("refused", "refused_code")  # a refusal's message and code (sinks/errors.py)
-_END = pa.struct([("topic", pa.string()), ("partition", pa.int64()), ("offset", pa.int64())])
 _SCHEMA = pa.schema(
     [
         *((c, pa.int64()) for c in COUNTS),
         *((t, pa.float64()) for t in TIMES),
         *((r, pa.string()) for r in _REFUSAL),
-        ("ends", pa.list_(_END)),  # each topic-partition's next offset once the task committed
+        ("ends", pa.list_(END)),  # each topic-partition's next offset once the task committed
         ("declined", pa.string()),  # why a task that reads Kafka itself left its range to Spark (direct.py)
     ]
 )
@@ -59,6 +59,12 @@ class TaskJob:
     stage: StageJob  # its COPY statements write the task's temp table
     statements: Statements  # built with in_task=True; its spec has the timeouts
     after: tuple[str, int] | None = None  # (query, batch): the batch before it must still be there
+    lanes: Lanes | None = None  # a routed sink's split of the rows (routing.py)
+    tables: tuple[tuple[StageJob, Statements], ...] = ()  # a routed sink's, in the lanes' order
+
+    @property
+    def parts(self) -> tuple[tuple[StageJob, Statements], ...]:
+        return self.tables or ((self.stage, self.statements),)
 
 
 @dataclass(frozen=True)
@@ -107,7 +113,7 @@ def result(
 
 
 def apply_task(job: TaskJob, rows: list[pa.RecordBatch], attempt: int, clock: Clock) -> Outcome:
-    st = job.statements
+    st = job.statements  # the first table's: the ledger and the batch record are the sink's
     held = firsts(pa.Table.from_batches(rows))
     topics, partitions = [t for t, _ in held], [p for _, p in held]
     params: dict[str, Any] = {
@@ -116,6 +122,8 @@ def apply_task(job: TaskJob, rows: list[pa.RecordBatch], attempt: int, clock: Cl
         "topics": topics,
         "partitions": partitions,
     }
+    stages = portions([stage for stage, _ in job.parts], job.lanes, rows)
+    parts = [(stage, st_, part) for (_, st_), (stage, part) in zip(job.parts, stages, strict=True) if part]
     spec = st.spec
     # Named in pg_stat_activity, with the process, for whoever looks at who holds a lock.
     name = f"outbox-sink task, pid {os.getpid()}"
@@ -130,9 +138,11 @@ def apply_task(job: TaskJob, rows: list[pa.RecordBatch], attempt: int, clock: Cl
                     conn, server_limits(spec.database_timeout, spec.silence, bound_statements=False)
                 )
                 with conn.transaction():
-                    with clock.stage("copy"):
-                        conn.execute(st.create_stage(attempt))
-                    dead = sum(copy_batch(conn, job.stage, batch, clock) for batch in rows)
+                    dead = []
+                    for stage, statements, part in parts:
+                        with clock.stage("copy"):
+                            conn.execute(statements.create_stage(attempt))
+                        dead.append(sum(copy_batch(conn, stage, batch, clock) for batch in part))
                     with clock.stage("lock"):
                         conn.execute(st.claim(), params)
                         ledger = conn.execute(st.lock(), params).fetchall()
@@ -140,26 +150,24 @@ def apply_task(job: TaskJob, rows: list[pa.RecordBatch], attempt: int, clock: Cl
                             continuity.check(conn, st, *job.after)
                     with clock.stage("apply"):
                         past = past_ledger(held, {(t, p): o for t, p, o in ledger})
-                        deletes = any(pc.any(b.column("_delete")).as_py() for b in rows)
-                        counts = apply_rows(conn, st.past_ledger() if past else st, params, deletes, dead > 0)
+                        counts = [
+                            apply_rows(
+                                conn,
+                                statements.past_ledger() if past else statements,
+                                params,
+                                any(pc.any(b.column("_delete")).as_py() for b in part),
+                                found > 0,
+                            )
+                            for (_, statements, part), found in zip(parts, dead, strict=True)
+                        ]
+                        if job.lanes is not None:  # the ledger moves once, past rows no table took too
+                            conn.execute(st.move_ledger(), {**params, **moved([ends(rows)])})
                     committing = time.perf_counter()
                 clock.seconds["commit"] += time.perf_counter() - committing
         except SinkError as exc:  # rolled back: the driver fails the batch with this line
             return replace(NOTHING, refused=exc.message, refused_code=exc.code)
-    return Outcome(counts)
-
-
-def ends(rows: list[pa.RecordBatch]) -> list[dict[str, Any]]:
-    """Where the ledger stands for each topic-partition the task holds once its commit is made."""
-    if not rows:
-        return []
-    found = pa.Table.from_batches(rows).group_by(["_topic", "_partition"]).aggregate([("_offset", "max")])
-    return [
-        {"topic": t, "partition": p, "offset": o + 1}
-        for t, p, o in zip(
-            *found.select(["_topic", "_partition", "_offset_max"]).to_pydict().values(), strict=True
-        )
-    ]
+    ignored = sum(b.num_rows for b in rows) - sum(c.staged for c in counts)
+    return Outcome(summed(counts)._replace(ignored=ignored))
 
 
 def firsts(rows: pa.Table) -> dict[tuple[str, int], int | None]:

@@ -179,7 +179,7 @@ def applied(
     """The stage applied as the driver applies its own (asking it), or as a task applies a stage it
     found past the ledger: telling the statements what its rows hold (deletes, dead letters)."""
     if not st_.unapplied:
-        return apply_batch(conn, st_, batch_id, [ATTEMPT], staged)
+        return apply_batch(conn, [st_], batch_id, [ATTEMPT], staged)
     counts = apply_rows(conn, st_, {"sink": st_.spec.name, "attempts": [ATTEMPT]}, deletes, dead)
     return BatchResult(batch_id, **counts._asdict())
 
