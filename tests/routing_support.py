@@ -11,17 +11,21 @@ from typing import Any
 import psycopg
 
 from outbox_dev.jvm import kafka_tools
-from sinks.postgres import PostgresSink, Table
+from sinks.postgres import Outbox, PostgresSink, Table
+from tests.cli import outbox
+from tests.helpers import produce_transaction, transactional_producer
+from tests.sink_support import log_ends
 
 SCHEMA = (
-    "type string, order_id string, customer string, total decimal(12,2), payment_id string,"
+    "event_id string, type string, order_id string, customer string, total decimal(12,2), payment_id string,"
     " amount decimal(12,2), version int, line_no int, sku string, qty int"
 )
 TABLES = (
-    "CREATE TABLE orders (order_id text PRIMARY KEY, customer text NOT NULL, total numeric(12,2));"
+    "CREATE TABLE orders (order_id text PRIMARY KEY, customer text NOT NULL, total numeric(12,2),"
+    " event_id text);"
     " CREATE TABLE payments (payment_id text PRIMARY KEY, order_id text NOT NULL,"
-    " amount numeric(12,2) CHECK (amount > 0), version int);"
-    " CREATE TABLE order_lines (order_id text, line_no int, sku text, qty int,"
+    " amount numeric(12,2) CHECK (amount > 0), version int, event_id text);"
+    " CREATE TABLE order_lines (order_id text, line_no int, sku text, qty int, event_id text,"
     " PRIMARY KEY (order_id, line_no))"
 )
 # Each type's table, its key and the fields it keeps, as the fold reads them.
@@ -32,31 +36,34 @@ FOLDS = {
 }
 
 
-def routed_sink(url: str, name: str = "shop", **keywords: Any) -> PostgresSink:
+# With `outboxed`, each change a table takes writes one outbox event naming the input event.
+CHANGES = Outbox(topic="shop-changes", key="written.order_id", headers={"event": "written.event_id"})
+
+
+def routed_sink(url: str, name: str = "shop", outboxed: bool = False, **keywords: Any) -> PostgresSink:
+    box = CHANGES if outboxed else None
     tables = {
-        "OrderCreated": Table("orders", key="order_id"),
-        "OrderPaid": Table("payments", key="payment_id", version="version"),
-        "LineAdded": Table("order_lines", key=("order_id", "line_no"), delete=None),
+        "OrderCreated": Table("orders", key="order_id", outbox=box),
+        "OrderPaid": Table("payments", key="payment_id", version="version", outbox=box),
+        "LineAdded": Table("order_lines", key=("order_id", "line_no"), delete=None, outbox=box),
     }
     return PostgresSink.routed("type", tables, name=name, url=url, **keywords)
 
 
 def created(order: str, customer: str, total: str = "10.00") -> dict[str, Any]:
-    return {"type": "OrderCreated", "order_id": order, "customer": customer, "total": total}
+    return _event(type="OrderCreated", order_id=order, customer=customer, total=total)
 
 
 def paid(payment: str, order: str, amount: str, version: int) -> dict[str, Any]:
-    return {
-        "type": "OrderPaid",
-        "payment_id": payment,
-        "order_id": order,
-        "amount": amount,
-        "version": version,
-    }
+    return _event(type="OrderPaid", payment_id=payment, order_id=order, amount=amount, version=version)
 
 
 def line(order: str, n: int, sku: str, qty: int) -> dict[str, Any]:
-    return {"type": "LineAdded", "order_id": order, "line_no": n, "sku": sku, "qty": qty}
+    return _event(type="LineAdded", order_id=order, line_no=n, sku=sku, qty=qty)
+
+
+def _event(**fields: Any) -> dict[str, Any]:
+    return {"event_id": str(uuid.uuid4()), **fields}
 
 
 def record(body: dict[str, Any]) -> tuple[bytes, bytes]:
@@ -131,3 +138,56 @@ def differences(pg: psycopg.Connection, bodies: list[dict[str, Any]]) -> list[st
             if rows.get(key) != found[name].get(key):
                 lines.append(f"{name} {key}: the fold {rows.get(key)}, the table {found[name].get(key)}")
     return lines
+
+
+def produce_shop(bootstrap: str, topic: str, orders: int) -> int:
+    """`orders` orders' events (each one a change to its table), keyed by order, in transactions of
+    60; then an aborted transaction, and 5 events of a type no table takes, whose count it returns."""
+    events: list[dict[str, Any]] = []
+    for n in range(orders):
+        order = str(uuid.uuid4())
+        payment = f"p-{order}"
+        events += [
+            created(order, f"c{n}"),
+            line(order, 1, "apple", 1),
+            line(order, 2, "pear", 2),
+            line(order, 1, "apple", 3),
+            paid(payment, order, "9.00", 1),
+            paid(payment, order, "10.00", 2),
+        ]
+    producer = transactional_producer(bootstrap)
+    for start in range(0, len(events), 60):
+        produce_transaction(producer, topic, [record(b) for b in events[start : start + 60]])
+    ghosts = [record(created(str(uuid.uuid4()), "ghost")) for _ in range(20)]
+    produce_transaction(producer, topic, ghosts, commit=False)
+    strays = [record(_event(type="OrderShipped", order_id=str(uuid.uuid4()))) for _ in range(5)]
+    produce_transaction(producer, topic, strays)
+    return len(strays)
+
+
+# The input events the sink says it took: one outbox event per change, and the dead letters.
+APPLIED_SQL = (
+    "SELECT convert_from(header_values[1], 'UTF8') FROM outbox_events"
+    " UNION ALL SELECT convert_from(value, 'UTF8')::jsonb ->> 'event_id' FROM sink_dead_letters"
+)
+
+
+def check_routed(pg: psycopg.Connection, bootstrap: str, topic: str, url: str, strays: int) -> None:
+    """Every committed event applied once, by two readers: each table equals the per-type fold of
+    the topic as Kafka's console consumer (read_committed) reads it, and `outbox verify` finds every
+    committed event among those the sink took (one change each, or a dead letter), none missing,
+    none leaked, none twice."""
+    bodies, poison = committed_bodies(bootstrap, topic)
+    assert poison == 0
+    assert differences(pg, bodies) == []
+    ends = {p: o for p, o in pg.execute("SELECT kafka_partition, next_offset FROM sink_progress").fetchall()}
+    assert ends == log_ends(bootstrap, topic)
+    took = [e for (e,) in pg.execute(APPLIED_SQL).fetchall()]
+    assert len(took) == len(set(took)) == len(bodies)
+    assert pg.execute("SELECT count(*) FROM sink_dead_letters").fetchone() == (strays,)
+    said = outbox(
+        *("verify", topic, "--bootstrap-servers", bootstrap, "--id-field", "event_id"),
+        *("--url", url, "--source-sql", APPLIED_SQL, "--json"),
+    )
+    verdict = json.loads(said.out.strip().splitlines()[-1])
+    assert verdict["records"] == len(bodies) and not verdict["findings"], said

@@ -14,12 +14,21 @@ from typing import Any
 
 from outbox_dev.connect import ConnectServer
 from outbox_dev.process import cmdline_contains, free_port, port_in_use
-from tests.helpers import Job, produce_transaction, read_committed, transactional_producer
+from tests.helpers import (
+    Job,
+    create_topic,
+    produce_transaction,
+    read_committed,
+    transactional_producer,
+    unique,
+)
+from tests.routing_support import TABLES, check_routed, produce_shop
 from tests.sink_support import check_exactly_once, produce_orders, produce_poison
 from tests.source_support import mistakes
 
 PROBE = "tests/jobs/connect_probe.py"
 SINK_JOB = "tests/jobs/sink_job.py"
+ROUTED_JOB = "tests/jobs/routed_job.py"
 
 
 def probe(url: str, tmp: Path, question: str, *args: str) -> Any:
@@ -101,6 +110,23 @@ def test_the_sink_applies_every_committed_event_once(  # type: ignore[no-untyped
         else:  # a new query over events all applied
             assert last["fresh"] == last["upserted"] == last["deleted"] == last["dead"] == 0, last
         first = first or last
+
+
+def test_a_routed_sink_applies_three_types_to_three_tables_from_a_connect_client(  # type: ignore[no-untyped-def]
+    connect_server: ConnectServer, bootstrap, outbox_db, pg, tmp_path: Path
+) -> None:
+    """PostgresSink.routed's writer, pickled to the server with its lanes, applies in the server's
+    tasks: each table the fold of its type, one ledger, `outbox verify` content."""
+    pg.execute(TABLES)
+    topic = create_topic(bootstrap, unique("shop"), partitions=2)
+    strays = produce_shop(bootstrap, topic, 60)
+    argv = [ROUTED_JOB, bootstrap, topic, outbox_db.raw, str(tmp_path / "checkpoint"), str(tmp_path / "w")]
+    job = Job(
+        [*argv, "tasks", "available-now"], tmp_path / "routed.log", {"SPARK_REMOTE": connect_server.url}
+    )
+    assert job.wait(300) == 0, job.output()[-4000:]
+    assert "applies each batch in the Spark tasks" in job.output(), job.output()[-4000:]
+    check_routed(pg, bootstrap, topic, outbox_db.raw, strays)
 
 
 def test_outbox_dev_connect_serves_until_stopped(bootstrap, topic, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
