@@ -119,6 +119,9 @@ _KAFKA_TYPES = {
     "topic": T.StringType(),
     "partition": T.IntegerType(),
     "offset": T.LongType(),
+    "headers": T.ArrayType(
+        T.StructType([T.StructField("key", T.StringType()), T.StructField("value", T.BinaryType())])
+    ),
 }
 
 

@@ -19,6 +19,15 @@ from sinks.postgres.plan import ERROR_COLUMN
 from sinks.postgres.spark_plan import read_plan
 
 KEEP = ("key", "value", "topic", "partition", "offset")
+
+
+def _keep(frame: DataFrame, event: T.StructType) -> tuple[str, ...]:
+    """KEEP, and Kafka's headers where the source gives them and no field of the events is so
+    named: a routed sink may pick tables by one (routing.header)."""
+    headers = "headers" in frame.columns and "headers" not in event.fieldNames()
+    return (*KEEP, "headers") if headers else KEEP
+
+
 KeyFormat = Literal["text", "json"]  # how a tombstone's Kafka key is read
 _CORRUPT = "_corrupt_record"
 
@@ -53,7 +62,8 @@ def parse_json(
     # one parse for every row, a second one only for the rare bad row, to say why.
     with_corrupt = T.StructType([*event.fields, T.StructField(_CORRUPT, T.StringType())])
     parse_options = {**(options or {}), "mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
-    parsed = frame.select(F.from_json(text, with_corrupt, parse_options).alias("_event"), *KEEP)
+    keep = _keep(frame, event)
+    parsed = frame.select(F.from_json(text, with_corrupt, parse_options).alias("_event"), *keep)
 
     # A tombstone's key column is its Kafka key, read as the column's type: try_cast, for under ANSI
     # mode (Spark's default) a key that does not read (Java's LongSerializer's 8 bytes for a bigint)
@@ -80,7 +90,7 @@ def parse_json(
         unreadable = F.when(tombstone & F.col("key").isNotNull() & key.isNull(), F.lit(why)).otherwise(
             unreadable
         )
-    out = parsed.select(*(field(f) for f in event.fields), *KEEP, unreadable.alias(ERROR_COLUMN))
+    out = parsed.select(*(field(f) for f in event.fields), *keep, unreadable.alias(ERROR_COLUMN))
     return remember(out, Parsed(frame, event, key_column, key_format, options))
 
 
@@ -120,7 +130,8 @@ def parse_avro(
     event = avro.spark_type(parsed)
     if not isinstance(event, T.StructType):
         raise error("SINK_AVRO_SCHEMA_NOT_RECORD", type=event.simpleString())
-    return _decoded(frame, Decoder(given, avro.AvroValues(reader), event, KEEP), key_column, key_format)
+    decoder = Decoder(given, avro.AvroValues(reader), event, _keep(frame, event))
+    return _decoded(frame, decoder, key_column, key_format)
 
 
 def parse_protobuf(
@@ -164,7 +175,7 @@ def parse_protobuf(
         ) from None
     event = protobuf.spark_type(descriptor)
     values = protobuf.ProtobufValues(files, descriptor.full_name)
-    return _decoded(frame, Decoder(given, values, event, KEEP), key_column, key_format)
+    return _decoded(frame, Decoder(given, values, event, _keep(frame, event)), key_column, key_format)
 
 
 def _newest(frame: DataFrame, registry: Registry, subject: str | None, what: str) -> Any:
@@ -180,7 +191,7 @@ def _decoded(frame: DataFrame, decoder: Decoder, key_column: str | None, key_for
     """The frame's values decoded in its tasks; a tombstone's key column from its Kafka key."""
     event = decoder.fields
     _check_fields(event, key_column, key_format)
-    decoded = frame.select(*KEEP).mapInArrow(decoder, decoder.out_schema())
+    decoded = frame.select(*decoder.keep).mapInArrow(decoder, decoder.out_schema())
     asked = Parsed(frame, event, key_column, key_format, None, decoder)
     if key_column is None:
         return remember(decoded, asked)

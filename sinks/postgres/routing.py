@@ -57,9 +57,10 @@ class Table:
 
 
 def header(name: str) -> Column:
-    """A Kafka header's value as text, to route by (the source's `includeHeaders` must be on)."""
-    quoted = name.replace("'", "''")
-    return F.expr(f"cast(element_at(filter(headers, h -> h.key = '{quoted}'), 1).value as string)")
+    """A Kafka header's value as text, to route by (the source's `includeHeaders` must be on);
+    null where the record has no such header."""
+    named = F.filter(F.col("headers"), lambda h: h["key"] == F.lit(name))
+    return F.try_element_at(named, F.lit(1))["value"].cast("string")
 
 
 @dataclass(frozen=True)

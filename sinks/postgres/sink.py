@@ -317,12 +317,11 @@ class Lane:
 def _wanted(
     spec: SinkSpec, delete: Delete, routing: Routing | None
 ) -> list[tuple[SinkSpec, Delete, Sequence[str] | None]]:
-    """Each table's spec, delete rule and the frame's fields it takes (None: the sink's one table
-    takes them all)."""
+    """Each table's spec, delete rule and the frame's fields it names (routing.Table.columns)."""
     if routing is None:
         return [(spec, delete, None)]
     return [
-        (replace(spec, table=t.name, **_spec_keywords(t)), t.delete, t.columns or ())
+        (replace(spec, table=t.name, **_spec_keywords(t)), t.delete, t.columns)
         for t in routing.tables.values()
     ]
 
@@ -352,7 +351,7 @@ def _lane(
         for change in evolve.prepare(conn, spec, schema):
             log.warning("sink %s: %s", spec.name, change)
     table = describe(conn, spec.schema, spec.table)
-    if columns is not None and not columns:  # a routed table without columns=: the fields it has
+    if lane is not None and not columns:  # a routed table without columns=: the fields it has
         schema = _only(schema, set(table.columns))
     found = plan(schema, table, spec)
     return Lane(
@@ -470,7 +469,7 @@ class BatchWriter:
         values, connect = direct.values_of(frame), is_connect(frame)
         if not self.spec.read_kafka:
             why: str | None = "read_kafka=False"
-        elif len(self.lanes) > 1 or self._task_job.lanes is not None:
+        elif self._task_job.lanes is not None:
             why = "a routed sink's tasks take Spark's rows"
         else:
             source = read_plan(values.source)[0] if values is not None and not connect else None

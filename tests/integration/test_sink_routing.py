@@ -12,7 +12,7 @@ import pytest
 
 from outbox._core.errors import ConfigError
 from sinks.errors import SinkError
-from sinks.postgres import PostgresSink, Table, parse_json
+from sinks.postgres import PostgresSink, Table, header, parse_json
 from tests.routing_support import (
     SCHEMA,
     TABLES,
@@ -148,6 +148,36 @@ def test_route_by_topic(spark, shop_db, pg) -> None:  # type: ignore[no-untyped-
     assert dict(
         pg.execute("SELECT topic, next_offset FROM sink_progress WHERE sink = 'shop'").fetchall()
     ) == {"created": 1, "lines": 1}
+
+
+def test_route_by_header(spark, shop_db, pg) -> None:  # type: ignore[no-untyped-def]
+    """`header("type")`: the value of a Kafka header; a record without it is a dead letter."""
+    order = str(uuid.uuid4())
+    headers = "array<struct<key: string, value: binary>>"
+    rows = [
+        (order.encode(), json.dumps(created(order, "ann")).encode(), "t", 0, 0, [("type", b"new")]),
+        (
+            order.encode(),
+            json.dumps(line(order, 1, "fig", 2)).encode(),
+            "t",
+            0,
+            1,
+            [("x", b"y"), ("type", b"line")],
+        ),
+        (order.encode(), json.dumps(line(order, 2, "fig", 2)).encode(), "t", 0, 2, []),
+    ]
+    raw = spark.createDataFrame(rows, f"{KAFKA}, headers {headers}").coalesce(1)
+    frame = parse_json(raw, SCHEMA)
+    tables = {
+        "new": Table("orders", key="order_id"),
+        "line": Table("order_lines", key=("order_id", "line_no")),
+    }
+    writer = PostgresSink.routed(header("type"), tables, name="shop", url=shop_db.raw).writer(frame)
+    writer(frame, 0)
+    assert read_tables(pg)["orders"] == {(order,): ("ann", Decimal("10.00"))}
+    assert read_tables(pg)["order_lines"] == {(order, "1"): ("fig", 2)}
+    dead = pg.execute("SELECT kafka_offset, error FROM sink_dead_letters").fetchall()
+    assert dead == [(2, "routed by the route column: no table takes null")]
 
 
 def test_routing_mistakes_are_one_line_each(spark, shop_db) -> None:  # type: ignore[no-untyped-def]
