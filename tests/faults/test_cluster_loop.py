@@ -14,9 +14,12 @@ outbox against what was committed.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
+import random
 import re
 import signal
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -28,6 +31,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from confluent_kafka import ElectionType, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from outbox import migrate
@@ -46,6 +50,7 @@ from tests.helpers import (
     create_topic,
     fresh_database,
     produce_transaction,
+    reported,
     transactional_producer,
     unique,
     wait_for,
@@ -158,11 +163,16 @@ def coordinator(bootstrap: str, url: DatabaseUrl, name: str) -> int:
 
 
 def check_every_record(
-    bootstrap: str, topic: str, committed: Committed, url: DatabaseUrl, sink: Sink
+    bootstrap: str,
+    topic: str,
+    committed: Committed,
+    url: DatabaseUrl,
+    sink: Sink,
+    partitions: int = PARTITIONS,
 ) -> None:
     """Both readers and `outbox verify`, each record (check_two_readers); and the sink: every event
     in its table, applied once, its ledger at the end of each partition."""
-    ours = check_two_readers(bootstrap, topic, PARTITIONS, committed, url)
+    ours = check_two_readers(bootstrap, topic, partitions, committed, url)
     check_the_sink(sink, topic, committed, ours)
 
 
@@ -346,13 +356,19 @@ class Load:
 
 @contextlib.contextmanager
 def under_load(
-    tmp_path: Path, url: DatabaseUrl, bootstrap: str, sink: Sink, pause_at: str = "none", before: int = 0
+    tmp_path: Path,
+    url: DatabaseUrl,
+    bootstrap: str,
+    sink: Sink,
+    pause_at: str = "none",
+    before: int = 0,
+    partitions: int = PARTITIONS,
 ) -> Iterator[Load]:
     """A relay publishing a new topic while writers commit; `before` transactions come first.
 
     On leaving, the writers stop, and every record is checked (check_every_record).
     """
-    topic, name = create_topic(bootstrap, unique(MODULE), partitions=PARTITIONS), unique("relay")
+    topic, name = create_topic(bootstrap, unique(MODULE), partitions=partitions), unique("relay")
     first = Writers(url, topic).start(transactions=before)
     first.join()
     job, resume = start(tmp_path, url, bootstrap, name, pause_at=pause_at)
@@ -362,7 +378,8 @@ def under_load(
     finally:
         writers.stop.set()
         writers.join()
-    check_every_record(bootstrap, topic, Committed.merged(first.committed, writers.committed), url, sink)
+    committed = Committed.merged(first.committed, writers.committed)
+    check_every_record(bootstrap, topic, committed, url, sink, partitions)
     assert terminate(job) == 0
 
 
@@ -466,3 +483,103 @@ def test_below_min_insync_the_relay_and_the_sink_wait_with_one_line_and_resume_b
     assert len(said) == sum(SINK_BACK in line for line in lines), said
     assert len(around) == sum(LED_AGAIN in line for line in lines), around
     assert all(f"Kafka at {bootstrap}" in line for line in said), said
+
+
+class SinkStalls:
+    """The longest time the sink's ledger for `topic` stood still, read every half second, while
+    writers kept committing."""
+
+    def __init__(self, topic: str, url: DatabaseUrl) -> None:
+        self.topic, self.url = topic, url
+        self.longest, self.readings = 0.0, 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> SinkStalls:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+    def _watch(self) -> None:
+        total = "SELECT coalesce(sum(next_offset), 0) FROM sink_progress WHERE topic = %s"
+        last, since = -1, time.monotonic()
+        with psycopg.connect(self.url.libpq, autocommit=True) as conn:
+            while not self.stop.wait(0.5):
+                value, now = conn.execute(total, [self.topic]).fetchone()[0], time.monotonic()  # type: ignore[index]
+                self.readings += 1
+                if value != last:
+                    last, since = value, now
+                self.longest = max(self.longest, now - since)
+
+
+def longest_gap(bootstrap: str, topic: str, start: float, end: float) -> float:
+    """The relay's longest stall in [start, end] (epoch seconds): the longest time between two
+    records it produced, by their timestamps, while writers kept committing."""
+    stamps = sorted(
+        m.timestamp()[1] / 1000
+        for m in read_committed({"bootstrap.servers": bootstrap}, topic, timeout=120)
+        if start <= m.timestamp()[1] / 1000 <= end
+    )
+    edges = [start, *stamps, end]
+    return max(b - a for a, b in itertools.pairwise(edges))
+
+
+def leadership_storm(
+    bootstrap: str, topics: list[str], seconds: float, rng: random.Random
+) -> tuple[int, int]:
+    """Every 2-5 s, a third of each topic's partitions (at least one) take the next of their
+    replicas as preferred (a reassignment that moves no data), and a preferred-leader election
+    moves their leaders there. Returns (rounds, leaders moved)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    rounds = moved = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() + 2 < deadline:
+        time.sleep(rng.uniform(2, 5))
+        described = admin.list_topics(timeout=30).topics
+        turned: dict[tuple[str, int], list[int]] = {}
+        for topic in topics:
+            partitions = described[topic].partitions
+            for p in rng.sample(sorted(partitions), max(1, len(partitions) // 3)):
+                replicas = list(partitions[p].replicas)
+                turned[(topic, p)] = replicas[1:] + replicas[:1]
+        kafka_tools.reassign_partitions(bootstrap, turned)
+        elected = admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition(t, p) for t, p in turned])
+        moved += sum(1 for failed in elected.result(60).values() if failed is None)
+        rounds += 1
+    return rounds, moved
+
+
+STORM_PARTITIONS = 24
+
+
+@pytest.mark.parametrize(
+    "seconds",
+    [30, pytest.param(300, marks=[pytest.mark.soak, pytest.mark.timeout(1500)])],
+    ids=["30s", "300s"],
+)
+def test_a_leadership_storm_under_the_relay_and_the_sink(  # type: ignore[no-untyped-def]
+    tmp_path: Path, outbox_db: DatabaseUrl, healthy: Cluster, sink: Sink, seconds: int
+) -> None:
+    """Leaders of the events topic (24 partitions), of `__transaction_state` (the coordinator) and
+    of the relay's positions topic move every 2-5 s while writers commit, the relay publishes and
+    the sink applies; then every record is checked by both readers, `outbox verify` and the sink's
+    table and ledger (under_load). The longest stall of each half is reported."""
+    bootstrap = healthy.bootstrap
+    with under_load(tmp_path, outbox_db, bootstrap, sink, partitions=STORM_PARTITIONS) as load:
+        load.job.wait_for_output(ACTIVE, 120)
+        began = time.time()
+        with SinkStalls(load.topic, sink.url) as sink_stalls:
+            topics = [load.topic, "__transaction_state", POSITIONS_TOPIC]
+            rounds, moved = leadership_storm(bootstrap, topics, seconds, random.Random(seconds))
+        ended = time.time()
+        assert load.job.process.poll() is None, load.job.output()[-3000:]
+    relay = longest_gap(bootstrap, load.topic, began, ended)
+    reported(
+        f"leadership storm, {seconds} s: {rounds} rounds, {moved} leaders moved",
+        f"relay {relay:5.1f} s, sink {sink_stalls.longest:5.1f} s longest stall",
+    )
+    assert rounds > 0 and moved >= rounds
+    assert sink_stalls.readings >= seconds, sink_stalls.readings  # read about twice a second

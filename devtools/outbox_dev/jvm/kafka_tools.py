@@ -102,7 +102,16 @@ def transactions(bootstrap: str, *args: str) -> list[dict[str, str]]:
 def reassign(bootstrap: str, topic: str, replicas: dict[int, list[int]], timeout: float = 120) -> None:
     """`kafka-reassign-partitions`: `topic`'s partitions moved onto `replicas` (partition -> node
     ids), returned once Kafka says every move is completed."""
-    moves = [{"topic": topic, "partition": p, "replicas": nodes} for p, nodes in sorted(replicas.items())]
+    reassign_partitions(bootstrap, {(topic, p): nodes for p, nodes in replicas.items()}, timeout)
+
+
+def reassign_partitions(
+    bootstrap: str, replicas: dict[tuple[str, int], list[int]], timeout: float = 120
+) -> None:
+    """`kafka-reassign-partitions` for partitions of any topics, (topic, partition) -> node ids, in
+    one plan; returned once Kafka says every move is completed."""
+    moves = [{"topic": t, "partition": p, "replicas": nodes} for (t, p), nodes in sorted(replicas.items())]
+    topic = ", ".join(sorted({t for t, _ in replicas}))
     deadline = time.monotonic() + timeout
     with tempfile.TemporaryDirectory(prefix="kafka-reassign-") as scratch:
         plan = Path(scratch) / "plan.json"
