@@ -105,10 +105,10 @@ def ledger(pg: psycopg.Connection) -> dict[int, int]:
     return dict(pg.execute("SELECT kafka_partition, next_offset FROM sink_progress").fetchall())
 
 
-def log_ends(bootstrap: str, topic: str) -> dict[int, int]:
+def log_ends(bootstrap: str, topic: str, partitions: int = 2) -> dict[int, int]:
     """Per partition, one past the last committed record: where the ledger must stand."""
     ends: dict[int, int] = {}
-    for partition, offset, _, _ in read_committed(bootstrap, topic, 2):
+    for partition, offset, _, _ in read_committed(bootstrap, topic, partitions):
         ends[partition] = max(ends.get(partition, 0), offset + 1)
     return ends
 
@@ -138,11 +138,12 @@ def check_exactly_once(
     expected: dict[str, tuple],
     dead: int = 0,
     deleted: int = 0,
+    partitions: int = 2,
 ) -> None:
     """Table, ledger, outbox and `dead` dead letters as if every committed record was applied once;
     `deleted`: events inserted, then deleted by a tombstone."""
     assert table(pg) == expected
-    assert ledger(pg) == log_ends(bootstrap, topic)
+    assert ledger(pg) == log_ends(bootstrap, topic, partitions)
     # One outbox event per change: each insert, edit and delete; no redelivery, replay or restart adds one.
     changes = len(expected) + sum(1 for v in expected.values() if v[1] == Decimal("9.99")) + 2 * deleted
     assert pg.execute("SELECT count(*) FROM outbox_events").fetchone() == (changes,)

@@ -7,13 +7,20 @@ the ledger, one outbox event per change and no stray dead letter.
 
 from __future__ import annotations
 
+import itertools
+import random
 import re
 import signal
+import threading
+import time
+import uuid
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 
 import psycopg
 import pytest
+from confluent_kafka.admin import AdminClient, NewPartitions
 
 from outbox._core.config import DatabaseUrl
 from outbox_dev.process import cmdline_contains, descendants, stop
@@ -21,10 +28,16 @@ from outbox_dev.spark import StandaloneCluster
 from tests.helpers import (
     Job,
     OwnPostgres,
+    create_topic,
+    produce_transaction,
+    reported,
+    transactional_producer,
+    unique,
     wait_for,
 )
 from tests.sink_support import (
     check_exactly_once,
+    event,
     hold_partition_1,
     ledger,
     log_ends,
@@ -193,3 +206,94 @@ def test_on_a_cluster_an_executor_killed_after_its_task_committed(  # type: igno
     first = applied(streaming.output())[0]
     assert first[0] == 0 and first[1] < first[2], "the task run again found its rows applied"
     check_exactly_once(pg, bootstrap, topic, expected, dead=dead)
+
+
+class Orders:
+    """New orders, a transaction of 50 every half second until stopped, by a thread of its own;
+    each transaction into the next of the topic's `partitions` (raised when the topic grows)."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
+        self.bootstrap, self.topic, self.partitions = bootstrap, topic, partitions
+        self.expected: dict[str, tuple] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            producer, known = transactional_producer(self.bootstrap), 0
+            for sent in itertools.count():
+                if self.stop.wait(0.5):
+                    return
+                while known < self.partitions:  # the producer learns of the new partitions first
+                    known = len(producer.list_topics(self.topic, timeout=10).topics[self.topic].partitions)
+                ids = [str(uuid.uuid4()) for _ in range(50)]
+                records = [event(i, n) for n, i in enumerate(ids)]
+                produce_transaction(producer, self.topic, records, partition=sent % self.partitions)
+                self.expected.update({i: (n, Decimal("1.00"), None) for n, i in enumerate(ids)})
+        except BaseException as exc:  # raised again by join()
+            self.error = exc
+
+    error: BaseException | None = None
+
+    def join(self) -> dict[str, tuple]:
+        self.stop.set()
+        self.thread.join(60)
+        assert self.error is None, self.error
+        return self.expected
+
+
+@pytest.mark.parametrize(
+    "seconds",
+    [45, pytest.param(300, marks=[pytest.mark.soak, pytest.mark.timeout(1500)])],
+    ids=["45s", "300s"],
+)
+def test_an_executor_storm_with_speculation_while_the_topic_gains_partitions(  # type: ignore[no-untyped-def]
+    bootstrap, db, pg, tmp_path, cluster, seconds
+) -> None:
+    """On the standalone cluster, speculation on: an executor killed -9 every 3-8 s (its worker
+    starts another) while orders keep coming, and the topic grows from 2 partitions to 4 halfway.
+    A query that fails for it (too many task failures) is started again from its checkpoint, as a
+    supervisor would. Then every order once, the ledger at the log's end of all 4 partitions."""
+    topic = create_topic(bootstrap, unique("orders"), partitions=2)
+    orders = Orders(bootstrap, topic, 2)
+    env = {"SPARK_MASTER": cluster.url, "SPARK_SPECULATION": "1"}
+    argv = [JOB, bootstrap, topic, db.raw, str(tmp_path / "checkpoint")]
+
+    def run(n: int) -> Job:
+        return Job([*argv, str(tmp_path / f"run{n}"), "400", "plain"], tmp_path / f"run{n}.log", env)
+
+    runs = [run(0)]
+    kills, rng = 0, random.Random(seconds)
+    try:
+        runs[-1].wait_for_output("applied 0", 240)
+        began = time.monotonic()
+        grown = False
+        while time.monotonic() - began < seconds:
+            time.sleep(rng.uniform(3, 8))
+            if not grown and time.monotonic() - began > seconds / 2:
+                admin = AdminClient({"bootstrap.servers": bootstrap})
+                admin.create_partitions([NewPartitions(topic, 4)])[topic].result(30)
+                orders.partitions, grown = 4, True
+            if runs[-1].process.poll() is not None:
+                runs.append(run(len(runs)))  # the query failed under the storm: its checkpoint goes on
+                continue
+            executors = cluster.executors()
+            if executors:
+                stop(rng.choice(executors), signal.SIGKILL)
+                kills += 1
+        expected = orders.join()
+        if runs[-1].process.poll() is not None:
+            runs.append(run(len(runs)))
+        ends = log_ends(bootstrap, topic, 4)
+        wait_for(lambda: ledger(pg) == ends, 300, "the ledger at the log's end")
+        assert grown and len(ends) == 4, ends
+    finally:
+        orders.stop.set()
+        for job_ in runs:
+            job_.kill9()
+    reported(
+        f"executor storm, {seconds} s: {kills} executors killed -9, {len(runs) - 1} query restarts",
+        f"{len(expected):6d} orders",
+    )
+    check_exactly_once(pg, bootstrap, topic, expected, partitions=4)

@@ -11,6 +11,7 @@ Prints "application ID" first, and "applied N: fresh F of S rows, R retries" aft
 SPARK_MASTER: a standalone cluster's URL to run on instead of local[2,2]; a task that fails there
 is retried on another executor (spark.excludeOnFailure.taskAndStage.enabled).
 DATABASE_TIMEOUT: the sink's database_timeout, in seconds.
+SPARK_SPECULATION: set, Spark runs speculative copies of slow tasks (eagerly).
 EXECUTOR_PGPORT: the port the executors' Python workers reach PostgreSQL at, given a DATABASE_URL
 without one (libpq's PGPORT); the driver takes PGPORT from its own environment.
 """
@@ -41,6 +42,14 @@ conf = (
     if master.startswith("spark:")
     else {}
 )
+if os.environ.get("SPARK_SPECULATION"):  # a task slower than half its stage's gets a second attempt
+    conf |= {
+        "spark.speculation": "true",
+        "spark.speculation.interval": "100ms",
+        "spark.speculation.quantile": "0.5",
+        "spark.speculation.multiplier": "1.2",
+        "spark.speculation.minTaskRuntime": "100ms",
+    }
 if "EXECUTOR_PGPORT" in os.environ:
     conf["spark.executorEnv.PGPORT"] = os.environ["EXECUTOR_PGPORT"]
 spark = local_session(Path(work), app_name="sink-tasks-job", master=master, conf=conf)
