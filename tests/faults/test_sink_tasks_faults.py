@@ -210,7 +210,9 @@ def test_on_a_cluster_an_executor_killed_after_its_task_committed(  # type: igno
 
 class Orders:
     """New orders, a transaction of 50 every half second until stopped, by a thread of its own;
-    each transaction into the next of the topic's `partitions` (raised when the topic grows)."""
+    each transaction into the next of the topic's `partitions` (raised when the topic grows).
+    Each also edits 10 orders of earlier transactions, once each: an order applied twice comes
+    back as it was before its edit, or with an outbox event too many."""
 
     def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
         self.bootstrap, self.topic, self.partitions = bootstrap, topic, partitions
@@ -222,15 +224,21 @@ class Orders:
     def _run(self) -> None:
         try:
             producer, known = transactional_producer(self.bootstrap), 0
+            unedited: dict[int, list[str]] = {}
             for sent in itertools.count():
                 if self.stop.wait(0.5):
                     return
                 while known < self.partitions:  # the producer learns of the new partitions first
                     known = len(producer.list_topics(self.topic, timeout=10).topics[self.topic].partitions)
-                ids = [str(uuid.uuid4()) for _ in range(50)]
+                ids, partition = [str(uuid.uuid4()) for _ in range(50)], sent % self.partitions
+                mine = unedited.setdefault(partition, [])  # an edit follows its order in its partition
+                edits, mine[:10] = mine[:10], []
                 records = [event(i, n) for n, i in enumerate(ids)]
-                produce_transaction(producer, self.topic, records, partition=sent % self.partitions)
+                records += [event(i, self.expected[i][0], "9.99") for i in edits]
+                produce_transaction(producer, self.topic, records, partition=partition)
                 self.expected.update({i: (n, Decimal("1.00"), None) for n, i in enumerate(ids)})
+                self.expected.update({i: (self.expected[i][0], Decimal("9.99"), None) for i in edits})
+                mine += ids
         except BaseException as exc:  # raised again by join()
             self.error = exc
 
