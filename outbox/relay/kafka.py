@@ -331,10 +331,14 @@ class Publisher:
                 log.warning("%s: %s; asking again", call.value, error.str())
 
     def _hold(self, point: str) -> None:
-        """At a fault test's pause point, once what was produced so far had time to reach the broker
-        (polled, not flushed: a flush that meets a fencing error raises from inside its callbacks)."""
+        """At a fault test's pause point, once what was produced so far reached the broker, or had
+        half a second to (polled, not flushed: a flush that meets a fencing error raises from inside
+        its callbacks). Nothing outstanding, nothing waited for: a hook at every point costs the
+        batch little, so a storm can hold one at every commit."""
         if self.pause is not None:
-            self.producer.poll(0.5)
+            deadline = time.monotonic() + 0.5
+            while len(self.producer) > 0 and time.monotonic() < deadline:
+                self.producer.poll(0.05)
             self.pause(point)
 
     def _produce_rows(self, producer: Producer, rows: Iterable[Row]) -> None:

@@ -8,6 +8,7 @@ the ledger, one outbox event per change and no stray dead letter.
 from __future__ import annotations
 
 import itertools
+import os
 import random
 import re
 import signal
@@ -260,9 +261,12 @@ def test_an_executor_storm_with_speculation_while_the_topic_gains_partitions(  #
     bootstrap, db, pg, tmp_path, cluster, seconds
 ) -> None:
     """On the standalone cluster, speculation on: an executor killed -9 every 3-8 s (its worker
-    starts another) while orders keep coming, and the topic grows from 2 partitions to 4 halfway.
-    A query that fails for it (too many task failures) is started again from its checkpoint, as a
-    supervisor would. Then every order once, the ledger at the log's end of all 4 partitions."""
+    starts another) while orders keep coming, and the topic grows from 2 partitions to 4 halfway,
+    orders written into the new ones while the driver is frozen. A query that fails for it (too
+    many task failures) is started again from its checkpoint, as a supervisor would. Then every
+    order once, the ledger at the log's end of all 4 partitions. Seen to catch a source that starts
+    a partition it finds at its latest offset and calls what lay before deleted (the query stops at
+    every start, and the ledger never reaches the log's end)."""
     topic = create_topic(bootstrap, unique("orders"), partitions=2)
     orders = Orders(bootstrap, topic, 2)
     env = {"SPARK_MASTER": cluster.url, "SPARK_SPECULATION": "1"}
@@ -279,10 +283,17 @@ def test_an_executor_storm_with_speculation_while_the_topic_gains_partitions(  #
         grown = False
         while time.monotonic() - began < seconds:
             time.sleep(rng.uniform(3, 8))
-            if not grown and time.monotonic() - began > seconds / 2:
-                admin = AdminClient({"bootstrap.servers": bootstrap})
-                admin.create_partitions([NewPartitions(topic, 4)])[topic].result(30)
-                orders.partitions, grown = 4, True
+            if not grown and time.monotonic() - began > seconds / 2 and runs[-1].process.poll() is None:
+                # The driver frozen while the topic grows and orders go into the new partitions: it
+                # finds them with records it must read from their start.
+                os.killpg(runs[-1].process.pid, signal.SIGSTOP)
+                try:
+                    admin = AdminClient({"bootstrap.servers": bootstrap})
+                    admin.create_partitions([NewPartitions(topic, 4)])[topic].result(30)
+                    orders.partitions, grown = 4, True
+                    wait_for(lambda: len(log_ends(bootstrap, topic, 4)) == 4, 60, "orders in all 4")
+                finally:
+                    os.killpg(runs[-1].process.pid, signal.SIGCONT)
             if runs[-1].process.poll() is not None:
                 runs.append(run(len(runs)))  # the query failed under the storm: its checkpoint goes on
                 continue

@@ -3,24 +3,46 @@
 Usage: relay_job.py PAUSE_AT RESUME_FILE [outbox relay flags...]
 PAUSE_AT is none or one of outbox.relay.pause.POINTS. At the first batch that
 reaches it the job prints "paused at X" and waits until RESUME_FILE exists
-(a test kills it there, or lets it go on). SIGUSR1 prints every thread's stack to the log: what a
-relay that has stopped making progress is waiting for.
+(a test kills it there, or lets it go on). PAUSE_AT late-commit: a commit's answer comes late.
+When the file FREEZE_FILE exists, the next commit about to be sent takes it away and freezes the
+broker of pid FREEZE_PID (SIGSTOP) for FREEZE_S seconds, longer than the relay's request timeout:
+the EndTxn request is sent, and its answer is read only after the relay's call timed out.
+SIGUSR1 prints every thread's stack to the log: what a relay that has stopped making progress is
+waiting for.
 """
 
 import faulthandler
+import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 from outbox.cli import main
-from outbox.relay.pause import POINTS
+from outbox.relay.pause import BEFORE_COMMIT, POINTS
 
+LATE_COMMIT = "late-commit"
 pause_at, resume = sys.argv[1], Path(sys.argv[2])
-if pause_at not in (*POINTS, "none"):
-    sys.exit(f"relay_job: no pause point {pause_at!r}; one of none, {', '.join(POINTS)}")
+if pause_at not in (*POINTS, LATE_COMMIT, "none"):
+    sys.exit(f"relay_job: no pause point {pause_at!r}; one of none, {LATE_COMMIT}, {', '.join(POINTS)}")
 paused = False
 faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
+def late_commit(point: str) -> None:
+    """Freeze the broker just before the commit is sent, where the test asked for it; a timer thaws
+    it (and so does the test, if this process is killed or frozen first)."""
+    if point != BEFORE_COMMIT:
+        return
+    try:
+        Path(os.environ["FREEZE_FILE"]).unlink()  # the test's ask, taken by one relay only
+    except FileNotFoundError:
+        return
+    broker, seconds = int(os.environ["FREEZE_PID"]), float(os.environ["FREEZE_S"])
+    os.kill(broker, signal.SIGSTOP)
+    threading.Timer(seconds, os.kill, (broker, signal.SIGCONT)).start()
+    print(f"late commit: the broker frozen for {seconds:.0f}s as the commit is sent", flush=True)
 
 
 def pause(point: str) -> None:
@@ -33,4 +55,5 @@ def pause(point: str) -> None:
         time.sleep(0.05)
 
 
-sys.exit(main(["relay", *sys.argv[3:]], pause=None if pause_at == "none" else pause))
+hook = {"none": None, LATE_COMMIT: late_commit}.get(pause_at, pause)
+sys.exit(main(["relay", *sys.argv[3:]], pause=hook))
