@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from outbox._core import tables
-from outbox._core.config import DatabaseUrl
+from outbox.core import tables
+from outbox.core.config import DatabaseUrl
 from outbox_dev.debezium import Debezium
 
 
@@ -38,6 +38,26 @@ def connector(table: str) -> dict[str, str]:
     }
 
 
+class OnOutbox(Debezium):
+    """Debezium over our outbox table in `schema`: the schema kept, for the bench's writes there."""
+
+    def __init__(
+        self,
+        work: Path,
+        url: DatabaseUrl,
+        bootstrap: str,
+        schema: str,
+        *,
+        exactly_once: bool = False,
+        flush_ms: int | None = None,
+    ) -> None:
+        table = f"{schema}.{tables.OUTBOX_EVENTS}"
+        super().__init__(
+            work, url, bootstrap, [table], connector(table), exactly_once=exactly_once, flush_ms=flush_ms
+        )
+        self.schema = schema
+
+
 def on_outbox(
     work: Path,
     url: DatabaseUrl,
@@ -46,9 +66,6 @@ def on_outbox(
     *,
     exactly_once: bool = False,
     flush_ms: int | None = None,
-) -> Debezium:
+) -> OnOutbox:
     """Debezium publishing our outbox table in `schema`, as the relay does."""
-    table = f"{schema}.{tables.OUTBOX_EVENTS}"
-    return Debezium(
-        work, url, bootstrap, [table], connector(table), exactly_once=exactly_once, flush_ms=flush_ms
-    )
+    return OnOutbox(work, url, bootstrap, schema, exactly_once=exactly_once, flush_ms=flush_ms)

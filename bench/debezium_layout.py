@@ -40,7 +40,7 @@ from relay import FLUSH_MS, FLUSHES, LABELS, killed_at_first_read, relay_process
 from services import services  # bench/services.py
 
 from outbox import debezium, logs, migrate
-from outbox._core.config import DatabaseUrl
+from outbox.core.config import DatabaseUrl
 from outbox_dev.debezium import Debezium
 
 TABLE = "outbox"
@@ -165,7 +165,7 @@ def main() -> int:
             for dbz in peers.values():
                 dbz.drop_slot()  # a slot left behind would hold WAL on the server for ever
     flags.finish("debezium-layout", result, args)
-    relay = [runs["relay"] for how in writes if isinstance(runs := result[how], dict)]
+    relay = [of_how["relay"] for how in writes if isinstance(of_how := result[how], dict)]
     return 1 if any(r["missing"] or r["duplicates"] for r in relay) else 0
 
 

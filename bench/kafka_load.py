@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from outbox._core.kafka import client_settings
+from outbox.core.kafka import client_settings
 
 
 def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes, bytes]], partitions: int) -> None:

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -62,23 +63,23 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import flags  # bench/flags.py
 import psycopg
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from cpu import measured  # bench/cpu.py
-from debezium import on_outbox  # bench/debezium.py
+from debezium import OnOutbox, on_outbox  # bench/debezium.py
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 from services import services  # bench/services.py
 from throughput import reader, timed  # bench/throughput.py
 
 from outbox import logs, migrate
-from outbox._core import tables
-from outbox._core.config import DatabaseUrl
-from outbox._core.kafka import client_settings
+from outbox.core import tables
+from outbox.core.config import DatabaseUrl
+from outbox.core.kafka import client_settings
 from outbox.relay import Relay, RelaySettings
 from outbox.relay.kafka import PRODUCER_DEFAULTS
 from outbox.relay.metrics import STEPS as RELAY_STEPS
@@ -279,7 +280,8 @@ class Arrivals(threading.Thread):
             m = self.consumer.poll(0.05)
             if m is not None and m.error() is None:
                 self.records += 1
-                event_id = dict(m.headers() or [])[self.id_header]
+                # Every publisher here writes its event id header, as bytes.
+                event_id = cast(bytes, dict(m.headers() or [])[self.id_header])
                 self.first.setdefault(event_id, time.time())
                 self.produced.setdefault(event_id, m.timestamp()[1] / 1000)
         self.consumer.close()
@@ -362,7 +364,7 @@ def latency(
     seconds: float,
     publisher: ContextManager[dict[str, float]],
     schema: str,
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """Commit events at a steady `rate`/s; measure commit return -> read_committed arrival.
 
     One event per transaction up to 1,000/s; above, 2 writers each commit
@@ -650,7 +652,9 @@ def _by_lsn(
 
 
 # The fault comparisons, each run on every publisher: the JSON key, how a line names it, the fault.
-FAULTS = {
+# A fault's injection: (url, bootstrap, schema, start, kill) -> what it found.
+Inject = Callable[[DatabaseUrl, str, str, Callable[[], None], Callable[[], None]], dict[str, object]]
+FAULTS: dict[str, tuple[str, Inject]] = {
     "faults": ("mid-stream", fault),
     "faults_inside_transaction": ("inside one transaction", fault_inside_transaction),
 }
@@ -749,7 +753,7 @@ def measure(
     url: DatabaseUrl,
     bootstrap: str,
     topic: str,
-    peers: dict[str, Debezium],
+    peers: dict[str, OnOutbox],
     tmp: Path,
     cluster: Cluster | None,
 ) -> dict:
@@ -836,7 +840,7 @@ def measure(
             faulted["relay_at_least_once"] = ("public", *relay_process(url, bootstrap, tmp, "at-least-once"))
         for name, dbz in peers.items():
             if kind == "faults" or name in PEERS:
-                faulted[name] = (dbz.schema, dbz.start, lambda dbz=dbz: dbz.kill(signal.SIGKILL))
+                faulted[name] = (dbz.schema, dbz.start, functools.partial(dbz.kill, signal.SIGKILL))
         result[kind] = {}
         for who, (schema, start, kill) in faulted.items():
             if who in FLUSHED and kind == "faults":
@@ -989,13 +993,13 @@ def report(result: dict) -> dict:
             f" on RF 3, relay / raw {out['ratio_rf3_relay_vs_rf3_raw']}"
         )
     for e in out["latency"]:
-        cells = [
+        latency_cells = [
             f"{who.replace('_', ' ')} p50 {v['p50_ms']} p99 {v['p99_ms']} max {v['max_ms']} ms"
             f" ({v['rate_per_s']}/s reached, {v['missing']} not seen)"
             for who, v in e.items()
             if isinstance(v, dict)
         ]
-        print(f"commit-to-visible at {e['rate_per_s']}/s, round {e['round']}: " + "; ".join(cells))
+        print(f"commit-to-visible at {e['rate_per_s']}/s, round {e['round']}: " + "; ".join(latency_cells))
     for rate, p99 in out["relay_p99_ms_worst"].items():
         target, busy = out["target_p99_ms"].get(rate), out["relay_p99_worst_cores_busy"][rate]
         print(

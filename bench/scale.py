@@ -52,7 +52,7 @@ from relay import create_topic, relay_run  # bench/relay.py
 from services import services  # bench/services.py
 from sink import SCHEMA, TABLE, Recorded, events, run, settle, stream  # bench/sink.py
 
-from outbox._core.config import DatabaseUrl
+from outbox.core.config import DatabaseUrl
 from outbox.relay import RelaySettings
 from sinks.kafka_source.options import MIN_RECORDS_PER_TASK
 from sinks.kafka_source.ranges import Range, pack

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from outbox import migrate
-from outbox._core.config import DatabaseUrl
+from outbox.core.config import DatabaseUrl
 from outbox_dev.stack import running
 
 

@@ -86,7 +86,7 @@ from collections.abc import Callable, Iterator, Sequence
 from decimal import Decimal
 from pathlib import Path
 from statistics import median
-from typing import Any
+from typing import Any, cast
 
 import flags  # bench/flags.py
 import numpy as np
@@ -99,7 +99,7 @@ from cpu import COMPONENTS, DRIVER, Mark, measured  # bench/cpu.py
 from kafka_load import produce  # bench/kafka_load.py
 from services import services  # bench/services.py
 
-from outbox._core.config import DatabaseUrl
+from outbox.core.config import DatabaseUrl
 from outbox_dev.kafka import Cluster
 from sinks.postgres.clock import STAGES
 
@@ -188,7 +188,7 @@ def events(count: int, size: int) -> pa.Table:
     )
 
 
-def psycopg_alone(url: DatabaseUrl, rows: pa.Table, per_batch: int) -> dict[str, float]:
+def psycopg_alone(url: DatabaseUrl, rows: pa.Table, per_batch: int) -> dict[str, Any]:
     result, usage = measured(lambda: _psycopg_alone(url, rows, per_batch))
     return {
         **result,
@@ -305,8 +305,8 @@ def avro_values(rows: pa.Table, topic: str, registry: str) -> list[bytes]:
     from confluent_kafka.schema_registry import Schema
     from fastavro import parse_schema, schemaless_writer
 
-    from outbox._core.registry import Registry
-    from outbox._core.wire import frame
+    from outbox.core.registry import Registry
+    from outbox.core.wire import frame
 
     schema = Schema(json.dumps(AVRO_SCHEMA), "AVRO")
     schema_id = Registry.of(registry).ask(lambda c: c.register_schema(f"{topic}-value", schema))
@@ -322,14 +322,15 @@ def avro_values(rows: pa.Table, topic: str, registry: str) -> list[bytes]:
 def avro_decode(values: list[bytes], registry: str) -> dict[str, float]:
     """What parse_avro's decoding costs, alone: the values read in one process as its tasks read
     them (sinks/postgres/avro.py), writer schema fetched once; microseconds per event."""
-    from outbox._core.registry import Registry
+    from outbox.core.registry import Registry
     from sinks.postgres.avro import AvroValues
 
     read = AvroValues(AVRO_SCHEMA).reader_in(Registry.of(registry))
-    read(values[:1])  # the writer schema, fetched once
+    framed = cast("list[bytes | None]", values)  # read takes tombstones too; it only reads the list
+    read(framed[:1])  # the writer schema, fetched once
     began, cpu = time.perf_counter(), time.process_time()
-    for start in range(0, len(values), 10_000):
-        read(values[start : start + 10_000])
+    for start in range(0, len(framed), 10_000):
+        read(framed[start : start + 10_000])
     wall, cpu = time.perf_counter() - began, time.process_time() - cpu
     return {"wall_us": wall / len(values) * 1e6, "cpu_us": cpu / len(values) * 1e6}
 
@@ -705,7 +706,9 @@ def tasks_read_kafka(libpq: str, bootstrap: str, table: str, tasks: int, clock: 
                         raise RuntimeError(f"{r.topic}-{r.partition}: nothing after offset {last} in 10 s")
                     for m in got:
                         if m.error() is None and m.offset() < r.end:
-                            values.append(m.value())
+                            value = m.value()
+                            assert value is not None  # the bench wrote each record with a value
+                            values.append(value)
                             last = m.offset()
                 consumer.close()
                 laps.append(time.perf_counter())
@@ -791,7 +794,7 @@ def run(  # type: ignore[no-untyped-def]
     assert given is None or len(given) == len(batches), (given, len(batches))
     reads = sum(b["numInputRows"] for b in batches) / total if given is None else 1
     rows = [round(b["numInputRows"] / reads) for b in batches] if given is None else given
-    result = figures(rows, [b["durationMs"]["triggerExecution"] / 1000 for b in batches])
+    result: dict[str, Any] = figures(rows, [b["durationMs"]["triggerExecution"] / 1000 for b in batches])
     result["batches"] = len(batches)
     # Spark's own phases of a steady batch, median ms: addBatch is the writer (its tasks and its own
     # driver work); the rest of triggerExecution is the query's (offsets, planning, the logs).
@@ -1069,11 +1072,11 @@ def main() -> int:
         breakdown[name] = {**stages, "wall_us": round(1e6 / steady(name), 2)}
         cells = " | ".join(f"{k} {v:.1f}" for k, v in stages.items())
         print(f"  {name:<12} {cells}  ({1e6 / steady(name):.1f})")
-    fetch, arrow = 1e6 / steady("source"), 1e6 / steady("source_arrow")
-    breakdown |= {"source_wall_us": round(fetch, 2), "source_to_arrow_wall_us": round(arrow, 2)}
+    fetch, to_arrow = 1e6 / steady("source"), 1e6 / steady("source_arrow")
+    breakdown |= {"source_wall_us": round(fetch, 2), "source_to_arrow_wall_us": round(to_arrow, 2)}
     print(
-        f"  source alone (fetch, decode) {fetch:.1f}; and to Arrow in Python {arrow:.1f}"
-        f" (Arrow: {arrow - fetch:+.1f})"
+        f"  source alone (fetch, decode) {fetch:.1f}; and to Arrow in Python {to_arrow:.1f}"
+        f" (Arrow: {to_arrow - fetch:+.1f})"
     )
     result["breakdown"] = breakdown
     # Tracing's cost: the applying statement alone, with and without it (trace_cost), against the

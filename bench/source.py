@@ -31,7 +31,7 @@ from confluent_kafka import Consumer, TopicPartition
 from cpu import busy_seconds, measured  # bench/cpu.py
 from kafka_load import produce  # bench/kafka_load.py
 
-from outbox._core.kafka import client_settings
+from outbox.core.kafka import client_settings
 from outbox_dev.stack import running
 
 
@@ -53,7 +53,9 @@ def raw_consumer(bootstrap: str, topic: str, events: int, partitions: int) -> fl
     while seen < events:
         for message in consumer.consume(5000, 1.0):
             if message.error() is None:
-                size += len(message.value()) + len(message.key())
+                value, key = message.value(), message.key()
+                assert value is not None and key is not None  # produced above with both
+                size += len(value) + len(key)
                 seen += 1
     elapsed = time.perf_counter() - start
     consumer.close()

@@ -19,12 +19,12 @@ import time
 import uuid
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import Consumer
 from cpu import Mark  # bench/cpu.py
 
-from outbox._core.kafka import client_settings
+from outbox.core.kafka import client_settings
 
 
 def reader(bootstrap: str) -> Consumer:
@@ -62,7 +62,8 @@ def _read(bootstrap: str, topic: str, count: int, skip: int, seconds: float, out
         for m in consumer.consume(2000, 0.005):
             if m.error() is None:
                 records += 1
-                for name, value in m.headers() or ():
+                # A consumer's headers are a list of pairs; every publisher's event id is bytes.
+                for name, value in cast("list[tuple[str, bytes]] | None", m.headers()) or ():
                     if name == "event_id":
                         seen.add(value)
                         break

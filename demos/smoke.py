@@ -26,11 +26,11 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg import sql
 
 from outbox import migrate
-from outbox._core.config import DatabaseUrl, parse_bootstrap
-from outbox._core.errors import OutboxError
-from outbox._core.java import find_java
-from outbox._core.kafka import client_settings
-from outbox._core.probe import check_kafka
+from outbox.core.config import DatabaseUrl, parse_bootstrap
+from outbox.core.errors import OutboxError
+from outbox.core.java import find_java
+from outbox.core.kafka import client_settings
+from outbox.core.probe import check_kafka
 from outbox_dev.stack import running
 from sinks.postgres import BatchResult, PostgresSink, parse_json
 

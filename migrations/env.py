@@ -11,7 +11,7 @@ from alembic import context
 from psycopg import sql
 from sqlalchemy import text
 
-from outbox._core import config as settings
+from outbox.core import config as settings
 from outbox.migrate import LOCK_TIMEOUT, sqlalchemy_engine
 from outbox.migrations import FORCE, VERSION_TABLE, sql_text
 

@@ -1,6 +1,6 @@
 """Transactional outbox and exactly-once relay from PostgreSQL to Kafka; the framework's root.
 
-_core/       the base both halves (this one and `sinks`) stand on: settings, errors, PostgreSQL, Kafka
+core/        the base both halves (this one and `sinks`) stand on: settings, errors, PostgreSQL, Kafka
 writer.py    add_event / add_events: events in the caller's transaction; formats.py: Avro, Protobuf
 migrate.py   the framework's Alembic migrations, run from code (`outbox db`)
 relay/       the relay daemon: outbox table -> Kafka, exactly once
@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from outbox._core.errors import (
+from outbox.core.errors import (
     ConfigError,
     DataLossError,
     Fenced,

@@ -26,7 +26,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from outbox._core import tables
+from outbox.core import tables
 from outbox.errors import error
 
 __all__ = ["ID_HEADER", "ROUTER_DEFAULTS", "Router", "adopters", "install", "installed", "uninstall"]

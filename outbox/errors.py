@@ -9,7 +9,7 @@ poison row (outbox.relay.poison.Poison) has its own class, with code RELAY_POISO
 
 from __future__ import annotations
 
-from outbox._core.errors import (
+from outbox.core.errors import (
     CORE,
     Condition,
     Conditions,

@@ -2,7 +2,7 @@
 
 add_events encodes them before its COPY, in the caller's transaction: the
 schema is registered (or found) under its subject, its id is kept per process,
-and the outbox row holds the framed bytes (outbox/_core/wire.py), so the relay
+and the outbox row holds the framed bytes (outbox/core/wire.py), so the relay
 publishes them as it publishes any value. Encoding is Confluent's own
 serializers', so consumers with Confluent's deserializers read them as theirs.
 
@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from outbox._core.registry import Registry, transport_error
+from outbox.core.registry import Registry, transport_error
 from outbox.errors import error
 
 SCHEMA_REGISTRY_URL = "SCHEMA_REGISTRY_URL"

@@ -7,7 +7,7 @@ import logging
 import sys
 from datetime import UTC, datetime
 
-from outbox._core.kafka import CLIENT_LOG
+from outbox.core.kafka import CLIENT_LOG
 
 # Attributes every LogRecord has; anything else came in through `extra=` and is a field.
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
@@ -43,6 +43,6 @@ def configure(fmt: str, level: int) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     # The Kafka client's own log lines only with debug logging (--verbose): the CLI is the
-    # application here, so it may set the level the library leaves alone (outbox._core.kafka).
+    # application here, so it may set the level the library leaves alone (outbox.core.kafka).
     if level <= logging.DEBUG:
         logging.getLogger(CLIENT_LOG).setLevel(logging.DEBUG)

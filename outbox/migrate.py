@@ -21,9 +21,9 @@ from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
 from sqlalchemy import Engine, create_engine, pool
 
-from outbox._core.config import DatabaseUrl
-from outbox._core.postgres import connect, reason
-from outbox._core.probe import check_postgres
+from outbox.core.config import DatabaseUrl
+from outbox.core.postgres import connect, reason
+from outbox.core.probe import check_postgres
 from outbox.errors import error
 from outbox.migrations import VERSION_TABLE
 

@@ -26,9 +26,9 @@ from psycopg import sql
 from psycopg.pq import TransactionStatus
 
 from outbox import formats, tracecontext
-from outbox._core import tables
-from outbox._core.config import schema_name
-from outbox._core.kafka import topic_name_valid
+from outbox.core import tables
+from outbox.core.config import schema_name
+from outbox.core.kafka import topic_name_valid
 from outbox.errors import error
 
 Headers = Mapping[str, bytes | str] | Sequence[tuple[str, bytes | str]]

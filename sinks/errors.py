@@ -1,14 +1,14 @@
 """The sink half's errors: the kafka_rc source's (KAFKA_RC_*) and the PostgreSQL sink's (SINK_*).
 
 Each condition is a code, the class it is raised as and its message template
-(outbox/_core/errors.py says how codes and templates are used); a raise is
+(outbox/core/errors.py says how codes and templates are used); a raise is
 `raise error("CODE", field=value)`. SinkError, the class of a batch the sink
 refused, is here too.
 """
 
 from __future__ import annotations
 
-from outbox._core.errors import (
+from outbox.core.errors import (
     CORE,
     Condition,
     Conditions,

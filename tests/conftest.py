@@ -18,7 +18,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from hypothesis import settings
 
 from outbox import migrate
-from outbox._core.config import DatabaseUrl
+from outbox.core.config import DatabaseUrl
 from outbox_dev.connect import ConnectServer
 from outbox_dev.kafka import Broker
 from outbox_dev.process import PORT_SHARE

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from outbox._core.errors import CORE, Condition, Conditions, merged
+from outbox.core.errors import CORE, Condition, Conditions, merged
 from outbox.errors import CONDITIONS as OUTBOX
 from outbox.relay.poison import Poison
 from outbox_dev.errors import CONDITIONS as DEV
@@ -12,7 +12,7 @@ from sinks.errors import CONDITIONS as SINKS
 from tests.helpers import REPO
 
 HALVES: dict[str, tuple[str, Conditions]] = {
-    "Shared (settings, PostgreSQL, Kafka, the framework's tables, Java)": ("outbox/_core/errors.py", CORE),
+    "Shared (settings, PostgreSQL, Kafka, the framework's tables, Java)": ("outbox/core/errors.py", CORE),
     "The outbox: add_event(s), the relay, the `outbox` commands": ("outbox/errors.py", OUTBOX),
     "The sink: kafka_rc and PostgresSink": ("sinks/errors.py", SINKS),
     "The dev tools (`outbox dev`, local services, Kafka's Java tools)": (

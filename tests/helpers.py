@@ -17,9 +17,9 @@ from confluent_kafka import Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg import sql
 
-from outbox._core.committed import read_committed as read_topic
-from outbox._core.config import DatabaseUrl
-from outbox._core.kafka import client_settings
+from outbox.core.committed import read_committed as read_topic
+from outbox.core.config import DatabaseUrl
+from outbox.core.kafka import client_settings
 from outbox_dev import postgres
 from outbox_dev.kafka import replicas
 from outbox_dev.process import cmdline_contains, descendants, free_port, spawn, stop

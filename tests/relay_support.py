@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psycopg
 
-from outbox._core.config import DatabaseUrl
+from outbox.core.config import DatabaseUrl
 from outbox.writer import Event, add_events
 from outbox_dev.jvm import kafka_tools
 from tests.cli import outbox

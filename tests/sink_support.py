@@ -13,7 +13,7 @@ import psycopg
 from psycopg import sql
 from pyspark.sql.types import StructType
 
-from outbox._core.config import DatabaseUrl
+from outbox.core.config import DatabaseUrl
 from outbox_dev.jvm import kafka_tools
 from sinks.postgres import PostgresSink, parse_json
 from tests.helpers import Job, produce_transaction, read_committed, transactional_producer

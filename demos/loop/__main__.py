@@ -27,10 +27,10 @@ from rich.console import Console
 from demos.loop import formats
 from demos.loop.run import Loop, Settings
 from demos.loop.show import Display, chart, table
-from outbox._core.config import DatabaseUrl
-from outbox._core.errors import OutboxError
-from outbox._core.java import find_java
-from outbox._core.probe import check_kafka
+from outbox.core.config import DatabaseUrl
+from outbox.core.errors import OutboxError
+from outbox.core.java import find_java
+from outbox.core.probe import check_kafka
 from outbox_dev.kafka import Broker, Cluster
 from outbox_dev.process import free_port
 from outbox_dev.stack import running

@@ -15,7 +15,7 @@ from confluent_kafka import KafkaException, Producer
 
 from demos.loop.formats import Encode, json_value
 from demos.loop.plan import Transaction
-from outbox._core.kafka import client_settings
+from outbox.core.kafka import client_settings
 
 
 class Filler(threading.Thread):

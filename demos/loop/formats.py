@@ -1,6 +1,6 @@
 """The input's value format: JSON, or Avro under a schema registry (`make demo FORMAT=avro`).
 
-Avro values are framed as Confluent's serializer frames them (outbox/_core/wire.py),
+Avro values are framed as Confluent's serializer frames them (outbox/core/wire.py),
 under the schema registered for the input topic's value subject; the Spark job
 reads them with parse_avro. The poison event, whose number is not one, has no
 Avro form: it is sent as JSON, a value without the magic byte, which the sink
@@ -14,8 +14,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from outbox._core.registry import Registry
-from outbox._core.wire import frame, framed
+from outbox.core.registry import Registry
+from outbox.core.wire import frame, framed
 
 FORMATS = ("json", "avro")
 SCHEMA = {

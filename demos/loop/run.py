@@ -27,10 +27,10 @@ from demos.loop.fill import Filler
 from demos.loop.show import Display, Timeline
 from demos.loop.verdict import Input, Out, Verdict, committed_events, judge
 from outbox import migrate
-from outbox._core.committed import read_committed
-from outbox._core.config import DatabaseUrl
-from outbox._core.errors import ConfigError
-from outbox._core.kafka import client_settings
+from outbox.core.committed import read_committed
+from outbox.core.config import DatabaseUrl
+from outbox.core.errors import ConfigError
+from outbox.core.kafka import client_settings
 from outbox_dev.connect import ConnectServer
 from outbox_dev.kafka import Broker, Cluster, replicas
 from outbox_dev.process import spawn

@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from outbox._core import tables
+from outbox.core import tables
 from outbox.trace.report import Position
 
 TIMEOUT_S = 120.0

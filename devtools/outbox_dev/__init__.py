@@ -2,7 +2,7 @@
 
 Nothing here runs in production, and the runtime (outbox, sinks) imports
 none of it: it finds `outbox dev` and the Kafka tools through entry points
-(outbox._core.plugins).
+(outbox.core.plugins).
 
 cli.py       `outbox dev up | down | status | broker | connect`
 local_spark.py a local SparkSession with the framework's settings and jars (or a Spark Connect one)

@@ -14,7 +14,7 @@ import sys
 import threading
 from pathlib import Path
 
-from outbox._core.config import OUTBOX_DEV_DIR
+from outbox.core.config import OUTBOX_DEV_DIR
 from outbox_dev.stack import DEFAULT_SERVICES, Stack, Status
 
 DEFAULT_DIR = ".outbox-dev"

@@ -29,8 +29,8 @@ from urllib.parse import unquote, urlsplit
 import psycopg
 from psycopg import sql
 
-from outbox._core.config import DatabaseUrl
-from outbox._core.java import find_java
+from outbox.core.config import DatabaseUrl
+from outbox.core.java import find_java
 from outbox_dev.errors import error
 from outbox_dev.jvm import log4j2, maven
 from outbox_dev.kafka import render

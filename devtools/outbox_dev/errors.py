@@ -1,11 +1,11 @@
 """The dev tools' error conditions: each error `outbox dev`, the local services and the JVM tools raise.
 
-Codes start with DEV_; the kinds and the table are the base's (outbox/_core/errors.py).
+Codes start with DEV_; the kinds and the table are the base's (outbox/core/errors.py).
 """
 
 from __future__ import annotations
 
-from outbox._core.errors import CORE, Condition, Conditions, ConfigError, ServiceUnavailable
+from outbox.core.errors import CORE, Condition, Conditions, ConfigError, ServiceUnavailable
 
 CONDITIONS = Conditions(
     CORE,

@@ -20,9 +20,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from outbox._core.errors import ServiceUnavailable
-from outbox._core.java import find_java
-from outbox._core.probe import check_kafka
+from outbox.core.errors import ServiceUnavailable
+from outbox.core.java import find_java
+from outbox.core.probe import check_kafka
 from outbox_dev.errors import error
 from outbox_dev.jvm import JVM_FLAGS, log4j2, maven
 from outbox_dev.process import free_port, spawn, stop, wait_until

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from outbox._core.java import find_java
+from outbox.core.java import find_java
 from outbox_dev.jvm import maven
 
 

@@ -18,8 +18,8 @@ import tarfile
 import urllib.request
 from pathlib import Path
 
-from outbox._core.errors import ConfigError
-from outbox._core.java import find_java
+from outbox.core.errors import ConfigError
+from outbox.core.java import find_java
 from outbox_dev.errors import error
 from outbox_dev.jvm import maven
 from outbox_dev.process import free_port, spawn, wait_until

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
 
-from outbox._core.java import find_java
+from outbox.core.java import find_java
 from outbox_dev.jvm import JVM_FLAGS
 from outbox_dev.process import (
     cmdline_contains,

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from outbox._core.config import DATABASE_URL, KAFKA_BOOTSTRAP_SERVERS
+from outbox.core.config import DATABASE_URL, KAFKA_BOOTSTRAP_SERVERS
 from outbox_dev import kafka, postgres, registry
 from outbox_dev.errors import error
 from outbox_dev.process import choose_port, cmdline_contains, pid_alive, stop

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from psycopg import sql
 
-from outbox._core.tables import NOTIFY_SETTING
+from outbox.core.tables import NOTIFY_SETTING
 from outbox.migrations import execute, target_schema
 
 revision: str = "0009"

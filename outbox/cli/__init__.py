@@ -14,7 +14,7 @@ stderr, never as a traceback.
   options.py options several commands share
 
 `outbox dev` (local services) comes with the dev tools, found by entry point
-(outbox._core.plugins); without them it says how to install them.
+(outbox.core.plugins); without them it says how to install them.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 
-from outbox._core import plugins
-from outbox._core.errors import OutboxError
 from outbox.cli import check, db, relay, relays, sinks, status, trace, transactions, verify
+from outbox.core import plugins
+from outbox.core.errors import OutboxError
 from outbox.errors import error
 from outbox.stopping import release_stop_signals
 

@@ -10,11 +10,11 @@ import argparse
 from collections.abc import Callable
 
 from outbox import migrate
-from outbox._core import tables
-from outbox._core.config import DatabaseUrl, bootstrap_servers, database_url, schema_name
-from outbox._core.errors import OutboxError
-from outbox._core.postgres import connect, pooled
-from outbox._core.probe import check_kafka, check_postgres
+from outbox.core import tables
+from outbox.core.config import DatabaseUrl, bootstrap_servers, database_url, schema_name
+from outbox.core.errors import OutboxError
+from outbox.core.postgres import connect, pooled
+from outbox.core.probe import check_kafka, check_postgres
 from outbox.errors import error
 
 
@@ -113,7 +113,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         return f"Kafka at {servers} ({check_kafka(servers)} broker(s))"
 
     def java() -> str:
-        from outbox._core.java import find_java
+        from outbox.core.java import find_java
 
         found = find_java()
         return f"Java {found.major} at {found.path}"

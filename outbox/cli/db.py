@@ -8,10 +8,10 @@ import argparse
 import psycopg
 
 from outbox import debezium, migrate
-from outbox._core import tables
-from outbox._core.config import database_url, schema_name
-from outbox._core.postgres import connect, reason
 from outbox.cli import options
+from outbox.core import tables
+from outbox.core.config import database_url, schema_name
+from outbox.core.postgres import connect, reason
 from outbox.errors import error
 
 

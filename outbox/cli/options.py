@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from outbox._core.config import OUTBOX_SCHEMA
+from outbox.core.config import OUTBOX_SCHEMA
 
 
 def database(p: argparse.ArgumentParser) -> argparse.ArgumentParser:

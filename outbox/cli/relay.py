@@ -14,9 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-from outbox._core.config import OUTBOX_SCHEMA, bootstrap_servers, database_url, schema_name
-from outbox._core.errors import OutboxError
-from outbox._core.settings import Setting, boolean
+from outbox.core.config import OUTBOX_SCHEMA, bootstrap_servers, database_url, schema_name
+from outbox.core.errors import OutboxError
+from outbox.core.settings import Setting, boolean
 from outbox.errors import error
 from outbox.logs import configure
 from outbox.relay.kafka import PRODUCER_DEFAULTS

@@ -17,10 +17,10 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from outbox._core import tables
-from outbox._core.config import database_url, schema_name
-from outbox._core.postgres import connect, reason
 from outbox.cli import options
+from outbox.core import tables
+from outbox.core.config import database_url, schema_name
+from outbox.core.postgres import connect, reason
 from outbox.errors import error
 
 

@@ -18,10 +18,10 @@ from datetime import UTC, datetime
 
 import psycopg
 
-from outbox._core import tables
-from outbox._core.config import KAFKA_BOOTSTRAP_SERVERS, bootstrap_servers, database_url, schema_name
-from outbox._core.postgres import connect, reason
 from outbox.cli import options, transactions
+from outbox.core import tables
+from outbox.core.config import KAFKA_BOOTSTRAP_SERVERS, bootstrap_servers, database_url, schema_name
+from outbox.core.postgres import connect, reason
 from outbox.errors import error
 from outbox.status import gather
 from outbox.status.report import Status, as_json, lines

@@ -20,10 +20,10 @@ from dataclasses import replace
 
 import psycopg
 
-from outbox._core import tables
-from outbox._core.config import KAFKA_BOOTSTRAP_SERVERS, bootstrap_servers, database_url, schema_name
-from outbox._core.postgres import connect, reason
 from outbox.cli import options
+from outbox.core import tables
+from outbox.core.config import KAFKA_BOOTSTRAP_SERVERS, bootstrap_servers, database_url, schema_name
+from outbox.core.postgres import connect, reason
 from outbox.errors import error
 from outbox.trace import gather
 from outbox.trace.report import Position, as_json, lines

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from outbox._core import plugins
-from outbox._core.config import bootstrap_servers
+from outbox.core import plugins
+from outbox.core.config import bootstrap_servers
 
 
 @dataclass(frozen=True)

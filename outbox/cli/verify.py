@@ -14,11 +14,11 @@ import os
 
 import psycopg
 
-from outbox._core.config import bootstrap_servers, database_url
-from outbox._core.postgres import connect
-from outbox._core.registry import Registry
-from outbox._core.tables import EVENT_ID_HEADER
 from outbox.cli import options
+from outbox.core.config import bootstrap_servers, database_url
+from outbox.core.postgres import connect
+from outbox.core.registry import Registry
+from outbox.core.tables import EVENT_ID_HEADER
 from outbox.errors import error
 from outbox.verify.findings import check
 from outbox.verify.topic import avro_fields, committed, record

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaError
 
-from outbox._core.errors import OutboxError
+from outbox.core.errors import OutboxError
 from outbox.errors import error
 
 TOPIC, TRANSACTIONAL_ID = "topic", "transactional-id"

@@ -25,9 +25,9 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AclOperation, AdminClient, ConfigResource
 
-from outbox._core.errors import OutboxError
-from outbox._core.kafka import client_settings
-from outbox._core.tables import EVENT_ID_HEADER
+from outbox.core.errors import OutboxError
+from outbox.core.kafka import client_settings
+from outbox.core.tables import EVENT_ID_HEADER
 from outbox.errors import error
 from outbox.relay.acls import Access
 from outbox.relay.outcomes import FENCED_CODES, Action, Call, classify, outcome

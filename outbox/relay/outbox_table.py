@@ -25,18 +25,19 @@ import psycopg
 from psycopg import sql
 
 from outbox import debezium
-from outbox._core import tables
-from outbox._core.config import DatabaseUrl
-from outbox._core.errors import ConfigError, ServiceUnavailable
-from outbox._core.postgres import (
+from outbox.core import tables
+from outbox.core.config import DatabaseUrl
+from outbox.core.errors import ConfigError, ServiceUnavailable
+from outbox.core.postgres import (
     answered_within,
     connect,
     keepalive,
     limit_session,
     pooled,
+    scalar,
     server_limits,
 )
-from outbox._core.sqltext import bindable
+from outbox.core.sqltext import bindable
 from outbox.errors import error
 from outbox.relay.position import Position, Shard, Target
 from outbox.relay.resume import Mark
@@ -362,7 +363,7 @@ class OutboxTable:
         with conn.transaction():
             conn.execute(self._begin[fresh])
             if fresh:
-                snapshot = str(conn.execute("SELECT pg_current_snapshot()").fetchone()[0])  # type: ignore[index]  # a query that always returns one row
+                snapshot = str(scalar(conn.execute("SELECT pg_current_snapshot()")))
             else:
                 snapshot = str(position.target)
             cursor = conn.cursor(binary=True)

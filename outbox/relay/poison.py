@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaError
 
-from outbox._core.errors import OutboxError
-from outbox._core.kafka import topic_name_valid
-from outbox._core.tables import EVENT_ID_HEADER
+from outbox.core.errors import OutboxError
+from outbox.core.kafka import topic_name_valid
+from outbox.core.tables import EVENT_ID_HEADER
 from outbox.relay.row import Row
 
 POISON_CODES = frozenset(

@@ -17,9 +17,9 @@ from typing import TypeVar
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ClusterMetadata, ConfigResource, NewTopic
 
-from outbox._core.committed import read_committed
-from outbox._core.errors import ConfigError
-from outbox._core.kafka import client_settings
+from outbox.core.committed import read_committed
+from outbox.core.errors import ConfigError
+from outbox.core.kafka import client_settings
 from outbox.errors import error
 from outbox.relay.acls import Access
 from outbox.relay.position import Identity, Position, latest_position

@@ -18,8 +18,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from outbox._core import tables
-from outbox._core.postgres import pooled
+from outbox.core import tables
+from outbox.core.postgres import pooled, scalar
 from outbox.errors import error
 from outbox.relay.outbox_table import lock_key
 from outbox.relay.position import Shard
@@ -70,7 +70,7 @@ def rebase(
             raise error("RELAY_REBASE_WHILE_RUNNING", schema=schema)
         with conn.transaction():
             # Taken before this transaction has an id: the stamp below is not visible in it.
-            snapshot = str(conn.execute("SELECT pg_current_snapshot()").fetchone()[0])  # type: ignore[index]  # a query that always returns one row
+            snapshot = str(scalar(conn.execute("SELECT pg_current_snapshot()")))
             # The table refuses updates (its history is its order); this one rewrites no event,
             # only the id of the transaction it counts as written by. Nobody sees the trigger off.
             conn.execute(

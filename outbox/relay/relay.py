@@ -24,9 +24,9 @@ import psycopg
 from confluent_kafka import KafkaException
 
 from outbox import debezium
-from outbox._core.config import DatabaseUrl
-from outbox._core.errors import NotReady, OutboxError, ServiceUnavailable, Standby
-from outbox._core.postgres import reason
+from outbox.core.config import DatabaseUrl
+from outbox.core.errors import NotReady, OutboxError, ServiceUnavailable, Standby
+from outbox.core.postgres import reason
 from outbox.errors import error
 from outbox.relay import pace
 from outbox.relay.cleaner import Cleaner

@@ -1,4 +1,4 @@
-"""The relay's settings, each declared once (outbox._core.settings.Setting).
+"""The relay's settings, each declared once (outbox.core.settings.Setting).
 
 `outbox relay`'s flags and their environment variables, the defaults and checks
 of :class:`RelaySettings`, docs/relay.md's table and the compose file's
@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from outbox._core import tables
-from outbox._core.config import DatabaseUrl, schema_name
-from outbox._core.settings import Setting, boolean, check_all
+from outbox.core import tables
+from outbox.core.config import DatabaseUrl, schema_name
+from outbox.core.settings import Setting, boolean, check_all
 from outbox.errors import error
 from outbox.relay.outbox_table import SYNCHRONOUS_COMMIT
 from outbox.relay.poison import DEAD_LETTER, HALT

@@ -10,8 +10,8 @@ from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from psycopg import sql
 
-from outbox._core import tables
-from outbox._core.kafka import client_settings
+from outbox.core import tables
+from outbox.core.kafka import client_settings
 from outbox.relay import registry
 from outbox.relay.outbox_table import KEY_HASH
 from outbox.status.report import DeadLetters, LedgerPartition, RelayShard, Status, Waiting

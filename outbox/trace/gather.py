@@ -15,10 +15,10 @@ from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
 from psycopg import sql
 
 from outbox import tracecontext
-from outbox._core import tables
-from outbox._core.committed import place, read_committed
-from outbox._core.kafka import client_settings
-from outbox._core.trace import outbox_event_id
+from outbox.core import tables
+from outbox.core.committed import place, read_committed
+from outbox.core.kafka import client_settings
+from outbox.core.trace import outbox_event_id
 from outbox.errors import error
 from outbox.relay.outbox_table import KEY_HASH
 from outbox.relay.position import Identity, Shard

@@ -10,10 +10,10 @@ from typing import Any
 
 from confluent_kafka import Message
 
-from outbox._core.committed import place, read_committed
-from outbox._core.registry import Registry, UnknownSchema
-from outbox._core.tables import EVENT_ID_HEADER
-from outbox._core.wire import framed
+from outbox.core.committed import place, read_committed
+from outbox.core.registry import Registry, UnknownSchema
+from outbox.core.tables import EVENT_ID_HEADER
+from outbox.core.wire import framed
 from outbox.verify.findings import Record, sequence
 
 

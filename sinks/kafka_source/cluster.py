@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, ClusterMetadata, ConfigResource, OffsetSpec, TopicMetadata
 
-from outbox._core.kafka import client_settings
+from outbox.core.kafka import client_settings
 from sinks.errors import error
 from sinks.kafka_source.options import SourceOptions
 from sinks.kafka_source.ranges import TopicPartitionKey

@@ -1,6 +1,6 @@
 """Source options, each declared once, parsed and checked on the driver before any task runs.
 
-The declarations (outbox._core.settings.Setting) give each option's name, default,
+The declarations (outbox.core.settings.Setting) give each option's name, default,
 doc, parser and checks; `parse` reads them, and docs/source.md's options table is
 checked against them.
 """
@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from outbox._core.config import database_url, schema_name
-from outbox._core.settings import Setting, boolean
+from outbox.core.config import database_url, schema_name
+from outbox.core.settings import Setting, boolean
 from sinks.errors import error
 from sinks.ledger import Ledger
 

@@ -10,7 +10,7 @@ import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from outbox._core.errors import OutboxError
+from outbox.core.errors import OutboxError
 from sinks.errors import error
 from sinks.kafka_source.options import EARLIEST, LATEST
 

@@ -19,7 +19,7 @@ from typing import Any, cast
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from outbox._core.kafka import about_the_group, client_settings
+from outbox.core.kafka import about_the_group, client_settings
 from sinks.errors import error
 from sinks.kafka_source.ranges import Range
 

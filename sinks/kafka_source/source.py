@@ -26,7 +26,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from outbox._core.errors import OutboxError, ServiceUnavailable
+from outbox.core.errors import OutboxError, ServiceUnavailable
 from sinks.errors import KAFKA_RC_LOSS_ADVICE, error
 from sinks.kafka_source import ranges
 from sinks.kafka_source.cluster import Cluster

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import psycopg
 
+from outbox.core.postgres import scalar
 from sinks.errors import error
 from sinks.postgres.refusal import ROW_ERRORS, reason
 from sinks.postgres.statements import Statements
@@ -140,7 +141,7 @@ def apply_rows(
             reason=why,
         )
     if deletes is None:
-        deletes = conn.execute(st.deletes(), params).fetchone()[0]  # type: ignore[index]  # a query that always returns one row
+        deletes = scalar(conn.execute(st.deletes(), params))
     if (whole := _in_one_statement(conn, st, params, deletes, dead_letters)) is not None:
         return whole
     upserted, deleted, stale, refused = _apply_in_rounds(conn, st, params, fail)
@@ -159,7 +160,7 @@ def _in_one_statement(
     record changed nothing, and a key met twice either does that or fails the statement.
     That saves grouping the whole batch by key, every batch.
     """
-    if deletes and conn.execute(st.rounds(), params).fetchone()[0] > 1:  # type: ignore[index]  # a query that always returns one row
+    if deletes and scalar(conn.execute(st.rounds(), params)) > 1:
         return None
     try:
         with conn.transaction() as savepoint:

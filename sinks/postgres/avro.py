@@ -22,8 +22,8 @@ from typing import Any
 
 from pyspark.sql import types as T
 
-from outbox._core.registry import Registry, Settings, UnknownSchema
-from outbox._core.wire import framed
+from outbox.core.registry import Registry, Settings, UnknownSchema
+from outbox.core.wire import framed
 from sinks.postgres.decoded import Read
 
 AvroSchema = Any  # fastavro's parsed schema: a name, a dict, or a list (a union)

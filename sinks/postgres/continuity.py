@@ -18,7 +18,7 @@ import json
 import psycopg
 from pyspark.sql import DataFrame
 
-from outbox._core.errors import OutboxError
+from outbox.core.errors import OutboxError
 from sinks.errors import error
 from sinks.kafka_source.ranges import to_offsets
 from sinks.ledger import Positions, positions

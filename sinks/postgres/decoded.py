@@ -18,7 +18,7 @@ import pyarrow as pa
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_type
 
-from outbox._core.registry import Registry
+from outbox.core.registry import Registry
 from sinks.postgres.plan import ERROR_COLUMN
 
 Convert = Callable[[Any], Any]

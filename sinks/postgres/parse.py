@@ -10,7 +10,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from outbox._core.registry import Registry, UnknownSchema
+from outbox.core.registry import Registry, UnknownSchema
 from sinks.errors import error
 from sinks.postgres import avro, protobuf
 from sinks.postgres.decoded import Decoder

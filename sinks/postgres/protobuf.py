@@ -27,8 +27,8 @@ from typing import Any
 
 from pyspark.sql import types as T
 
-from outbox._core.registry import Registry, UnknownSchema
-from outbox._core.wire import framed
+from outbox.core.registry import Registry, UnknownSchema
+from outbox.core.wire import framed
 from sinks.postgres.decoded import Read
 
 _TIMESTAMP = "google.protobuf.Timestamp"

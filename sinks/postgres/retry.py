@@ -9,8 +9,8 @@ from typing import TypeVar
 
 import psycopg
 
-from outbox._core.errors import ServiceUnavailable
-from outbox._core.postgres import first_line
+from outbox.core.errors import ServiceUnavailable
+from outbox.core.postgres import first_line
 
 log = logging.getLogger("sinks.postgres")
 

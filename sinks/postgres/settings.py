@@ -1,4 +1,4 @@
-"""PostgresSink's keywords, each declared once (outbox._core.settings.Setting).
+"""PostgresSink's keywords, each declared once (outbox.core.settings.Setting).
 
 PostgresSink's defaults and SinkSpec's checks come from `SETTINGS`, and
 docs/sink.md's options table and PostgresSink's docstring are checked against
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from outbox._core.settings import Setting
+from outbox.core.settings import Setting
 
 if TYPE_CHECKING:
     from sinks.postgres.placement import ApplyIn

@@ -19,10 +19,10 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.streaming import StreamingQuery
 
-from outbox._core import tables
-from outbox._core.config import database_url, schema_name
-from outbox._core.errors import ServiceUnavailable
-from outbox._core.postgres import connect, keepalive, pooled, watched
+from outbox.core import tables
+from outbox.core.config import database_url, schema_name
+from outbox.core.errors import ServiceUnavailable
+from outbox.core.postgres import connect, keepalive, pooled, scalar, watched
 from sinks.errors import SinkError, error
 from sinks.ledger import Positions, positions
 from sinks.postgres import continuity, direct, evolve
@@ -627,7 +627,7 @@ class BatchWriter:
     @contextmanager
     def watched(self, conn: psycopg.Connection) -> Iterator[None]:
         """What the driver asks on a connection that waited idle while the executors worked, dropped
-        if the server stops working for it (outbox._core.postgres.watched): a proxy's partition,
+        if the server stops working for it (outbox.core.postgres.watched): a proxy's partition,
         which keepalives do not see, held the batch for ever, after its tasks had moved to the
         server a failover made primary."""
         if conn.closed:
@@ -743,7 +743,7 @@ class BatchWriter:
 
     def _drop_stale_stage(self, conn: psycopg.Connection) -> None:
         """Drop the stage tables a killed staged batch left, unless a live query holds the sink."""
-        if conn.execute(f"SELECT pg_try_advisory_xact_lock({_LOCK_KEY})", [self.spec.name]).fetchone()[0]:  # type: ignore[index]  # a query that always returns one row
+        if scalar(conn.execute(f"SELECT pg_try_advisory_xact_lock({_LOCK_KEY})", [self.spec.name])):
             for lane in self.lanes:
                 conn.execute(lane.statements.drop_stage())
 
@@ -768,7 +768,7 @@ def _emptied(conn: psycopg.Connection, st: Statements) -> bool:
     try:
         with conn.transaction():
             conn.execute("SET LOCAL lock_timeout = '1s'; SET LOCAL statement_timeout = '5s'")
-            return bool(conn.execute(st.emptied(), {"sink": st.spec.name}).fetchone()[0])  # type: ignore[index]  # a query that always returns one row
+            return bool(scalar(conn.execute(st.emptied(), {"sink": st.spec.name})))
     except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled):
         return False
 

@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from outbox._core import tables
-from outbox._core.config import DatabaseUrl
-from outbox._core.settings import check_all
+from outbox.core import tables
+from outbox.core.config import DatabaseUrl
+from outbox.core.settings import check_all
 from sinks.errors import error
 from sinks.postgres import settings as S
 from sinks.postgres.placement import ApplyIn
@@ -49,7 +49,7 @@ class SinkSpec:
     name: str = ""
     apply_in: ApplyIn = S.APPLY_IN.default
     database_timeout: float = S.DATABASE_TIMEOUT.default  # seconds; see `silence` and `retry_for`
-    trace: bool = S.TRACE.default  # each input record's outcome, for `outbox trace` (outbox/_core/trace.py)
+    trace: bool = S.TRACE.default  # each input record's outcome, for `outbox trace` (outbox/core/trace.py)
     create: bool = S.CREATE.default  # make a missing table (evolve.py)
     evolve: bool = S.EVOLVE.default  # add the columns the table lacks (evolve.py)
     read_kafka: bool = S.READ_KAFKA.default  # the tasks read Kafka themselves where they can (direct.py)

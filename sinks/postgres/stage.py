@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from outbox._core.postgres import connect, keepalive, limit_session, server_limits, watched
+from outbox.core.postgres import connect, keepalive, limit_session, server_limits, watched
 from sinks.postgres.clock import Clock
 from sinks.postgres.refusal import ROW_ERRORS, reason
 from sinks.postgres.retry import with_retries

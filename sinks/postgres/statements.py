@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-from outbox._core import tables
-from outbox._core.sqltext import Query, bindable, user_sql
-from outbox._core.trace import key_text_sql, outbox_event_id_sql
+from outbox.core import tables
+from outbox.core.sqltext import Query, bindable, user_sql
+from outbox.core.trace import key_text_sql, outbox_event_id_sql
 from sinks.postgres.plan import Plan
 from sinks.postgres.spec import SinkSpec
 
@@ -500,7 +500,7 @@ class Statements:
         ]
 
     def _event(self, alias: str, columns: list[sql.Identifier]) -> sql.Composable:
-        """The event a row is traced under: its key as text (outbox/_core/trace.py)."""
+        """The event a row is traced under: its key as text (outbox/core/trace.py)."""
         return key_text_sql(sql.Identifier(alias), columns)
 
     def _traced(self, round_: sql.Composable) -> sql.Composable:
@@ -548,7 +548,7 @@ class Statements:
 
         names = sql.Literal(list(box.headers))
         values = sql.SQL("ARRAY[{}]::bytea[]").format(_list([utf8(e) for e in box.headers.values()]))
-        # Traced, an event's id is derived (outbox/_core/trace.py): a trace computes it from what it read.
+        # Traced, an event's id is derived (outbox/core/trace.py): a trace computes it from what it read.
         event_id = (
             outbox_event_id_sql(key_text_sql(sql.Identifier("written"), self.target_keys), round_)
             if self.spec.trace

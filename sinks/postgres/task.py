@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from outbox._core.postgres import connect, keepalive, limit_session, server_limits, watched
+from outbox.core.postgres import connect, keepalive, limit_session, server_limits, watched
 from sinks.errors import SinkError
 from sinks.postgres import continuity
 from sinks.postgres.apply import Counts, apply_rows, summed

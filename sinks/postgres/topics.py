@@ -23,11 +23,11 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from outbox._core import tables
-from outbox._core.config import DatabaseUrl
-from outbox._core.errors import OutboxError
-from outbox._core.postgres import connect
-from outbox._core.sqltext import bindable
+from outbox.core import tables
+from outbox.core.config import DatabaseUrl
+from outbox.core.errors import OutboxError
+from outbox.core.postgres import connect
+from outbox.core.sqltext import bindable
 from sinks.errors import error
 from sinks.kafka_source.cluster import Cluster
 from sinks.kafka_source.options import SourceOptions, parse

@@ -35,8 +35,8 @@ from confluent_kafka import ElectionType, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from outbox import migrate
-from outbox._core.committed import read_committed
-from outbox._core.config import DatabaseUrl
+from outbox.core.committed import read_committed
+from outbox.core.config import DatabaseUrl
 from outbox.relay.pause import BEFORE_COMMIT, BEFORE_POSITION, MID_TRANSACTION
 from outbox.relay.position import Identity
 from outbox.relay.settings import POSITIONS_TOPIC

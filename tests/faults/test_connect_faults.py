@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psycopg
 
-from outbox._core.config import DatabaseUrl
+from outbox.core.config import DatabaseUrl
 from outbox_dev.connect import ConnectServer
 from outbox_dev.spark import StandaloneCluster
 from tests.helpers import REPO, Job, wait_for

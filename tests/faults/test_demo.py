@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from outbox._core.config import DatabaseUrl
+from outbox.core.config import DatabaseUrl
 from outbox_dev.process import cmdline_contains
 from tests.helpers import Job
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer
 
-from outbox._core.kafka import client_settings
+from outbox.core.kafka import client_settings
 from outbox_dev.kafka import Broker
 from tests.helpers import (
     Job,

@@ -16,7 +16,7 @@ import pytest
 from psycopg import sql
 
 from outbox import migrate
-from outbox._core.config import DatabaseUrl
+from outbox.core.config import DatabaseUrl
 from outbox.relay.pause import BEFORE_CLEANUP, BEFORE_COMMIT, BEFORE_PRODUCE, MID_TRANSACTION
 from outbox.writer import Event, add_events
 from outbox_dev.kafka import Broker

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from outbox import migrate
-from outbox._core.config import DatabaseUrl
+from outbox.core.config import DatabaseUrl
 from outbox.writer import Event, add_events
 from outbox_dev import postgres
 from tests.cli import outbox

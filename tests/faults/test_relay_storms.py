@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
-from outbox._core.config import DatabaseUrl
+from outbox.core.config import DatabaseUrl
 from outbox_dev.kafka import Broker
 from tests.helpers import Job, create_topic, unique, wait_for
 from tests.relay_support import ACTIVE, Writers, assert_exactly_once, check_two_readers, relay_job, terminate

@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from outbox._core.config import DatabaseUrl
+from outbox.core.config import DatabaseUrl
 from outbox_dev.jvm import kafka_tools
 from tests.cli import outbox
 from tests.conftest import RunningRegistry

@@ -20,8 +20,8 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 from pyspark.errors import StreamingQueryException
 
-from outbox._core.errors import DataLossError
-from outbox._core.kafka import client_settings
+from outbox.core.errors import DataLossError
+from outbox.core.kafka import client_settings
 from sinks.kafka_source.ranges import Range
 from sinks.kafka_source.reader import read_range
 from sinks.postgres import PostgresSink, parse_json

@@ -8,7 +8,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from outbox._core.config import DatabaseUrl
+from outbox.core.config import DatabaseUrl
 from tests.helpers import Job, create_topic, unique, wait_for
 from tests.routing_support import TABLES, check_routed, produce_shop
 from tests.sink_support import waiting_on_a_lock

@@ -23,7 +23,7 @@ import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient, NewPartitions
 
-from outbox._core.config import DatabaseUrl
+from outbox.core.config import DatabaseUrl
 from outbox_dev.process import cmdline_contains, descendants, stop
 from outbox_dev.spark import StandaloneCluster
 from tests.helpers import (

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from psycopg import sql
 
 from outbox import debezium
-from outbox._core.committed import read_committed as read_topic
-from outbox._core.config import DatabaseUrl
-from outbox._core.sqltext import bindable
+from outbox.core.committed import read_committed as read_topic
+from outbox.core.config import DatabaseUrl
+from outbox.core.sqltext import bindable
 from outbox.relay.poison import unpublishable
 from outbox.relay.row import Row
 from outbox_dev.debezium import Debezium

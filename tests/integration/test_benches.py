@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from outbox._core.config import DatabaseUrl
+from outbox.core.config import DatabaseUrl
 from tests.helpers import Job
 
 # Each at a size that runs in a minute or two; flags that need what CI does not run (a three-broker

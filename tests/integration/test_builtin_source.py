@@ -13,7 +13,7 @@ from decimal import Decimal
 
 import pytest
 
-from outbox._core.errors import ConfigError
+from outbox.core.errors import ConfigError
 from sinks.postgres import Outbox, PostgresSink, parse_json
 from tests.helpers import produce_transaction, transactional_producer
 from tests.sink_support import ORDERS, SCHEMA, event, ledger, log_ends, run, table

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import psycopg
 
-from outbox._core.config import DatabaseUrl
+from outbox.core.config import DatabaseUrl
 from tests.cli import assert_one_line_error, outbox
 from tests.helpers import REPO, OwnPostgres, unique
 

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from outbox._core.committed import read_committed
+from outbox.core.committed import read_committed
 from outbox.errors import ServiceUnavailable
 from tests.helpers import create_topic, produce_transaction, transactional_producer, unique
 

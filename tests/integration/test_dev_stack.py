@@ -8,7 +8,7 @@ from pathlib import Path
 import psycopg
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
-from outbox._core.probe import check_kafka
+from outbox.core.probe import check_kafka
 from outbox_dev.process import cmdline_contains
 from tests.cli import outbox
 

@@ -27,8 +27,8 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from outbox._core.committed import read_committed
-from outbox._core.config import DatabaseUrl
+from outbox.core.committed import read_committed
+from outbox.core.config import DatabaseUrl
 from outbox.relay.acls import TOPIC, TRANSACTIONAL_ID, Grant, events_topic, grants
 from outbox.writer import add_event
 from outbox_dev.kafka import Broker

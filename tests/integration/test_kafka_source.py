@@ -12,7 +12,7 @@ from confluent_kafka import Consumer, TopicPartition
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from outbox._core.config import DatabaseUrl
+from outbox.core.config import DatabaseUrl
 from tests.cli import outbox
 from tests.helpers import (
     add_partitions,

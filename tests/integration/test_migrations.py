@@ -9,7 +9,7 @@ import psycopg
 from hypothesis import HealthCheck, given, settings
 from psycopg import sql
 
-from outbox._core.config import DatabaseUrl
+from outbox.core.config import DatabaseUrl
 from tests.cli import assert_one_line_error, outbox
 from tests.helpers import REPO
 

@@ -14,8 +14,8 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from outbox import Avro
-from outbox._core.config import DatabaseUrl
-from outbox._core.errors import OutboxError
+from outbox.core.config import DatabaseUrl
+from outbox.core.errors import OutboxError
 from outbox.writer import Event, add_event, add_events
 from tests.conftest import RunningRegistry
 from tests.helpers import committed_messages, unique

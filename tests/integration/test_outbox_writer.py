@@ -13,8 +13,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from hypothesis import HealthCheck, given, settings
 from sqlalchemy.orm import Session
 
-from outbox._core.config import DatabaseUrl
-from outbox._core.errors import OutboxError
+from outbox.core.config import DatabaseUrl
+from outbox.core.errors import OutboxError
 from outbox.writer import Event, add_event, add_events
 
 

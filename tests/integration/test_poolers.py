@@ -18,8 +18,8 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from outbox._core.config import DatabaseUrl
-from outbox._core.postgres import watched
+from outbox.core.config import DatabaseUrl
+from outbox.core.postgres import watched
 from outbox_dev import pgbouncer
 from outbox_dev.process import stop
 from sinks.postgres import PostgresSink

@@ -8,9 +8,9 @@ import time
 import psycopg
 import pytest
 
-from outbox._core.config import DatabaseUrl
-from outbox._core.errors import ServiceUnavailable
-from outbox._core.postgres import answered_within, connect, keepalive, limit_session, server_limits, watched
+from outbox.core.config import DatabaseUrl
+from outbox.core.errors import ServiceUnavailable
+from outbox.core.postgres import answered_within, connect, keepalive, limit_session, server_limits, watched
 
 
 def test_a_round_trip_not_answered_in_time_drops_the_connection_with_one_line(database: DatabaseUrl) -> None:

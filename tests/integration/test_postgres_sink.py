@@ -17,8 +17,8 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from outbox import migrate
-from outbox._core.config import DatabaseUrl
-from outbox._core.errors import ConfigError
+from outbox.core.config import DatabaseUrl
+from outbox.core.errors import ConfigError
 from sinks.postgres import Outbox, PostgresSink, parse_json
 from sinks.postgres.clock import STAGES
 from sinks.postgres.refusal import SinkError

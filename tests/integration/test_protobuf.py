@@ -17,8 +17,8 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
 
 from outbox import Protobuf
-from outbox._core.config import DatabaseUrl
-from outbox._core.wire import frame
+from outbox.core.config import DatabaseUrl
+from outbox.core.wire import frame
 from outbox.writer import add_event
 from sinks.postgres import PostgresSink, parse_protobuf
 from tests.conftest import RunningRegistry

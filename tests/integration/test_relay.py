@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from outbox import migrate
-from outbox._core.config import DatabaseUrl
+from outbox.core.config import DatabaseUrl
 from outbox.relay.outbox_table import OutboxTable, lock_key, opened
 from outbox.relay.position import Position, Shard
 from outbox.writer import Event, add_event, add_events

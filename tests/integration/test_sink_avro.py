@@ -22,7 +22,7 @@ import pytest
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from outbox._core.registry import Registry
+from outbox.core.registry import Registry
 from sinks.postgres import PostgresSink, parse_avro
 from tests.conftest import RunningRegistry
 from tests.helpers import produce_transaction, transactional_producer, unique, wait_for

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
-from outbox._core.config import DatabaseUrl
+from outbox.core.config import DatabaseUrl
 from sinks.kafka_source.reader import ARROW_SCHEMA
 from sinks.postgres import Outbox, PostgresSink, parse_json
 from sinks.postgres.direct import Declined, parse_for, staged, values_of, why_not

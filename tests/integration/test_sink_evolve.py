@@ -9,7 +9,7 @@ from decimal import Decimal
 import psycopg
 import pytest
 
-from outbox._core.errors import ConfigError
+from outbox.core.errors import ConfigError
 from sinks.postgres import PostgresSink
 from tests.sink_support import apply_batches, event, table
 

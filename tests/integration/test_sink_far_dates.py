@@ -9,7 +9,7 @@ import uuid
 import psycopg
 import pytest
 
-from outbox._core.config import DatabaseUrl
+from outbox.core.config import DatabaseUrl
 from sinks.postgres import PostgresSink
 from tests.sink_support import apply_batches
 

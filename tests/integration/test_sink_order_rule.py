@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, example, given, settings
 from psycopg import sql
 from pyspark.sql import types as T
 
-from outbox._core.config import DatabaseUrl
+from outbox.core.config import DatabaseUrl
 from outbox.trace.outcomes import COLUMNS, ORDER, TraceRow, records
 from sinks.postgres.apply import BatchResult, apply_batch, apply_rows
 from sinks.postgres.catalog import describe

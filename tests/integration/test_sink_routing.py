@@ -10,7 +10,7 @@ from decimal import Decimal
 import psycopg
 import pytest
 
-from outbox._core.errors import ConfigError
+from outbox.core.errors import ConfigError
 from sinks.errors import SinkError
 from sinks.postgres import PostgresSink, Table, header, parse_json
 from tests.routing_support import (

@@ -18,8 +18,8 @@ import pytest
 from pyspark.sql import Window
 from pyspark.sql import functions as F
 
-from outbox._core.config import DatabaseUrl
-from outbox._core.errors import ConfigError
+from outbox.core.config import DatabaseUrl
+from outbox.core.errors import ConfigError
 from sinks.postgres import Outbox, PostgresSink, SinkError, parse_json
 from tests.helpers import (
     create_topic,

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from pyspark.errors import StreamingQueryException
 
-from outbox._core.config import DatabaseUrl
+from outbox.core.config import DatabaseUrl
 from sinks.postgres import PostgresSink
 from tests.cli import assert_one_line_error, outbox
 from tests.helpers import produce_transaction, transactional_producer

@@ -10,8 +10,8 @@ import psycopg
 from confluent_kafka import Producer
 from psycopg import sql
 
-from outbox._core.config import DatabaseUrl
-from outbox._core.kafka import client_settings
+from outbox.core.config import DatabaseUrl
+from outbox.core.kafka import client_settings
 from outbox.writer import Event, add_events
 from tests.cli import assert_one_line_error, outbox
 from tests.helpers import create_topic, transactional_producer, unique, wait_for

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from outbox._core.config import DatabaseUrl
+from outbox.core.config import DatabaseUrl
 from outbox_dev.process import pid_alive
 from outbox_dev.toxiproxy import Link, Toxiproxy
 from tests.helpers import Job, wait_for

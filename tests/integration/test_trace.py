@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from psycopg import sql
 
-from outbox._core.trace import key_text_sql, outbox_event_id, outbox_event_id_sql
+from outbox.core.trace import key_text_sql, outbox_event_id, outbox_event_id_sql
 from outbox.trace.outcomes import COLUMNS, ORDER, Record, TraceRow, records
 from outbox.writer import add_event
 from sinks.postgres import Outbox, PostgresSink

@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from outbox._core.kafka import client_settings
+from outbox.core.kafka import client_settings
 from tests.cli import REPO, assert_one_line_error, outbox
 from tests.helpers import create_topic, transactional_producer, unique
 

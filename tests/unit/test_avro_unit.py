@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pyspark.sql import types as T
 
-from outbox._core.registry import Registry
-from outbox._core.wire import frame, framed
+from outbox.core.registry import Registry
+from outbox.core.wire import frame, framed
 from sinks.postgres.avro import spark_type
 from sinks.postgres.decoded import converter
 
@@ -115,7 +115,7 @@ def test_a_value_arrow_cannot_hold_fails_its_record_alone() -> None:
     ['{"type": "record"', '{"type": "record", "name": "R", "fields": [{"name": "a", "type": "nope"}]}'],
 )
 def test_a_reader_schema_that_is_no_avro_is_one_line_at_start(schema: str) -> None:
-    from outbox._core.errors import ConfigError
+    from outbox.core.errors import ConfigError
     from sinks.postgres import parse_avro
 
     with pytest.raises(ConfigError) as refused:

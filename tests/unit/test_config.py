@@ -6,8 +6,8 @@ from hypothesis import assume, given
 from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 
-from outbox._core.config import DatabaseUrl, parse_bootstrap, redact_url, schema_name
-from outbox._core.errors import ConfigError
+from outbox.core.config import DatabaseUrl, parse_bootstrap, redact_url, schema_name
+from outbox.core.errors import ConfigError
 
 
 def test_url_forms_convert_between_drivers() -> None:

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from outbox._core import tables
-from outbox._core.config import DatabaseUrl
-from outbox._core.errors import ConfigError, ServiceUnavailable
-from outbox._core.kafka import client_settings
-from outbox._core.postgres import connect, first_line, reason
+from outbox.core import tables
+from outbox.core.config import DatabaseUrl
+from outbox.core.errors import ConfigError, ServiceUnavailable
+from outbox.core.kafka import client_settings
+from outbox.core.postgres import connect, first_line, reason
 
 URL = DatabaseUrl.parse("postgresql://app:s3cr%40t@127.0.0.1:9/db?sslpassword=other")
 
@@ -80,16 +80,16 @@ def test_the_kafka_clients_log_passes_only_where_a_level_was_set_and_the_library
 ) -> None:
     import importlib
 
-    import outbox._core.kafka
+    import outbox.core.kafka
 
-    client = logging.getLogger(outbox._core.kafka.CLIENT_LOG)
+    client = logging.getLogger(outbox.core.kafka.CLIENT_LOG)
     client.setLevel(logging.NOTSET)
-    importlib.reload(outbox._core.kafka)  # importing sets no level on any logger
+    importlib.reload(outbox.core.kafka)  # importing sets no level on any logger
     assert client.level == logging.NOTSET
     log = client_settings({}, "consumer")["logger"]
     with caplog.at_level(logging.DEBUG):  # the root at DEBUG: still not librdkafka's flood
         log.log(logging.WARNING, "%s-%s: %s", "FAIL", "rdkafka#consumer-1", "connection refused")
-    assert not [r for r in caplog.records if r.name == outbox._core.kafka.CLIENT_LOG]
+    assert not [r for r in caplog.records if r.name == outbox.core.kafka.CLIENT_LOG]
     client.setLevel(logging.WARNING)
     try:
         with caplog.at_level(logging.DEBUG):
@@ -97,5 +97,5 @@ def test_the_kafka_clients_log_passes_only_where_a_level_was_set_and_the_library
             log.log(logging.DEBUG, "%s-%s: %s", "BRKMAIN", "rdkafka#consumer-1", "started")
     finally:
         client.setLevel(logging.NOTSET)
-    said = [r.getMessage() for r in caplog.records if r.name == outbox._core.kafka.CLIENT_LOG]
+    said = [r.getMessage() for r in caplog.records if r.name == outbox.core.kafka.CLIENT_LOG]
     assert said == ["FAIL-rdkafka#consumer-1: connection refused"]

@@ -207,7 +207,7 @@ def test_an_avro_input_value_reads_back_as_its_document_and_the_poison_one_as_js
     from fastavro import parse_schema, schemaless_writer
 
     from demos.loop import formats
-    from outbox._core.wire import frame
+    from outbox.core.wire import frame
 
     doc = {"event_id": "e1", "account": 3, "seq": 9, "n": -12}
     body = io.BytesIO()

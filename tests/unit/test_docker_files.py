@@ -9,8 +9,8 @@ import shlex
 import pytest
 import yaml
 
-from outbox._core import config
 from outbox.cli import build_parser
+from outbox.core import config
 from outbox.relay.settings import SETTINGS
 from tests.helpers import REPO
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from outbox._core.errors import Conditions, ConfigError, OutboxError
+from outbox.core.errors import Conditions, ConfigError, OutboxError
 from tests import error_docs
 from tests.helpers import REPO
 
@@ -61,7 +61,7 @@ def test_each_raise_names_a_declared_code_with_exactly_its_templates_fields() ->
         if code not in declared or declared[code].fields != names
     ]
     assert not wrong, wrong
-    named = {  # a code chosen before one call raises it (outbox/_core/config.py's URL checks)
+    named = {  # a code chosen before one call raises it (outbox/core/config.py's URL checks)
         node.value
         for path in LIBRARY
         for node in ast.walk(ast.parse(path.read_text()))

@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from outbox._core.errors import ConfigError
-from outbox._core.java import find_java, parse_major
+from outbox.core.errors import ConfigError
+from outbox.core.java import find_java, parse_major
 
 
 @pytest.mark.parametrize(

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from outbox._core.config import DatabaseUrl
-from outbox._core.errors import ConfigError, OutboxError
-from outbox._core.postgres import keepalive, server_limits, working_for
-from outbox._core.settings import Setting
+from outbox.core.config import DatabaseUrl
+from outbox.core.errors import ConfigError, OutboxError
+from outbox.core.postgres import keepalive, server_limits, working_for
+from outbox.core.settings import Setting
 from outbox.relay.settings import SETTINGS, RelaySettings
 from sinks.postgres.spec import SinkSpec
 

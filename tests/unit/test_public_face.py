@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import outbox
 import sinks.kafka_source
@@ -34,3 +36,39 @@ def test_importing_outbox_loads_no_driver() -> None:
         check=True,
     )
     assert said.stdout.strip() == "[]", said.stdout
+
+
+def private_imports(path: Path) -> list[str]:
+    """Each name the module imports from `outbox` that is private: a module or a name with a leading
+    underscore anywhere in its dotted path."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "outbox":
+            dotted = [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            dotted = [alias.name for alias in node.names if alias.name.split(".")[0] == "outbox"]
+        else:
+            continue
+        found += [f"{path.relative_to(REPO)}:{node.lineno}: {d}" for d in dotted if private(d)]
+    return found
+
+
+def private(dotted: str) -> bool:
+    return any(part.startswith("_") and not part.startswith("__") for part in dotted.split("."))
+
+
+def test_nothing_outside_outbox_imports_its_private_names() -> None:
+    """`sinks`, the benches, the demos, the dev tools and the tests stand on `outbox`'s public face
+    (its base is `outbox.core`): a private name of it is free to change without them."""
+    outside = [p for p in REPO.rglob("*.py") if p.relative_to(REPO).parts[0] in OUTSIDE]
+    assert len(outside) > 100, len(outside)
+    found = [line for path in sorted(outside) for line in private_imports(path)]
+    assert not found, "\n".join(found)
+
+
+def test_a_private_import_is_found() -> None:
+    assert private("outbox._core.config") and private("outbox.relay.kafka._enqueue")
+    assert not private("outbox.core.config") and not private("outbox.__version__")
+
+
+OUTSIDE = ("sinks", "bench", "demos", "devtools", "tests", "migrations")

@@ -4,7 +4,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given
 
-from outbox._core.errors import ConfigError
+from outbox.core.errors import ConfigError
 from sinks.errors import KAFKA_RC_LOSS_ADVICE
 from sinks.kafka_source import ranges
 from sinks.kafka_source.options import parse

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from outbox._core.errors import ConfigError
+from outbox.core.errors import ConfigError
 from outbox.relay.position import Position
 from outbox.relay.resume import REBASED, Mark, resume
 

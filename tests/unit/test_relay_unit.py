@@ -11,8 +11,8 @@ from confluent_kafka.admin import BrokerMetadata, ClusterMetadata, PartitionMeta
 from hypothesis import given
 from hypothesis import strategies as st
 
-from outbox._core.errors import ConfigError, OutboxError
 from outbox.cli.relay import kafka_settings, redacted
+from outbox.core.errors import ConfigError, OutboxError
 from outbox.relay import acls, pace
 from outbox.relay.kafka import Publisher
 from outbox.relay.poison import explain, is_poison, unpublishable

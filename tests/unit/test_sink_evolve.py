@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import types as T
 
-from outbox._core.errors import ConfigError
+from outbox.core.errors import ConfigError
 from sinks.postgres.catalog import Column
 from sinks.postgres.evolve import column_type, narrower, widened
 

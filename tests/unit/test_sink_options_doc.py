@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from outbox._core.errors import ConfigError
+from outbox.core.errors import ConfigError
 from sinks.postgres import PostgresSink
 from sinks.postgres.settings import MODE, SETTINGS
 from tests.helpers import REPO

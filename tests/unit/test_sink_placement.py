@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from outbox._core.errors import ConfigError
+from outbox.core.errors import ConfigError
 from sinks.postgres.placement import NARROW, Node, choose, route
 
 KAFKA_RC = Node("StreamingRelationV2", source="kafka_rc", options={"subscribe": "t"})

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import types as T
 
-from outbox._core.config import DatabaseUrl
-from outbox._core.errors import ConfigError
+from outbox.core.config import DatabaseUrl
+from outbox.core.errors import ConfigError
 from sinks.postgres.catalog import Column, Table
 from sinks.postgres.plan import plan, same_when_equal
 from sinks.postgres.spec import Outbox, SinkSpec

@@ -79,7 +79,7 @@ def test_a_long_route_value_is_cut_in_the_dead_letters_line() -> None:
 
 
 def test_create_or_evolve_on_a_routed_table_needs_its_columns() -> None:
-    from outbox._core.errors import ConfigError
+    from outbox.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"needs columns=\[\.\.\.\]") as refused:
         Routing("type", {"A": Table("a", create=True)})

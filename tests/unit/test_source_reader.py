@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError, Message, TopicPartition
 
-from outbox._core.errors import ServiceUnavailable
+from outbox.core.errors import ServiceUnavailable
 from sinks.kafka_source.ranges import Range
 from sinks.kafka_source.reader import FetchPosition, _drain
 

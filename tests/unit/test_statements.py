@@ -14,8 +14,8 @@ import pytest
 from psycopg import sql
 from pyspark.sql import types as T
 
-from outbox._core import tables
-from outbox._core.config import DatabaseUrl
+from outbox.core import tables
+from outbox.core.config import DatabaseUrl
 from sinks.postgres.catalog import Column, Table
 from sinks.postgres.plan import plan
 from sinks.postgres.spec import Outbox, SinkSpec

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from outbox._core.errors import ConfigError
-from outbox._core.trace import outbox_event_id
+from outbox.core.errors import ConfigError
+from outbox.core.trace import outbox_event_id
 from outbox.trace.gather import found_in_kafka, spellings
 from outbox.trace.report import (
     Applied,

@@ -1,4 +1,4 @@
-"""The JVM pieces the dev tools run, with the Java that outbox._core.java finds: jars from Maven.
+"""The JVM pieces the dev tools run, with the Java that outbox.core.java finds: jars from Maven.
 
 - `kafka_tools.py` Kafka's own console consumer and kafka-transactions
 - `maven.py`  resolve a pinned POM's jars once into a shared cache

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from outbox._core.java import find_java
+from outbox.core.java import find_java
 from outbox_dev.errors import error
 from outbox_dev.jvm import JVM_FLAGS, log4j2, maven
 

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from outbox._core.java import find_java
+from outbox.core.java import find_java
 from outbox_dev.errors import error
 
 OUTBOX_JAR_CACHE = "OUTBOX_JAR_CACHE"

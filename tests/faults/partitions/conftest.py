@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from outbox._core.config import DatabaseUrl
+from outbox.core.config import DatabaseUrl
 from outbox_dev.kafka import Broker, Cluster
 from outbox_dev.toxiproxy import Link, Toxiproxy
 from tests.faults.partitions.links import Proxied, server_url_port

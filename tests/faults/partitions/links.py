@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from outbox._core.config import DatabaseUrl
+from outbox.core.config import DatabaseUrl
 from outbox_dev.toxiproxy import Link, Stream
 from tests.helpers import (
     Job,

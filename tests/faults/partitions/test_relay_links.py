@@ -10,8 +10,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from outbox._core.config import DatabaseUrl
-from outbox._core.errors import ServiceUnavailable
+from outbox.core.config import DatabaseUrl
+from outbox.core.errors import ServiceUnavailable
 from outbox.relay.pause import BEFORE_CLEANUP, BEFORE_COMMIT, MID_TRANSACTION
 from outbox.writer import Event, add_events
 from outbox_dev.toxiproxy import Stream

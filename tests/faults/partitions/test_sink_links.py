@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from outbox import migrate
-from outbox._core.config import DatabaseUrl
+from outbox.core.config import DatabaseUrl
 from outbox_dev.spark import StandaloneCluster
 from outbox_dev.toxiproxy import Link, Toxiproxy
 from sinks.ledger import positions

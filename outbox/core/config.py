@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 from urllib.parse import quote, unquote, urlencode
 
-from outbox._core.errors import error
+from outbox.core.errors import error
 
 DATABASE_URL = "DATABASE_URL"
 KAFKA_BOOTSTRAP_SERVERS = "KAFKA_BOOTSTRAP_SERVERS"

@@ -9,10 +9,10 @@ from __future__ import annotations
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from outbox._core.config import DatabaseUrl
-from outbox._core.errors import error
-from outbox._core.kafka import client_settings
-from outbox._core.postgres import connect
+from outbox.core.config import DatabaseUrl
+from outbox.core.errors import error
+from outbox.core.kafka import client_settings
+from outbox.core.postgres import connect
 
 
 def check_postgres(url: DatabaseUrl, timeout: float = 5.0, *, writable: bool = False) -> str:

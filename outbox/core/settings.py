@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from outbox._core.errors import CORE
+from outbox.core.errors import CORE
 
 T = TypeVar("T")
 

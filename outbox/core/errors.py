@@ -125,7 +125,7 @@ _UPGRADE = "run `outbox db upgrade --schema {schema}` first"
 # The base's conditions: what both halves share (settings and URLs, reaching PostgreSQL and
 # Kafka, the framework's tables, Java, the dev tools' plugins).
 CORE = Conditions(
-    # Settings and URLs (outbox/_core/config.py); `url` is always the masked one.
+    # Settings and URLs (outbox/core/config.py); `url` is always the masked one.
     CONFIG_DATABASE_URL_MISSING=Condition(
         ConfigError,
         "{source} is not set: give a URL like postgresql://user:password@host:5432/dbname"
@@ -157,7 +157,7 @@ CORE = Conditions(
         ConfigError, "{source} entry {server!r} is not host:port (e.g. localhost:9092)"
     ),
     CONFIG_SCHEMA_INVALID=Condition(ConfigError, "schema name {name!r} is not a valid PostgreSQL identifier"),
-    # A declared setting's value (outbox/_core/settings.py): a flag, a variable, a Spark option.
+    # A declared setting's value (outbox/core/settings.py): a flag, a variable, a Spark option.
     SETTING_MALFORMED=Condition(ConfigError, "{setting} must be {kind}, got {value!r}"),
     SETTING_NOT_POSITIVE=Condition(ConfigError, "{setting} must be positive, got {value!r}"),
     SETTING_NOT_FINITE=Condition(ConfigError, "{setting} must be a finite number, got {value!r}"),
@@ -165,7 +165,7 @@ CORE = Conditions(
         ConfigError, "{setting} must be from {least:g} to {most:g}, got {value!r}"
     ),
     SETTING_NOT_A_CHOICE=Condition(ConfigError, "{setting} must be one of {choices}, got {value!r}"),
-    # Reaching and using PostgreSQL (outbox/_core/postgres.py).
+    # Reaching and using PostgreSQL (outbox/core/postgres.py).
     POSTGRES_STANDBY=Condition(
         ConfigError,
         "PostgreSQL at {url} is a read-only standby: the relay and the sink write to the primary;"
@@ -220,13 +220,13 @@ CORE = Conditions(
         "offset {offset} of partition {partition} is gone from {topic} (deleted by retention or"
         " delete-records): start at the partition's first offset, or leave it out to read from the start",
     ),
-    # The framework's tables (outbox/_core/tables.py).
+    # The framework's tables (outbox/core/tables.py).
     TABLES_MISSING=Condition(ConfigError, "{noun} {listed} {verb} missing{where}: " + _UPGRADE + "{note}"),
     TABLES_OUTDATED=Condition(
         ConfigError,
         "{columns} {verb} missing in {url}: its tables are of an older revision; " + _UPGRADE,
     ),
-    # Java (outbox/_core/java.py).
+    # Java (outbox/core/java.py).
     JAVA_HOME_INVALID=Condition(ConfigError, "JAVA_HOME={home} has no bin/java: " + _INSTALL_JAVA),
     JAVA_MISSING=Condition(
         ConfigError, "{needed_by} needs Java {minimum}+, and no `java` was found: " + _INSTALL_JAVA
@@ -235,7 +235,7 @@ CORE = Conditions(
     JAVA_TOO_OLD=Condition(
         ConfigError, "{needed_by} needs Java {minimum}+, {java} is {found}: " + _INSTALL_JAVA
     ),
-    # The dev tools' plugins (outbox/_core/plugins.py).
+    # The dev tools' plugins (outbox/core/plugins.py).
     PLUGIN_COMMAND_MISSING=Condition(
         ConfigError, "`outbox {name}` ({what}) comes with the dev tools: {install}"
     ),

@@ -1,8 +1,9 @@
 """The ground floor both halves stand on: settings, errors, and the edges to PostgreSQL and Kafka.
 
 Nothing here knows about the outbox or the sink; the rest of `outbox/` and
-`sinks/` import from here, never from each other for these. Internal, as the
-underscore says: the public names are re-exported by `outbox` itself.
+`sinks/` import from here, never from each other for these. Public: `sinks`
+stands on it as the rest of `outbox` does, and its modules are its face
+(`__all__`); the names an application needs are re-exported by `outbox` itself.
 
     config.py     settings from flags and env vars; URLs that never print their password
     errors.py     OutboxError and its kinds: what the CLI prints as one line; the base's error codes
@@ -14,3 +15,20 @@ underscore says: the public names are re-exported by `outbox` itself.
     committed.py  read a topic's committed records once, to its end as of now
     registry.py   schemas from a Confluent-compatible schema registry; wire.py its framing
 """
+
+__all__ = [
+    "committed",
+    "config",
+    "errors",
+    "java",
+    "kafka",
+    "plugins",
+    "postgres",
+    "probe",
+    "registry",
+    "settings",
+    "sqltext",
+    "tables",
+    "trace",
+    "wire",
+]

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any
 
-from outbox._core.errors import error
+from outbox.core.errors import error
 
 COMMANDS = "outbox.commands"
 TOOLS = "outbox.tools"

@@ -12,8 +12,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from outbox._core.config import DatabaseUrl
-from outbox._core.errors import OutboxError, error
+from outbox.core.config import DatabaseUrl
+from outbox.core.errors import OutboxError, error
 
 OUTBOX_EVENTS = "outbox_events"
 OUTBOX_IDENTITY = "outbox_identity"
@@ -23,7 +23,7 @@ SINK_PROGRESS = "sink_progress"
 SINK_BATCHES = "sink_batches"
 SINK_TOPICS = "sink_topics"
 SINK_DEAD_LETTERS = "sink_dead_letters"
-SINK_TRACES = "sink_traces"  # what a tracing sink applied, per statement (outbox/_core/trace.py)
+SINK_TRACES = "sink_traces"  # what a tracing sink applied, per statement (outbox/core/trace.py)
 SINK_STAGE_PREFIX = "sink_stage_"  # + a digest of the sink's name: one staged batch's rows
 TXID_TRIGGER = "outbox_events_txid"  # stamps each outbox row's txid (0010), on a replica's apply too (0013)
 

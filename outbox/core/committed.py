@@ -25,8 +25,8 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from outbox._core.errors import error
-from outbox._core.kafka import about_the_group, client_settings
+from outbox.core.errors import error
+from outbox.core.kafka import about_the_group, client_settings
 
 NEW_TOPIC_S = 5.0  # how long a topic that is not found is asked for again before it is said missing
 HELD_AFTER_S = 5.0  # how long a read gets nothing, short of its end, before `held` is told

@@ -13,9 +13,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from outbox._core.errors import error
+from outbox.core.errors import error
 
-MIN_MAJOR = 17  # the errors' words say how to install it (outbox/_core/errors.py)
+MIN_MAJOR = 17  # the errors' words say how to install it (outbox/core/errors.py)
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ from typing import Any
 
 import psycopg
 
-from outbox._core.config import DatabaseUrl
-from outbox._core.errors import ServiceUnavailable, error
+from outbox.core.config import DatabaseUrl
+from outbox.core.errors import ServiceUnavailable, error
 
 CONNECT_TIMEOUT = 10  # seconds
 
@@ -82,12 +82,18 @@ def server_limits(timeout: float, silence: float, *, bound_statements: bool = Tr
     }
 
 
+def scalar(cursor: psycopg.Cursor[Any]) -> Any:
+    """The one value of a statement that always returns one row (a function call, an aggregate)."""
+    row = cursor.fetchone()
+    if row is None:
+        raise RuntimeError("no row from a statement that always returns one")
+    return row[0]
+
+
 def server_pid(conn: psycopg.Connection[Any]) -> int:
     """The process id of the server session serving `conn` now. Not `conn.info.backend_pid`: that
     is what the connection was told at its start, and a pooler (PgBouncer) tells one of its own."""
-    row = conn.execute("SELECT pg_backend_pid()").fetchone()
-    assert row is not None
-    return int(row[0])
+    return int(scalar(conn.execute("SELECT pg_backend_pid()")))
 
 
 def pooled(conn: psycopg.Connection[Any]) -> bool:
