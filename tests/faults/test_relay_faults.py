@@ -17,7 +17,7 @@ from psycopg import sql
 
 from outbox import migrate
 from outbox.core.config import DatabaseUrl
-from outbox.relay.pause import BEFORE_CLEANUP, BEFORE_COMMIT, BEFORE_PRODUCE, MID_TRANSACTION
+from outbox.relay.pause import BEFORE_COMMIT, BEFORE_PRODUCE, MID_TRANSACTION
 from outbox.writer import Event, add_events
 from outbox_dev.kafka import Broker
 from tests.helpers import Job, OwnPostgres, create_topic, unique, wait_for
@@ -57,8 +57,9 @@ def test_kill9_at_each_point_of_a_batch(
 def test_kill9_inside_a_transaction_larger_than_a_batch(
     tmp_path: Path, outbox_db: DatabaseUrl, env: dict[str, str], bootstrap: str, events_topic: str, point: str
 ) -> None:
-    """One transaction of 200 events written with one COPY, published in batches of 30, the relay
-    killed -9 after each of its first three batches and then at `point` of the fourth.
+    """One transaction of 200 events written with one COPY, published in batches of 30, three relays
+    each killed -9 after its first batch (before it produces its second), then one at `point` of
+    its first.
 
     A COPY's rows share WAL positions, a page's worth each: a CDC reader that resumes from a
     position inside such a group skips the rest of it (Debezium 3.6, debezium/dbz#1554). The
@@ -70,7 +71,8 @@ def test_kill9_inside_a_transaction_larger_than_a_batch(
     for e in events:
         committed.add(str(e.key), [str(e.event_id)])
     name = unique("relay")
-    for at in (BEFORE_CLEANUP, BEFORE_CLEANUP, BEFORE_CLEANUP, point):
+    after_one = f"{BEFORE_PRODUCE}#2"  # a batch committed, the next not begun
+    for at in (after_one, after_one, after_one, point):
         job, _ = relay_job(tmp_path, env, name, "--batch-size", "30", pause_at=at)
         job.wait_for_output(f"paused at {at}", 60)
         job.kill9()

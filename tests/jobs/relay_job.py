@@ -1,8 +1,8 @@
 """`outbox relay` for fault tests, held at a named point of a batch (outbox.relay.pause).
 
 Usage: relay_job.py PAUSE_AT RESUME_FILE [outbox relay flags...]
-PAUSE_AT is none or one of outbox.relay.pause.POINTS. At the first batch that
-reaches it the job prints "paused at X" and waits until RESUME_FILE exists
+PAUSE_AT is none or one of outbox.relay.pause.POINTS, optionally with #N. At the first batch that
+reaches it (the Nth, with #N) the job prints "paused at X" and waits until RESUME_FILE exists
 (a test kills it there, or lets it go on). PAUSE_AT late-commit: a commit's answer comes late.
 When the file FREEZE_FILE exists, the next commit about to be sent takes it away and freezes the
 broker of pid FREEZE_PID (SIGSTOP) for FREEZE_S seconds, longer than the relay's request timeout:
@@ -24,9 +24,10 @@ from outbox.relay.pause import BEFORE_COMMIT, POINTS
 
 LATE_COMMIT = "late-commit"
 pause_at, resume = sys.argv[1], Path(sys.argv[2])
-if pause_at not in (*POINTS, LATE_COMMIT, "none"):
+point_at, _, nth = pause_at.partition("#")
+if point_at not in (*POINTS, LATE_COMMIT, "none") or not (nth or "1").isdigit():
     sys.exit(f"relay_job: no pause point {pause_at!r}; one of none, {LATE_COMMIT}, {', '.join(POINTS)}")
-paused = False
+reached = 0  # times the batch reached point_at
 faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
@@ -46,11 +47,13 @@ def late_commit(point: str) -> None:
 
 
 def pause(point: str) -> None:
-    global paused
-    if point != pause_at or paused:
+    global reached
+    if point != point_at:
         return
-    paused = True
-    print(f"paused at {point}", flush=True)
+    reached += 1
+    if reached != int(nth or "1"):
+        return
+    print(f"paused at {pause_at}", flush=True)
     while not resume.exists():
         time.sleep(0.05)
 
