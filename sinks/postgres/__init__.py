@@ -22,8 +22,9 @@ from sinks.errors import SinkError
 from sinks.postgres.apply import BatchResult
 from sinks.postgres.parse import parse_avro, parse_json, parse_protobuf
 from sinks.postgres.routing import Table, header
+from sinks.postgres.settings import Outbox
 from sinks.postgres.sink import PostgresSink
-from sinks.postgres.spec import Outbox, SinkSpec
+from sinks.postgres.spec import SinkSpec
 
 __all__ = [
     "BatchResult",

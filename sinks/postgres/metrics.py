@@ -21,26 +21,35 @@ import json
 import logging
 import threading
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from pyspark.sql.streaming import StreamingQueryListener
+from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
 from sinks.errors import error
+from sinks.postgres.apply import BatchResult
 from sinks.postgres.spark_plan import is_connect
-
-if TYPE_CHECKING:
-    from sinks.postgres.sink import PostgresSink
 
 log = logging.getLogger("sinks.postgres")
 _BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 UNCOMMITTED = "#uncommitted"  # kafka_rc's progress key for records past the LSO
 
 
+class Measured(Protocol):
+    """What the metrics read of a sink (a PostgresSink): its name, its query, its last batch."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def query(self) -> StreamingQuery | None: ...
+    @property
+    def last(self) -> BatchResult | None: ...
+
+
 class SinkMetrics(StreamingQueryListener):
     """The sink's query's metrics; `serve` it, and add it to the session's streams' listeners."""
 
-    def __init__(self, sink: PostgresSink, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, sink: Measured, registry: CollectorRegistry | None = None) -> None:
         self.sink = sink
         self.registry = registry or CollectorRegistry()
         name = {"sink": sink.name}

@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 
 from sinks.errors import error
 from sinks.postgres import settings as S
-from sinks.postgres.spec import Mode, Outbox
+from sinks.postgres.settings import Mode, Outbox
 
 Unrouted = Literal["dead_letter", "ignore"]
 UNROUTED: tuple[Unrouted, ...] = ("dead_letter", "ignore")

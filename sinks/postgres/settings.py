@@ -3,21 +3,40 @@
 PostgresSink's defaults and SinkSpec's checks come from `SETTINGS`, and
 docs/sink.md's options table and PostgresSink's docstring are checked against
 them. They are Python values, never parsed from text: a bad one is one line
-with a shared code (SETTING_NOT_A_CHOICE, SETTING_NOT_POSITIVE).
+with a shared code (SETTING_NOT_A_CHOICE, SETTING_NOT_POSITIVE). The types of the
+keywords' values (Mode, OnError, Outbox) live here too, so spec.py reads this module and
+this module reads nothing of the sink's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
 
 from outbox.core.settings import Setting
-
-if TYPE_CHECKING:
-    from sinks.postgres.placement import ApplyIn
-    from sinks.postgres.spec import Mode, OnError, Outbox
+from sinks.postgres.placement import ApplyIn
 
 T = TypeVar("T")
+
+Mode = Literal["upsert", "insert"]
+OnError = Literal["dead_letter", "fail"]
+
+
+@dataclass(frozen=True)
+class Outbox:
+    """Outbox events to add for every row the sink changes, in the same transaction.
+
+    `key`, `value` and the header values are SQL expressions over the changed
+    row, named `written` (e.g. `written.order_id::text`, `to_jsonb(written)`).
+    They are your job's code, like a view definition: never build them from
+    event data. A deleted row gets a NULL value (a Kafka tombstone).
+    """
+
+    topic: str
+    key: str | None = None
+    value: str = "to_jsonb(written)"
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 def _never_text(text: str) -> Any:

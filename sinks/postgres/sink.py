@@ -36,8 +36,9 @@ from sinks.postgres.placement import ApplyIn, Route, choose
 from sinks.postgres.plan import ERROR_COLUMN, KAFKA_COLUMNS, Conversion, Plan, plan
 from sinks.postgres.retry import MOMENTARY, start_query, with_retries
 from sinks.postgres.routing import Delete, Lanes, Routing, Table, Unrouted
+from sinks.postgres.settings import Mode, OnError, Outbox
 from sinks.postgres.spark_plan import is_connect, planned_tasks, read_plan
-from sinks.postgres.spec import Mode, OnError, Outbox, SinkSpec
+from sinks.postgres.spec import SinkSpec
 from sinks.postgres.stage import RESULT_SCHEMA, StageJob, moved, stager
 from sinks.postgres.statements import Statements
 from sinks.postgres.task import COUNTS, TASK_RESULT, TIMES, TaskJob, applier

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
 
 from outbox.core import tables
 from outbox.core.config import DatabaseUrl
@@ -12,25 +10,7 @@ from outbox.core.settings import check_all
 from sinks.errors import error
 from sinks.postgres import settings as S
 from sinks.postgres.placement import ApplyIn
-
-Mode = Literal["upsert", "insert"]
-OnError = Literal["dead_letter", "fail"]
-
-
-@dataclass(frozen=True)
-class Outbox:
-    """Outbox events to add for every row the sink changes, in the same transaction.
-
-    `key`, `value` and the header values are SQL expressions over the changed
-    row, named `written` (e.g. `written.order_id::text`, `to_jsonb(written)`).
-    They are your job's code, like a view definition: never build them from
-    event data. A deleted row gets a NULL value (a Kafka tombstone).
-    """
-
-    topic: str
-    key: str | None = None
-    value: str = "to_jsonb(written)"
-    headers: Mapping[str, str] = field(default_factory=dict)
+from sinks.postgres.settings import Mode, OnError, Outbox
 
 
 @dataclass(frozen=True)

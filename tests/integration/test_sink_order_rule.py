@@ -31,7 +31,8 @@ from outbox.trace.outcomes import COLUMNS, ORDER, TraceRow, records
 from sinks.postgres.apply import BatchResult, apply_batch, apply_rows
 from sinks.postgres.catalog import describe
 from sinks.postgres.plan import plan
-from sinks.postgres.spec import Mode, Outbox, SinkSpec
+from sinks.postgres.settings import Mode, Outbox
+from sinks.postgres.spec import SinkSpec
 from sinks.postgres.statements import Statements
 
 KEYS = [f"00000000-0000-0000-0000-00000000000{i}" for i in range(4)]

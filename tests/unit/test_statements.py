@@ -18,7 +18,8 @@ from outbox.core import tables
 from outbox.core.config import DatabaseUrl
 from sinks.postgres.catalog import Column, Table
 from sinks.postgres.plan import plan
-from sinks.postgres.spec import Outbox, SinkSpec
+from sinks.postgres.settings import Outbox
+from sinks.postgres.spec import SinkSpec
 from sinks.postgres.statements import Names, Statements
 
 URL = DatabaseUrl.parse("postgresql://u:secret@db:5432/app")
