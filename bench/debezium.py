@@ -39,7 +39,8 @@ def connector(table: str) -> dict[str, str]:
 
 
 class OnOutbox(Debezium):
-    """Debezium over our outbox table in `schema`: the schema kept, for the bench's writes there."""
+    """Debezium publishing our outbox table in `schema`, as the relay does; the schema kept, for the
+    bench's writes there."""
 
     def __init__(
         self,
@@ -56,16 +57,3 @@ class OnOutbox(Debezium):
             work, url, bootstrap, [table], connector(table), exactly_once=exactly_once, flush_ms=flush_ms
         )
         self.schema = schema
-
-
-def on_outbox(
-    work: Path,
-    url: DatabaseUrl,
-    bootstrap: str,
-    schema: str,
-    *,
-    exactly_once: bool = False,
-    flush_ms: int | None = None,
-) -> OnOutbox:
-    """Debezium publishing our outbox table in `schema`, as the relay does."""
-    return OnOutbox(work, url, bootstrap, schema, exactly_once=exactly_once, flush_ms=flush_ms)

@@ -70,7 +70,7 @@ import psycopg
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from cpu import measured  # bench/cpu.py
-from debezium import OnOutbox, on_outbox  # bench/debezium.py
+from debezium import OnOutbox  # bench/debezium.py
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 from services import services  # bench/services.py
@@ -723,12 +723,12 @@ def main() -> int:
         topic = create_topic(bootstrap)
         fill(url, topic, args.events, args.size)
         peers = {
-            name: on_outbox(Path(tmp) / name, url, bootstrap, schema, exactly_once=name == "debezium_eos")
+            name: OnOutbox(Path(tmp) / name, url, bootstrap, schema, exactly_once=name == "debezium_eos")
             for name, schema in ({} if args.no_debezium else PEERS).items()
         }
         # In the mid-stream fault only: a standalone worker that flushes its offsets every second.
         peers |= {
-            name: on_outbox(Path(tmp) / name, url, bootstrap, schema, flush_ms=FLUSH_MS)
+            name: OnOutbox(Path(tmp) / name, url, bootstrap, schema, flush_ms=FLUSH_MS)
             for name, schema in ({} if args.no_debezium else FLUSHED).items()
         }
         cluster = Cluster(Path(tmp) / "cluster", size=3) if args.cluster else None
