@@ -3,12 +3,13 @@
 position.py      where a relay stands, what it publishes next, where a halt stops (pure)
 row.py           an outbox row, as the PostgreSQL edge hands it to the Kafka edge
 outbox_table.py  PostgreSQL: the shard's lock, snapshot-delta reads, cleanup, dead letters
+statements.py    the SQL outbox_table.py runs, composed once per shard
 cleaner.py       cleanup on a session of its own, beside the publishing loop
 kafka.py         Kafka: one transaction per batch, with the position
 positions.py     the positions topic: made sure of, and read back at start
 resume.py        where a session starts: Kafka's position against the database's mark (pure)
 registry.py      the relays an outbox's database records: list, rebase, forget
-poison.py        which Kafka errors are a record's fault
+poison.py        which Kafka errors are a record's fault, and which row they name
 relay.py         the daemon loop tying them together
 metrics.py       Prometheus /metrics and /healthz
 """

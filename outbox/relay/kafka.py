@@ -33,13 +33,13 @@ from outbox.relay.acls import Access
 from outbox.relay.outcomes import FENCED_CODES, Action, Call, classify, outcome
 from outbox.relay.pause import BEFORE_COMMIT, BEFORE_POSITION, BEFORE_PRODUCE, MID_TRANSACTION, Pause
 from outbox.relay.poison import (
-    SIZE_CODES,
     TOPIC_CODES,
     Poison,
     explain,
     is_poison,
     missing_topic,
     record_size,
+    reported,
     unpublishable,
 )
 from outbox.relay.position import Identity, Position
@@ -370,27 +370,9 @@ class Publisher:
             self._failures.append((error, message))
 
     def _raise_poison(self, rows: Sequence[Row]) -> None:
-        """Name the first row Kafka refused for good, found by its topic, key and value.
-
-        Delivery reports carry no headers, so the event id cannot say; rows with
-        equal content fail alike, and the lowest id is the one that blocks. The
-        broker refuses a too large batch as a whole: when several rows share that
-        answer, none of them is named (the Poison is ambiguous).
-        """
-        refused = []
-        for failure, message in self._failures:
-            if not is_poison(failure):
-                continue
-            sent = (message.topic(), message.key(), message.value())
-            row = next((r for r in rows if (r.topic, r.key, r.value) == sent), None)
-            if row is not None:
-                refused.append((row.id, explain(failure, row.topic, record_size(row)), failure.code()))
-        if refused:
-            row_id, reason, code = min(refused)
-            too_large = {r for r, _, c in refused if c in SIZE_CODES}
-            raise Poison(
-                row_id, reason, ambiguous=code in SIZE_CODES and len(too_large) > 1, topic=code in TOPIC_CODES
-            )
+        """Raise Poison for the first row the delivery reports say Kafka refused for good (`reported`)."""
+        if (poison := reported(self._failures, rows)) is not None:
+            raise poison
 
     def abort(self) -> None:
         """Abort the open transaction, if any. If that fails too, the next producer settles it."""

@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterator
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 import psycopg
-from psycopg import sql
 
 from outbox import debezium
 from outbox.core import tables
@@ -37,32 +36,15 @@ from outbox.core.postgres import (
     scalar,
     server_limits,
 )
-from outbox.core.sqltext import bindable
 from outbox.errors import error
 from outbox.relay.position import Position, Shard, Target
 from outbox.relay.resume import Mark
 from outbox.relay.row import Row
+from outbox.relay.statements import KEY_HASH as KEY_HASH  # importable here too, as before it moved
+from outbox.relay.statements import Statements
 
-# Set by migration 0002's trigger at each committing insert.
-CHANNEL = "outbox_events"
 USED = (tables.OUTBOX_EVENTS, tables.RELAY_DEAD_LETTERS, tables.OUTBOX_IDENTITY, tables.RELAY_POSITIONS)
 SYNCHRONOUS_COMMIT = ("local", "on", "remote_write", "remote_apply")
-
-# What a batch's byte budget counts of a row: its key and value.
-SIZE = sql.SQL("(coalesce(octet_length(e.key), 0) + coalesce(octet_length(e.value), 0))")
-
-
-# md5 is stable across server versions (hashtext is not promised to be): a row's
-# shard is the first 32 bits of md5(key, or the event id when there is no key) mod N.
-KEY_HASH = "('x00000000' || left(md5(coalesce(e.key, uuid_send(e.event_id))), 8))::bit(64)::bigint"
-
-
-def _shard_filter(shard: Shard) -> sql.Composable:
-    if shard.count == 1:
-        return sql.SQL("")
-    return sql.SQL(" AND mod({hash}, {count}) = {index}").format(
-        hash=sql.SQL(KEY_HASH), count=sql.Literal(shard.count), index=sql.Literal(shard.index)
-    )
 
 
 P = ParamSpec("P")
@@ -116,126 +98,8 @@ class OutboxTable:
         self._conn: psycopg.Connection[Any] | None = None
         self._listen = False
         self._notified = False  # a notification was taken in, not yet waited for
-        names = {
-            "events": sql.Identifier(schema, tables.OUTBOX_EVENTS),
-            "dead": sql.Identifier(schema, tables.RELAY_DEAD_LETTERS),
-            "positions": sql.Identifier(schema, tables.RELAY_POSITIONS),
-            "shard": _shard_filter(shard),
-            "hash": sql.SQL(KEY_HASH),
-        }
-        # Two ways into a delta. Starting one: through the txid index, since the
-        # delta is the transactions at or past the base's xmax plus those it saw
-        # running. Continuing one (a backlog published in parts): along the primary
-        # key from the last id published, stopping after `limit` rows, so each
-        # part costs its own size and not the size of what is left.
-        # Decoding dominates a read, so columns come ready to send: empty header
-        # arrays as NULL (nothing to decode) and date_part's float8, not extract's numeric.
-        # A read's first statement. A table rewrite (ALTER TABLE with a volatile default or a new
-        # type; pg_repack's copy) gives every row its own transaction id, so a snapshot taken while
-        # one waits to commit sees the table empty (PostgreSQL's caveat for rewrites): the delta
-        # looked empty and was gone past. The lock comes before the snapshot, which REPEATABLE
-        # READ takes at the first query, so the snapshot sees any rewrite that held the table.
-        self._begin = {
-            fresh: sql.SQL(
-                "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, {mode};"
-                " LOCK TABLE {events}, {dead} IN ACCESS SHARE MODE"
-            ).format(mode=sql.SQL("READ WRITE" if fresh else "READ ONLY"), **names)
-            for fresh in (True, False)
-        }
-        row = sql.SQL(
-            "SELECT e.id, convert_to(e.event_id::text, 'UTF8') AS event_id, e.topic, e.key, e.value,"
-            " nullif(e.header_keys, '{{}}') AS header_keys, nullif(e.header_values, '{{}}') AS header_values,"
-            " date_part('epoch', e.created_at) AS created_at, {size} AS size FROM {events} e"
-        ).format(size=SIZE, **names)
-        wanted = sql.SQL(
-            " AND pg_visible_in_snapshot(e.txid, %(target)s::pg_snapshot)"
-            " AND e.id > %(after)s{shard}"
-            " AND NOT EXISTS (SELECT FROM {dead} d WHERE d.relay = %(relay)s AND d.outbox_id = e.id"
-            " AND d.event_id = e.event_id)"
-            " ORDER BY e.id LIMIT %(limit)s"
-        ).format(**names)
-        # Up to `limit` rows, ending with the first that brings their keys and values to `budget`
-        # bytes: a batch holds at most the budget and one row. Sizes come from the rows' headers,
-        # values untouched, so a large row after the cut is never read. (After an outage, 5,000
-        # rows can be gigabytes.)
-        # The last column, the bytes up to each row, tells the reader whether the budget cut the read.
-        # Summed over the `limit` rows, not under them: the LIMIT stays a bounded top-N read.
-        budgeted = sql.SQL(
-            "SELECT id, event_id, topic, key, value, header_keys, header_values, created_at, upto FROM"
-            " (SELECT r.*, sum(r.size) OVER (ORDER BY r.id ROWS UNBOUNDED PRECEDING) AS upto"
-            " FROM ({rows}) r) w WHERE w.upto - w.size < %(budget)s ORDER BY w.id"
-        )
-        self._start_delta = bindable(
-            budgeted.format(
-                rows=sql.SQL(
-                    "{row} WHERE (e.txid >= pg_snapshot_xmax(%(base)s::pg_snapshot)"
-                    " OR e.txid = ANY(ARRAY(SELECT pg_snapshot_xip(%(base)s::pg_snapshot)))){wanted}"
-                ).format(row=row, wanted=wanted)
-            )
-        )
-        self._continue_delta = bindable(
-            budgeted.format(
-                rows=sql.SQL(
-                    "{row} WHERE NOT pg_visible_in_snapshot(e.txid, %(base)s::pg_snapshot){wanted}"
-                ).format(row=row, wanted=wanted)
-            )
-        )
-        # Published by this relay, and by every other relay of the outbox too, as far as
-        # the base of its last mark says: a slower relay's rows are never deleted under it.
-        self._cleanup = bindable(
-            sql.SQL(
-                "DELETE FROM {events} WHERE id IN (SELECT e.id FROM {events} e"
-                " WHERE e.txid < pg_snapshot_xmax(%(base)s::pg_snapshot)"
-                " AND pg_visible_in_snapshot(e.txid, %(base)s::pg_snapshot){shard}"
-                " AND e.created_at < now() - make_interval(secs => %(retention)s)"
-                " AND NOT EXISTS (SELECT FROM {positions} o WHERE o.relay <> %(relay)s"
-                "  AND NOT EXISTS (SELECT FROM {positions} m WHERE m.relay = o.relay AND m.shards = o.shards"
-                "   AND mod({hash}, m.shards) = m.shard"
-                "   AND pg_visible_in_snapshot(e.txid, m.base::pg_snapshot)))"
-                " ORDER BY e.id LIMIT %(limit)s)"
-            ).format(**names)
-        )
-        # Written in the transaction that takes a delta's snapshot, committed synchronously
-        # before any of the delta goes to Kafka: see resume.py.
-        self._mark = bindable(
-            sql.SQL(
-                "INSERT INTO {positions} AS p (relay, shard, shards, base, target, mark, system_identifier)"
-                " VALUES (%(relay)s, %(index)s, %(count)s, %(base)s, %(target)s, %(floor)s + 1, %(system)s)"
-                " ON CONFLICT (relay, shard, shards) DO UPDATE SET base = excluded.base,"
-                " target = excluded.target, mark = greatest(p.mark, %(floor)s) + 1,"
-                " system_identifier = excluded.system_identifier, updated_at = now()"
-                " RETURNING mark"
-            ).format(**names)
-        )
-        # A relay's base moves on without a mark while deltas are empty; other relays'
-        # cleanup needs to see it move (and a rewind may start from it: it is published).
-        self._record_base = bindable(
-            sql.SQL(
-                "UPDATE {positions} SET base = %(base)s, updated_at = now()"
-                " WHERE relay = %(relay)s AND shard = %(index)s AND shards = %(count)s"
-                " AND pg_snapshot_xmax(base::pg_snapshot) < pg_snapshot_xmax(%(base)s::pg_snapshot)"
-            ).format(**names)
-        )
-        self._read_layouts = bindable(
-            sql.SQL(
-                "SELECT DISTINCT shards FROM {positions} WHERE relay = %s AND shards <> %s ORDER BY 1"
-            ).format(**names)
-        )
-        self._read_mark = bindable(
-            sql.SQL(
-                "SELECT base, target, mark, system_identifier FROM {positions}"
-                " WHERE relay = %s AND shard = %s AND shards = %s"
-            ).format(**names)
-        )
+        self._sql = Statements(schema, shard)
         self.system = ""
-        self._dead_letter = bindable(
-            sql.SQL(
-                "INSERT INTO {dead} (relay, outbox_id, event_id, topic, key, value, header_keys,"
-                " header_values, created_at, error)"
-                " SELECT %(relay)s, id, event_id, topic, key, value, header_keys, header_values, created_at,"
-                " %(error)s FROM {events} WHERE id = %(id)s ON CONFLICT DO NOTHING"
-            ).format(**names)
-        )
 
     # -- session -------------------------------------------------------------
 
@@ -286,8 +150,7 @@ class OutboxTable:
     @round_trip("reading the outbox's id")
     def outbox_id(self) -> str:
         """The id `outbox db upgrade` gave this outbox: what the relay's Kafka state is keyed by."""
-        query = sql.SQL("SELECT id::text FROM {}").format(sql.Identifier(self.schema, tables.OUTBOX_IDENTITY))
-        row = self.conn.execute(query).fetchone()
+        row = self.conn.execute(self._sql.outbox_id).fetchone()
         if row is None:
             raise error(
                 "RELAY_OUTBOX_ID_MISSING", schema=self.schema, table=tables.OUTBOX_IDENTITY, url=self.url.safe
@@ -310,13 +173,15 @@ class OutboxTable:
         ).fetchone()
         locked = bool(row and row[0])
         if locked and self._listen:
-            self.conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
+            self.conn.execute(self._sql.listen)
         return locked
 
     @round_trip("reading the mark")
     def mark(self) -> tuple[Mark | None, int]:
         """This shard's mark (None: it has none), and the database's next transaction id now."""
-        row = self.conn.execute(self._read_mark, [self.relay, self.shard.index, self.shard.count]).fetchone()
+        row = self.conn.execute(
+            self._sql.read_mark, [self.relay, self.shard.index, self.shard.count]
+        ).fetchone()
         horizon = self.conn.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text").fetchone()
         assert horizon is not None
         return (Mark(row[0], row[1], int(row[2]), row[3]) if row else None), int(horizon[0])
@@ -324,7 +189,7 @@ class OutboxTable:
     @round_trip("reading the relay's shard counts")
     def layouts(self) -> list[int]:
         """The other shard counts this relay name has rows of in `relay_positions`."""
-        rows = self.conn.execute(self._read_layouts, [self.relay, self.shard.count]).fetchall()
+        rows = self.conn.execute(self._sql.read_layouts, [self.relay, self.shard.count]).fetchall()
         return [count for (count,) in rows]
 
     @round_trip("recording the relay")
@@ -361,14 +226,14 @@ class OutboxTable:
         if fresh:  # the snapshot taken below sees every commit they told of
             self._notified = False
         with conn.transaction():
-            conn.execute(self._begin[fresh])
+            conn.execute(self._sql.begin[fresh])
             if fresh:
                 snapshot = str(scalar(conn.execute("SELECT pg_current_snapshot()")))
             else:
                 snapshot = str(position.target)
             cursor = conn.cursor(binary=True)
             cursor.execute(
-                self._continue_delta if position.after_id else self._start_delta,
+                self._sql.continue_delta if position.after_id else self._sql.start_delta,
                 {
                     "base": position.base,
                     "target": snapshot,
@@ -392,7 +257,7 @@ class OutboxTable:
         transaction) as durably as `synchronous_commit` says; returns its number."""
         self.conn.execute("SELECT set_config('synchronous_commit', %s, true)", [self.synchronous_commit])
         written = self.conn.execute(
-            self._mark,
+            self._sql.mark,
             {
                 "relay": self.relay,
                 "index": self.shard.index,
@@ -440,7 +305,7 @@ class OutboxTable:
         with conn.transaction():
             conn.execute("SELECT set_config('synchronous_commit', %s, true)", [self.synchronous_commit])
             conn.execute(
-                self._record_base,
+                self._sql.record_base,
                 {"base": base, "relay": self.relay, "index": self.shard.index, "count": self.shard.count},
             )
 
@@ -454,13 +319,13 @@ class OutboxTable:
                 "SELECT pg_advisory_xact_lock_shared(hashtextextended(%s, 0))", [cleanup_key(self.schema)]
             )
             cur = self.conn.execute(
-                self._cleanup, {"base": base, "limit": limit, "retention": retention, "relay": self.relay}
+                self._sql.cleanup, {"base": base, "limit": limit, "retention": retention, "relay": self.relay}
             )
         return cur.rowcount
 
     @round_trip("dead-lettering a row")
     def dead_letter(self, row_id: int, error: str) -> None:
-        self.conn.execute(self._dead_letter, {"relay": self.relay, "id": row_id, "error": error})
+        self.conn.execute(self._sql.dead_letter, {"relay": self.relay, "id": row_id, "error": error})
 
 
 @contextlib.contextmanager

@@ -3,6 +3,8 @@
 A poison record fails the same way every time it is sent, so retrying cannot
 help and publishing past it would break order: the relay halts on it or,
 when asked to, dead-letters it. Everything else is retried with backoff.
+Which row a refusal names is found here from what Kafka answered (`reported`);
+kafka.py asks Kafka, and the relay's loop finds a row the broker would not name.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, Message
 
 from outbox.core.errors import OutboxError
 from outbox.core.kafka import topic_name_valid
@@ -112,6 +114,32 @@ def unpublishable(
         first.setdefault(r.topic, r.id)
     found += [(first[t], why) for t in first if (why := _topic(t, positions_topic))]
     return min(found) if found else None
+
+
+def reported(failures: Sequence[tuple[KafkaError, Message]], rows: Sequence[Row]) -> Poison | None:
+    """The first row Kafka refused for good, found by its topic, key and value; None when no
+    delivery report (`failures`) names one of `rows`.
+
+    Delivery reports carry no headers, so the event id cannot say; rows with
+    equal content fail alike, and the lowest id is the one that blocks. The
+    broker refuses a too large batch as a whole: when several rows share that
+    answer, none of them is named (the Poison is ambiguous).
+    """
+    refused = []
+    for failure, message in failures:
+        if not is_poison(failure):
+            continue
+        sent = (message.topic(), message.key(), message.value())
+        row = next((r for r in rows if (r.topic, r.key, r.value) == sent), None)
+        if row is not None:
+            refused.append((row.id, explain(failure, row.topic, record_size(row)), failure.code()))
+    if not refused:
+        return None
+    row_id, reason, code = min(refused)
+    too_large = {r for r, _, c in refused if c in SIZE_CODES}
+    return Poison(
+        row_id, reason, ambiguous=code in SIZE_CODES and len(too_large) > 1, topic=code in TOPIC_CODES
+    )
 
 
 def _headers(row: Row, id_header: str) -> str | None:

@@ -18,6 +18,7 @@ import random
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -35,7 +36,7 @@ from outbox.relay.metrics import RelayMetrics
 from outbox.relay.outbox_table import OutboxTable, opened
 from outbox.relay.pause import Pause
 from outbox.relay.poison import DEAD_LETTER, Poison
-from outbox.relay.position import Identity, Position, Target, advance, rows_before
+from outbox.relay.position import Identity, Position, Step, Target, advance, rows_before
 from outbox.relay.resume import resume
 from outbox.relay.row import Row
 from outbox.relay.settings import RelaySettings
@@ -46,6 +47,26 @@ log = logging.getLogger("outbox.relay")
 def backoff(attempt: int) -> float:
     """Seconds to wait before retry `attempt` (1, 2, ...): doubling from 0.5 s to 30 s, jittered."""
     return float(min(30.0, 0.5 * 2 ** min(attempt - 1, 6)) * random.uniform(0.8, 1.2))
+
+
+@dataclass
+class _Loop:
+    """What the publishing loop carries from one batch to the next, each step reading or moving some."""
+
+    position: Position
+    recorded: float = 0.0  # when the base was last recorded for the other relays
+    one_by_one: int = 0  # rows to publish one per transaction, to find which one Kafka refuses
+    before_poison: int = 0  # rows to publish as a batch of their own, before halting on a poison row
+    ahead: Future[tuple[Target, list[Row], bool]] | None = None  # the next part, read meanwhile
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """One turn of the loop: the rows it publishes, the step `advance` chose, and under which limit."""
+
+    limit: int
+    step: Step
+    rows: list[Row]
 
 
 class Relay:
@@ -228,10 +249,8 @@ class Relay:
     def _publish(
         self, table: OutboxTable, publisher: Publisher, position: Position, cleaner: Cleaner | None
     ) -> None:
-        s, m = self.settings, self.metrics
-        recorded = 0.0  # when the base was last recorded for the other relays
-        one_by_one = 0  # rows to publish one per transaction, to find which one Kafka refuses
-        before_poison = 0  # rows to publish as a batch of their own, before halting on a poison row
+        """Publish batch after batch until `stop` is set; a failure of either service is raised."""
+        loop = _Loop(position)
         # Through a backlog, the next part is read while this one is produced and
         # committed: the read only depends on the position `advance` already chose,
         # and a part read for a batch that then fails is simply dropped (leaving the
@@ -239,96 +258,137 @@ class Relay:
         # part of the same delta: reading a new one records its base as published, for
         # the other relays' cleanup, and this batch is not in Kafka yet.
         with ThreadPoolExecutor(1, thread_name_prefix="outbox-relay-read") as reader:
-            ahead: Future[tuple[Target, list[Row], bool]] | None = None
-            steps = m.steps
             while not self.stop.is_set():
-                t0 = time.perf_counter()
-                target, rows, cut = ahead.result() if ahead else self._fetch(table, position)
-                steps["read"].inc(time.perf_counter() - t0)
-                ahead = None
-                limit = 1 if one_by_one else before_poison or self._limit
-                step = advance(position, target, [r.id for r in rows], limit, cut)
-                batch = rows[: step.count]
-                m.waiting(min(r.created_at for r in batch) if batch else None)
+                batch = self._next_batch(table, loop)
+                step = batch.step
                 if step.persist:
-                    if limit == self._limit and step.position.target is not None:
-                        ahead = reader.submit(self._fetch, table, step.position)
-                    started = None  # once the rows are checked: a topic list timing out is an outage
-                    try:
-                        t0 = time.perf_counter()
-                        publisher.check_rows(batch)
-                        started = time.perf_counter()
-                        publisher.publish(batch, step.position)
-                        steps["check"].inc(started - t0)
-                    except Poison as poison:
-                        m.aborts.inc()
-                        _settle(ahead)
-                        ahead = None
-                        # The transaction is aborted: Kafka stands where `position` says.
-                        publisher.restart()
-                        if poison.ambiguous:
-                            one_by_one = len(batch)
-                            log.warning(
-                                "Kafka refused a batch as too large: publishing its rows one per"
-                                " transaction to find the one at fault (if every row fits, set -X"
-                                " batch.size below the topic's max.message.bytes)",
-                                extra={**self._context, "rows": len(batch), "error": poison.reason},
-                            )
-                            continue
-                        one_by_one = 0
-                        topic = next(r.topic for r in batch if r.id == poison.row_id)
-                        if s.on_poison == DEAD_LETTER and not self._waits_for_topic(poison, topic):
-                            self._dead_letter(table, poison)
-                        elif not (before_poison := rows_before([r.id for r in batch], poison.row_id)):
-                            self._halt(poison, topic)
-                        continue
-                    except (OutboxError, KafkaException):
-                        if started is not None and limit == self._limit:  # not one row at a time
-                            elapsed = time.perf_counter() - started
-                            self._paced(len(batch), elapsed, publisher.window, failed=True)
-                        raise
-                    assert started is not None  # published
-                    elapsed = time.perf_counter() - started
-                    m.commit_seconds.observe(elapsed)
-                    steps["commit"].inc(publisher.commit_seconds)
-                    steps["produce"].inc(elapsed - publisher.commit_seconds)
-                    if limit == self._limit:
-                        self._paced(len(batch), elapsed, publisher.window, failed=False)
-                    m.batches.inc()
-                    m.published.inc(len(batch))
-                    m.waiting(None)  # until the next read says which row waits now
-                    if self._topic_waits:  # a topic published to again: its next outage is waited for anew
-                        for back in {r.topic for r in batch} & self._topic_waits.keys():
-                            del self._topic_waits[back]
-                position = step.position
-                one_by_one = max(0, one_by_one - step.count)
-                before_poison = 0
-                if self._outage is not None:
-                    log.info(
-                        "resumed after retrying",
-                        extra={
-                            **self._context,
-                            "attempts": self._ended,
-                            "outage_s": round(time.monotonic() - self._outage, 1),
-                        },
-                    )
-                    self._outage = None
-                self._failures = 0
-                m.halted.set(0)
-                m.health(True, "active")
+                    if batch.limit == self._limit and step.position.target is not None:
+                        loop.ahead = reader.submit(self._fetch, table, step.position)
+                    if not self._send(table, publisher, loop, batch):
+                        continue  # a row refused: the loop stands at its position, as Kafka does
+                self._moved_on(loop, step)
                 if cleaner is not None:
                     cleaner.check()
-                if time.monotonic() - recorded > 1.0:
-                    t0 = time.perf_counter()
-                    _settle(ahead)  # the connection must be idle; the part read stays ahead
-                    # On this session, not the cleaner's: the mark's transaction updates the same row.
-                    table.record_base(position.base)
-                    steps["record"].inc(time.perf_counter() - t0)
-                    recorded = time.monotonic()
-                    if cleaner is not None:
-                        cleaner.published(position.base)
+                if time.monotonic() - loop.recorded > 1.0:
+                    self._record(table, loop, cleaner)
                 if step.position.target is None:  # the delta is done: wait for the next commit
-                    table.wait(s.poll_interval, self.stop)
+                    table.wait(self.settings.poll_interval, self.stop)
+
+    def _next_batch(self, table: OutboxTable, loop: _Loop) -> _Batch:
+        """The rows read (or read ahead), and how many of them the next batch publishes."""
+        t0 = time.perf_counter()
+        target, rows, cut = loop.ahead.result() if loop.ahead else self._fetch(table, loop.position)
+        self.metrics.steps["read"].inc(time.perf_counter() - t0)
+        loop.ahead = None
+        limit = 1 if loop.one_by_one else loop.before_poison or self._limit
+        step = advance(loop.position, target, [r.id for r in rows], limit, cut)
+        batch = rows[: step.count]
+        self.metrics.waiting(min(r.created_at for r in batch) if batch else None)
+        return _Batch(limit, step, batch)
+
+    def _send(self, table: OutboxTable, publisher: Publisher, loop: _Loop, batch: _Batch) -> bool:
+        """Publish the batch in one Kafka transaction; False when Kafka refused a row of it."""
+        try:
+            started = self._produce(publisher, batch)
+        except Poison as poison:
+            self._refused(table, publisher, loop, batch.rows, poison)
+            return False
+        self._published(publisher, batch, started)
+        return True
+
+    def _produce(self, publisher: Publisher, batch: _Batch) -> float:
+        """Check the rows, then publish them; returns when publishing began. A refused row is the
+        caller's to handle; any other failure paces the next batches, then ends the session."""
+        started = None  # once the rows are checked: a topic list timing out is an outage
+        try:
+            t0 = time.perf_counter()
+            publisher.check_rows(batch.rows)
+            started = time.perf_counter()
+            publisher.publish(batch.rows, batch.step.position)
+            self.metrics.steps["check"].inc(started - t0)
+        except Poison:
+            raise
+        except (OutboxError, KafkaException):
+            if started is not None and batch.limit == self._limit:  # not one row at a time
+                elapsed = time.perf_counter() - started
+                self._paced(len(batch.rows), elapsed, publisher.window, failed=True)
+            raise
+        assert started is not None  # published
+        return started
+
+    def _published(self, publisher: Publisher, batch: _Batch, started: float) -> None:
+        """Count a batch Kafka committed, and size the next ones by how long it took."""
+        m = self.metrics
+        elapsed = time.perf_counter() - started
+        m.commit_seconds.observe(elapsed)
+        m.steps["commit"].inc(publisher.commit_seconds)
+        m.steps["produce"].inc(elapsed - publisher.commit_seconds)
+        if batch.limit == self._limit:
+            self._paced(len(batch.rows), elapsed, publisher.window, failed=False)
+        m.batches.inc()
+        m.published.inc(len(batch.rows))
+        m.waiting(None)  # until the next read says which row waits now
+        if self._topic_waits:  # a topic published to again: its next outage is waited for anew
+            for back in {r.topic for r in batch.rows} & self._topic_waits.keys():
+                del self._topic_waits[back]
+
+    def _refused(
+        self, table: OutboxTable, publisher: Publisher, loop: _Loop, rows: list[Row], poison: Poison
+    ) -> None:
+        """After Kafka refused a row of the batch: publish its rows one by one to find the row, or
+        dead-letter the row, or publish the rows before it alone, or halt on it."""
+        self.metrics.aborts.inc()
+        _settle(loop.ahead)
+        loop.ahead = None
+        # The transaction is aborted: Kafka stands where `loop.position` says.
+        publisher.restart()
+        if poison.ambiguous:
+            loop.one_by_one = len(rows)
+            log.warning(
+                "Kafka refused a batch as too large: publishing its rows one per"
+                " transaction to find the one at fault (if every row fits, set -X"
+                " batch.size below the topic's max.message.bytes)",
+                extra={**self._context, "rows": len(rows), "error": poison.reason},
+            )
+            return
+        loop.one_by_one = 0
+        topic = next(r.topic for r in rows if r.id == poison.row_id)
+        if self.settings.on_poison == DEAD_LETTER and not self._waits_for_topic(poison, topic):
+            self._dead_letter(table, poison)
+            return
+        loop.before_poison = rows_before([r.id for r in rows], poison.row_id)
+        if not loop.before_poison:
+            self._halt(poison, topic)
+
+    def _moved_on(self, loop: _Loop, step: Step) -> None:
+        """The loop stands at the step's position: whatever outage or halt there was is over."""
+        loop.position = step.position
+        loop.one_by_one = max(0, loop.one_by_one - step.count)
+        loop.before_poison = 0
+        if self._outage is not None:
+            log.info(
+                "resumed after retrying",
+                extra={
+                    **self._context,
+                    "attempts": self._ended,
+                    "outage_s": round(time.monotonic() - self._outage, 1),
+                },
+            )
+            self._outage = None
+        self._failures = 0
+        self.metrics.halted.set(0)
+        self.metrics.health(True, "active")
+
+    def _record(self, table: OutboxTable, loop: _Loop, cleaner: Cleaner | None) -> None:
+        """Tell the other relays' cleanup, and this one's cleaner, that the loop's base is published."""
+        t0 = time.perf_counter()
+        _settle(loop.ahead)  # the connection must be idle; the part read stays ahead
+        # On this session, not the cleaner's: the mark's transaction updates the same row.
+        table.record_base(loop.position.base)
+        self.metrics.steps["record"].inc(time.perf_counter() - t0)
+        loop.recorded = time.monotonic()
+        if cleaner is not None:
+            cleaner.published(loop.position.base)
 
     def _paced(self, sent: int, elapsed: float, window: float, *, failed: bool) -> None:
         """The next batches' size after this one's (pace.py), said when it changes."""

@@ -13,7 +13,7 @@ from psycopg import sql
 from outbox.core import tables
 from outbox.core.kafka import client_settings
 from outbox.relay import registry
-from outbox.relay.outbox_table import KEY_HASH
+from outbox.relay.statements import KEY_HASH
 from outbox.status.report import DeadLetters, LedgerPartition, RelayShard, Status, Waiting
 
 USED = (
@@ -29,7 +29,7 @@ def from_database(conn: psycopg.Connection[Any], schema: str) -> Status:
     """Everything PostgreSQL knows: relay shards and what waits for each, sink ledgers, dead letters."""
     names = {t: sql.Identifier(schema, t) for t in USED}
     events = names[tables.OUTBOX_EVENTS]
-    # A shard's rows not in its base, by the txid index, as a relay starts a delta (outbox_table.py).
+    # A shard's rows not in its base, by the txid index, as a relay starts a delta (relay/statements.py).
     waiting = sql.SQL(
         "SELECT e.topic, count(*), min(e.created_at) FROM {events} e"
         " WHERE (e.txid >= pg_snapshot_xmax(%(base)s::pg_snapshot)"

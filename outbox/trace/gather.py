@@ -20,8 +20,8 @@ from outbox.core.committed import place, read_committed
 from outbox.core.kafka import client_settings
 from outbox.core.trace import outbox_event_id
 from outbox.errors import error
-from outbox.relay.outbox_table import KEY_HASH
 from outbox.relay.position import Identity, Shard
+from outbox.relay.statements import KEY_HASH
 from outbox.trace import outcomes
 from outbox.trace.report import Applied, DeadLetter, OutboxEvent, Published, Trace
 
