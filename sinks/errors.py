@@ -274,7 +274,7 @@ CONDITIONS = Conditions(
     SINK_METRICS_CANNOT_SERVE=Condition(
         ConfigError, "cannot serve the sink's metrics on {address}: {reason}"
     ),
-    # -- sink (sinks/postgres/sink.py) -----------------------------------------------------------------
+    # -- the sink's lock (sinks/postgres/session.py) ---------------------------------------------------
     SINK_IN_USE=Condition(
         SinkError,
         "sink {sink} is being written by another query right now (it holds the sink's"

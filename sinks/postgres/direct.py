@@ -150,7 +150,7 @@ def why_not(
 
 @dataclass(frozen=True)
 class Parse:
-    """How a task makes a range's records into the columns the sink's tasks take (sink.staged_columns)."""
+    """How a task makes a range's records into the columns the sink's tasks take (columns.staged_columns)."""
 
     fields: pa.Schema  # the value's fields, as Arrow reads them (parse_json's corrupt column too)
     columns: tuple[str, ...]  # the data columns: a field's name, or a Kafka column's
@@ -221,7 +221,7 @@ class Declined(Exception):
 
 
 def staged(records: pa.Table, parse: Parse) -> pa.RecordBatch:
-    """A range's Kafka records as the columns sink.staged_columns gives the tasks: decoded by the
+    """A range's Kafka records as the columns columns.py's staged_columns gives the tasks: decoded by the
     frame's own decoder (Avro, Protobuf), or parsed by Arrow as Spark's from_json (PERMISSIVE)
     would; Declined where that is not certain.
 

@@ -3,11 +3,11 @@
 Each table is a lane: its own key, version, delete rule, columns and stage.
 A task copies each lane's rows into that lane's stage and applies the lanes
 one after another in its one transaction; the ledger is read once under its
-lock and moved once, after them all (statements.move_ledger), so no table is
+lock and moved once, after them all (bookkeeping.move_ledger), so no table is
 ever ahead of another. Rows that did not parse, and rows no table takes
 (unless told to ignore them), are dead letters, staged with the first lane.
 
-The split is plain Arrow (`Lanes.split`), tested alone; sink.py builds the
+The split is plain Arrow (`Lanes.split`), tested alone; columns.py builds the
 columns it reads (`routed_columns`).
 """
 

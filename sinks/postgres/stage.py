@@ -28,12 +28,12 @@ import pyarrow.csv as pacsv
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from outbox.core.postgres import connect, keepalive, limit_session, server_limits, watched
+from sinks.postgres.bookkeeping import ATTEMPT_SETTING
 from sinks.postgres.clock import Clock
 from sinks.postgres.refusal import ROW_ERRORS, reason
 from sinks.postgres.retry import with_retries
 from sinks.postgres.routing import Lanes
 from sinks.postgres.spec import SinkSpec
-from sinks.postgres.statements import ATTEMPT_SETTING
 
 END = pa.struct([("topic", pa.string()), ("partition", pa.int64()), ("offset", pa.int64())])
 _RESULT = pa.schema(

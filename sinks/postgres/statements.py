@@ -1,9 +1,5 @@
-"""The SQL the sink runs, built with psycopg.sql so every name is quoted.
-
-The stage table holds one batch: the written columns as c0..cN (so no user
-column name can clash with the sink's own), the Kafka position, the delete
-flag, the task attempt that wrote the row, and for rows that could not be
-converted, the error and the raw record.
+"""The SQL that applies a batch, built with psycopg.sql so every name is quoted; the stage table's,
+the batch record's and the ledger's are bookkeeping.py's, which `Statements` builds on.
 
 The rule a batch follows: the table ends as if its events had been applied
 one by one, in offset order per topic-partition. When each key has at most
@@ -23,64 +19,18 @@ DELETE or no dead-letter scan (`apply`).
 from __future__ import annotations
 
 import copy
-import hashlib
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 from psycopg import sql
 
 from outbox.core import tables
 from outbox.core.sqltext import Query, bindable, user_sql
 from outbox.core.trace import key_text_sql, outbox_event_id_sql
-from sinks.postgres.plan import Plan
-from sinks.postgres.spec import SinkSpec
+from sinks.postgres.bookkeeping import ATTEMPT_SETTING, META, Bookkeeping, Names, listed
 
-ATTEMPT_SETTING = "outbox_sink.attempt"
-META = ("_topic", "_partition", "_offset", "_delete")  # COPY order after the data columns
+# Names, ATTEMPT_SETTING and META are bookkeeping.py's, and imported from here as before.
+__all__ = ["ATTEMPT_SETTING", "META", "Names", "Statements"]
+
 _WHOLE_BATCH = sql.SQL("0")  # the round of a batch applied in one statement
-
-
-@dataclass(frozen=True)
-class Names:
-    """Quoted names for one sink."""
-
-    target: sql.Identifier
-    stage: sql.Identifier
-    progress: sql.Identifier
-    dead: sql.Identifier
-    outbox: sql.Identifier
-    batches: sql.Identifier
-    traces: sql.Identifier
-    rounds: sql.Identifier  # a batch's events numbered per key, when they go in rounds
-
-    @classmethod
-    def of(cls, spec: SinkSpec, *, in_task: bool = False, lane: int | None = None) -> Names:
-        """in_task: the stage is the task's own temp table, not the batch's table shared by tasks.
-        lane: the table's place among a routed sink's tables, each staged apart (routing.py)."""
-        digest = hashlib.sha1(spec.name.encode()).hexdigest()[:16]
-        ledger = spec.ledger_schema
-        suffix = "" if lane is None else f"_{lane}"
-        stage = sql.Identifier(
-            *(
-                ("pg_temp", "sink_task" + suffix)
-                if in_task
-                else (ledger, tables.SINK_STAGE_PREFIX + digest + suffix)
-            )
-        )
-        return cls(
-            target=sql.Identifier(spec.schema, spec.table),
-            stage=stage,
-            progress=sql.Identifier(ledger, tables.SINK_PROGRESS),
-            dead=sql.Identifier(ledger, tables.SINK_DEAD_LETTERS),
-            outbox=sql.Identifier(ledger, tables.OUTBOX_EVENTS),
-            batches=sql.Identifier(ledger, tables.SINK_BATCHES),
-            traces=sql.Identifier(ledger, tables.SINK_TRACES),
-            rounds=sql.Identifier("sink_rounds" + suffix),
-        )
-
-
-def _list(items: Sequence[sql.Composable]) -> sql.Composed:
-    return sql.SQL(", ").join(items)
 
 
 def _count(cte: str) -> sql.Composable:
@@ -107,27 +57,8 @@ def _unless_all_changed(
     )
 
 
-class Statements:
+class Statements(Bookkeeping):
     """Every statement of one sink, from its spec and plan."""
-
-    def __init__(self, spec: SinkSpec, plan: Plan, *, in_task: bool = False, lane: int | None = None) -> None:
-        """lane: one table of a routed sink; its statements leave the ledger alone, for it moves once
-        for all the tables, after them (`move_ledger`): each table's statement reads it as it was."""
-        self.spec = spec
-        self.in_task = in_task
-        self.lane = lane
-        self.names = Names.of(spec, in_task=in_task, lane=lane)
-        self.columns = plan.columns
-        self.no_equality = plan.no_equality
-        self.targets = [sql.Identifier(c) for c in plan.columns]
-        self.staged = [sql.Identifier(f"c{i}") for i in range(len(plan.columns))]
-        position = {c: i for i, c in enumerate(plan.columns)}
-        self.keys = [self.staged[position[k]] for k in spec.key]
-        self.target_keys = [sql.Identifier(k) for k in spec.key]
-        self.version = (
-            (sql.Identifier(spec.version), self.staged[position[spec.version]]) if spec.version else None
-        )
-        self.unapplied = False  # see past_ledger
 
     def past_ledger(self) -> Statements:
         """These statements for a task's stage whose every row is past the ledger, as the task found
@@ -138,132 +69,11 @@ class Statements:
         lean.unapplied = True
         return lean
 
-    # -- staging ---------------------------------------------------------------------------------------
-
-    def create_stage(self, attempt: int | None = None) -> Query:
-        """attempt: a task's, each row's default in its own stage, a constant; else each row takes its
-        stager's setting for the transaction (stage.py), which PostgreSQL reads again for every row."""
-        n = self.names
-        data = _list(
-            [sql.SQL("t.{} AS {}").format(t, s) for t, s in zip(self.targets, self.staged, strict=True)]
-        )
-        create = sql.SQL(
-            "CREATE TEMP TABLE {stage} ON COMMIT DROP" if self.in_task else "CREATE UNLOGGED TABLE {stage}"
-        ).format(stage=n.stage)
-        return sql.SQL(
-            "DROP TABLE IF EXISTS {stage};"
-            " {create} AS SELECT {data}, NULL::text AS _topic,"
-            " NULL::integer AS _partition, NULL::bigint AS _offset, NULL::boolean AS _delete,"
-            " NULL::bigint AS _attempt, NULL::text AS _error,"
-            " NULL::bytea AS _raw_key, NULL::bytea AS _raw_value FROM {target} AS t WITH NO DATA;"
-            " ALTER TABLE {stage} ALTER COLUMN _attempt SET DEFAULT {attempt}"
-        ).format(
-            stage=n.stage,
-            create=create,
-            data=data,
-            target=n.target,
-            attempt=sql.SQL("current_setting({})::bigint").format(sql.Literal(ATTEMPT_SETTING))
-            if attempt is None
-            else sql.SQL("{}::bigint").format(sql.Literal(attempt)),
-        )
-
-    def drop_stage(self) -> Query:
-        return sql.SQL("DROP TABLE IF EXISTS {}").format(self.names.stage)
-
-    def copy_rows(self) -> Query:
-        columns = [*self.staged, *(sql.Identifier(m) for m in META)]
-        return sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(self.names.stage, _list(columns))
-
-    def copy_dead(self) -> Query:
-        return sql.SQL(
-            "COPY {} (_topic, _partition, _offset, _delete, _error, _raw_key, _raw_value) FROM STDIN"
-        ).format(self.names.stage)
-
-    def first_error(self) -> Query:
-        """The first record that did not parse, of those the ledger has not applied (a replay holds
-        applied ones, perhaps dead-lettered by an earlier run: they are passed over, as every
-        applied record is)."""
-        return bindable(
-            sql.SQL(
-                "SELECT _topic, _partition, _offset, _error FROM {stage} AS s WHERE _error IS NOT NULL"
-                " AND _attempt = ANY(%(attempts)s) AND _offset >= coalesce((SELECT next_offset FROM"
-                " {progress} AS p WHERE p.sink = %(sink)s AND p.topic = s._topic"
-                " AND p.kafka_partition = s._partition), 0)"
-                " ORDER BY _topic, _partition, _offset LIMIT 1"
-            ).format(stage=self.names.stage, progress=self.names.progress)
-        )
-
-    def emptied(self) -> Query:
-        """Whether the table is empty while the ledger says the sink applied offsets to it: truncated
-        or made again to be rebuilt, which a query from earliest would not do (the ledger skips all)."""
-        return bindable(
-            sql.SQL(
-                "SELECT NOT EXISTS (SELECT FROM {}) AND EXISTS (SELECT FROM {} WHERE sink = %(sink)s"
-                " AND next_offset > 0)"
-            ).format(self.names.target, self.names.progress)
-        )
-
-    # -- the batch record (continuity.py) ---------------------------------------------------------------
-
-    def last_batch(self) -> Query:
-        return bindable(
-            sql.SQL("SELECT batch_id FROM {} WHERE sink = %(sink)s AND query_id = %(query)s").format(
-                self.names.batches
-            )
-        )
-
-    def record_batch(self) -> Query:
-        return bindable(
-            sql.SQL(
-                "INSERT INTO {} AS b (sink, query_id, batch_id) VALUES (%(sink)s, %(query)s, %(batch)s)"
-                " ON CONFLICT (sink, query_id) DO UPDATE SET batch_id = EXCLUDED.batch_id, updated_at = now()"
-            ).format(self.names.batches)
-        )
-
-    def report_batch(self) -> Query:
-        """The recorded batch's outcome (a BatchResult as JSON), once it committed: for any client."""
-        return bindable(
-            sql.SQL(
-                "UPDATE {} SET result = %(result)s::jsonb"
-                " WHERE sink = %(sink)s AND query_id = %(query)s AND batch_id = %(batch)s"
-            ).format(self.names.batches)
-        )
-
-    def reported(self) -> Query:
-        return bindable(
-            sql.SQL("SELECT result FROM {} WHERE sink = %(sink)s AND query_id = %(query)s").format(
-                self.names.batches
-            )
-        )
-
     # -- applying ----------------------------------------------------------------------------------------
-
-    def claim(self) -> Query:
-        """Ledger rows for the task's topic-partitions (%(topics)s, %(partitions)s) that have none
-        yet, so that `lock` finds them all."""
-        return bindable(
-            sql.SQL(
-                "INSERT INTO {} (sink, topic, kafka_partition, next_offset) SELECT %(sink)s, t, p, 0"
-                " FROM unnest(%(topics)s::text[], %(partitions)s::int[]) AS held (t, p) ORDER BY t, p"
-                " ON CONFLICT (sink, topic, kafka_partition) DO NOTHING"
-            ).format(self.names.progress)
-        )
-
-    def lock(self) -> Query:
-        """Lock the task's topic-partitions' ledger rows, in one order: another attempt of the
-        same rows waits here, then finds them applied. (topic, partition, next_offset) each."""
-        return bindable(
-            sql.SQL(
-                "SELECT topic, kafka_partition, next_offset FROM {} WHERE sink = %(sink)s"
-                " AND (topic, kafka_partition) IN"
-                " (SELECT * FROM unnest(%(topics)s::text[], %(partitions)s::int[]))"
-                " ORDER BY topic, kafka_partition FOR UPDATE"
-            ).format(self.names.progress)
-        )
 
     def rounds(self) -> Query:
         """How many events the busiest key has in this batch: 1 (or 0) means one statement applies it."""
-        keys = _list(self.keys)
+        keys = listed(self.keys)
         return self._with(
             [self._staged(), self._fresh()],
             [
@@ -312,7 +122,7 @@ class Statements:
         most = _unless_all_changed(
             sql.SQL(
                 "coalesce((SELECT max(c) FROM (SELECT count(*) AS c FROM latest GROUP BY {}) AS k), 0)"
-            ).format(_list(self.keys)),
+            ).format(listed(self.keys)),
             1,
             _LATEST_OF_FRESH,
         )
@@ -321,14 +131,14 @@ class Statements:
     def materialize_rounds(self) -> Query:
         """The rows to apply, in a temp table: _round is the event's place among its key's events,
         _n its place in the round."""
-        keys = _list(self.keys)
+        keys = listed(self.keys)
         return bindable(
             sql.SQL(
                 "CREATE TEMP TABLE {rounds} ON COMMIT DROP AS WITH {ctes}"
                 " SELECT row_number() OVER (PARTITION BY _round ORDER BY {keys}) AS _n, * FROM"
                 " (SELECT row_number() OVER (PARTITION BY {keys} ORDER BY _topic, _partition, _offset)"
                 " AS _round, * FROM fresh WHERE _error IS NULL) AS r"
-            ).format(rounds=self.names.rounds, ctes=_list([self._staged(), self._fresh()]), keys=keys)
+            ).format(rounds=self.names.rounds, ctes=listed([self._staged(), self._fresh()]), keys=keys)
         )
 
     def index_rounds(self) -> Query:
@@ -350,7 +160,7 @@ class Statements:
 
     def dead_letter_row(self) -> Query:
         """A row the table refused: its key as text and the row as JSON (the raw record stays in Kafka)."""
-        pairs = _list(
+        pairs = listed(
             [
                 sql.SQL("{}, {}").format(sql.Literal(c), s)
                 for c, s in zip(self.columns, self.staged, strict=True)
@@ -374,7 +184,7 @@ class Statements:
         return self._with(ctes, [*_STAGED_COUNTS, _count("dead")])
 
     def _with(self, ctes: list[sql.Composable], selects: list[sql.Composable]) -> Query:
-        return bindable(sql.SQL("WITH {} SELECT {}").format(_list(ctes), _list(selects)))
+        return bindable(sql.SQL("WITH {} SELECT {}").format(listed(ctes), listed(selects)))
 
     def _staged(self) -> sql.Composable:
         """Per topic-partition: rows staged, of those not yet applied, where the ledger and the batch end.
@@ -446,7 +256,7 @@ class Statements:
         if self.spec.outbox:
             returning: sql.Composable = sql.SQL("t.*")
         elif self.spec.trace:
-            returning = _list([sql.SQL("t.{}").format(k) for k in self.target_keys])
+            returning = listed([sql.SQL("t.{}").format(k) for k in self.target_keys])
         else:
             returning = sql.SQL("1")
         deleted = sql.SQL(
@@ -455,41 +265,15 @@ class Statements:
             if deletes
             else "deleted AS (SELECT {returning} FROM {target} AS t WHERE false)"
         ).format(target=n.target, match=match, newer=newer, returning=returning)
-
-        changed = [c for c in self.columns if c not in self.spec.key]
-        if self.spec.mode == "insert" or not changed:
-            conflict: sql.Composable = sql.SQL("DO NOTHING")
-        else:
-            updates = [sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c)) for c in changed]
-
-            # A redelivered event leaves the row (and the outbox) untouched; an older version too.
-            def side(alias: str) -> sql.Composed:
-                return _list(
-                    [
-                        sql.SQL("{}.{}{}").format(
-                            sql.SQL(alias),
-                            sql.Identifier(c),
-                            sql.SQL('::text COLLATE "C"' if c in self.no_equality else ""),
-                        )
-                        for c in changed
-                    ]
-                )
-
-            guard: sql.Composable = sql.SQL("({}) IS DISTINCT FROM ({})").format(side("t"), side("EXCLUDED"))
-            if self.version:
-                guard = sql.SQL("{} AND (t.{v} IS NULL OR t.{v} <= EXCLUDED.{v})").format(
-                    guard, v=self.version[0]
-                )
-            conflict = sql.SQL("DO UPDATE SET {} WHERE {}").format(_list(updates), guard)
         upserted = sql.SQL(
             "upserted AS (INSERT INTO {target} AS t ({columns}) SELECT {staged} FROM latest WHERE NOT _delete"
             " ON CONFLICT ({keys}) {conflict} RETURNING {returning})"
         ).format(
             target=n.target,
-            columns=_list(self.targets),
-            staged=_list(self.staged),
-            keys=_list(self.target_keys),
-            conflict=conflict,
+            columns=listed(self.targets),
+            staged=listed(self.staged),
+            keys=listed(self.target_keys),
+            conflict=self._conflict(),
             returning=returning,
         )
         return [
@@ -498,6 +282,34 @@ class Statements:
             *([self._outbox(round_)] if self.spec.outbox else []),
             *([self._traced(round_)] if self.spec.trace else []),
         ]
+
+    def _conflict(self) -> sql.Composable:
+        """What an upsert does to the row of its key: nothing on "insert", else an update that a
+        redelivered event or an older version does not make."""
+        changed = [c for c in self.columns if c not in self.spec.key]
+        if self.spec.mode == "insert" or not changed:
+            return sql.SQL("DO NOTHING")
+        updates = [sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c)) for c in changed]
+
+        # A redelivered event leaves the row (and the outbox) untouched; an older version too.
+        def side(alias: str) -> sql.Composed:
+            return listed(
+                [
+                    sql.SQL("{}.{}{}").format(
+                        sql.SQL(alias),
+                        sql.Identifier(c),
+                        sql.SQL('::text COLLATE "C"' if c in self.no_equality else ""),
+                    )
+                    for c in changed
+                ]
+            )
+
+        guard: sql.Composable = sql.SQL("({}) IS DISTINCT FROM ({})").format(side("t"), side("EXCLUDED"))
+        if self.version:
+            guard = sql.SQL("{} AND (t.{v} IS NULL OR t.{v} <= EXCLUDED.{v})").format(
+                guard, v=self.version[0]
+            )
+        return sql.SQL("DO UPDATE SET {} WHERE {}").format(listed(updates), guard)
 
     def _event(self, alias: str, columns: list[sql.Identifier]) -> sql.Composable:
         """The event a row is traced under: its key as text (outbox/core/trace.py)."""
@@ -547,7 +359,7 @@ class Statements:
             return sql.SQL("convert_to(({})::text, 'UTF8')").format(user_sql(expr))
 
         names = sql.Literal(list(box.headers))
-        values = sql.SQL("ARRAY[{}]::bytea[]").format(_list([utf8(e) for e in box.headers.values()]))
+        values = sql.SQL("ARRAY[{}]::bytea[]").format(listed([utf8(e) for e in box.headers.values()]))
         # Traced, an event's id is derived (outbox/core/trace.py): a trace computes it from what it read.
         event_id = (
             outbox_event_id_sql(key_text_sql(sql.Identifier("written"), self.target_keys), round_)
@@ -573,7 +385,7 @@ class Statements:
             "outboxed AS (INSERT INTO {outbox} ({columns}) {upserts} UNION ALL {deletes} RETURNING 1)"
         ).format(
             outbox=self.names.outbox,
-            columns=_list([sql.Identifier(c) for c in tables.OUTBOX_COLUMNS]),
+            columns=listed([sql.Identifier(c) for c in tables.OUTBOX_COLUMNS]),
             upserts=select("upserted", utf8(box.value)),
             deletes=select("deleted", sql.SQL("NULL::bytea")),
         )
@@ -594,23 +406,3 @@ class Statements:
             self._advance(sql.SQL("SELECT %(sink)s, _topic, _partition, next_offset FROM staged"))
         )
         return [dead, progress]
-
-    def _advance(self, rows: sql.Composable) -> sql.Composable:
-        """Move the ledger to `rows` (sink, topic, partition, next offset), never back."""
-        return sql.SQL(
-            "INSERT INTO {progress} AS p (sink, topic, kafka_partition, next_offset) {rows}"
-            " ON CONFLICT (sink, topic, kafka_partition) DO UPDATE"
-            " SET next_offset = GREATEST(p.next_offset, EXCLUDED.next_offset), updated_at = now()"
-        ).format(progress=self.names.progress, rows=rows)
-
-    def move_ledger(self) -> Query:
-        """A routed sink's ledger moved once, after its tables: to each topic-partition's next offset
-        (%(topics)s, %(partitions)s, %(ends)s), past the records no table took too."""
-        return bindable(
-            self._advance(
-                sql.SQL(
-                    "SELECT %(sink)s, t, p, o FROM unnest(%(topics)s::text[], %(partitions)s::int[],"
-                    " %(ends)s::bigint[]) AS e (t, p, o)"
-                )
-            )
-        )
