@@ -23,7 +23,7 @@ from outbox_dev.connect import ConnectServer
 from outbox_dev.kafka import Broker
 from outbox_dev.process import PORT_SHARE
 from outbox_dev.stack import running
-from tests import containers
+from tests import containers, spark_conf
 from tests.helpers import MEASURED, REPO, OwnPostgres, create_topic, fresh_database, unique
 from tests.sink_support import ORDERS
 
@@ -32,11 +32,15 @@ def pytest_configure(config: pytest.Config) -> None:
     # `--basetemp=.tmp/pytest` keeps scratch files in the checkout; pytest wants its parent to exist.
     if config.option.basetemp:
         Path(config.option.basetemp).parent.mkdir(parents=True, exist_ok=True)
-    # Every Spark JVM a test starts, in this process or a job's, runs C1 only (see the file).
-    os.environ["SPARK_CONF_DIR"] = str(REPO / "tests" / "spark-conf")
+    # Every Spark JVM a test starts, in this process or a job's, reads one conf (tests/spark_conf.py
+    # says why), written with its class-data archive by the run's first process, before any worker.
+    scratch = REPO / ".tmp"
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    conf_dir = scratch / "spark-conf" if worker else spark_conf.prepare(scratch)
+    os.environ["SPARK_CONF_DIR"] = str(conf_dir)
     # Each test worker (and what it starts) chooses service ports from a share of its own: another
     # worker's service never binds a port one of ours chose and has yet to bind.
-    if worker := os.environ.get("PYTEST_XDIST_WORKER"):
+    if worker:
         count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")
         os.environ[PORT_SHARE] = f"{worker.removeprefix('gw')}/{count}"
 

@@ -1,0 +1,141 @@
+"""The Spark settings every Spark JVM of the tests reads, and a class-data archive for their drivers.
+
+The tests start some hundreds of Spark drivers, each for seconds over a few thousand records, on
+two shared cores. Two settings cut the CPU each one spends before its first batch:
+
+- C1 only (`-XX:TieredStopAtLevel=1`): C2's compiler threads cost such
+  short lives more than C2's code gives back (`test_builtin_source` + `test_connect` 364 -> 292
+  CPU-seconds, a kill -9 case of `test_sink_tasks_faults` 141 -> 112, measured).
+- A dynamic class-data archive (JDK 13+ AppCDS) of the classes a local driver loads, made once per
+  Java, pyspark and checkout by one small workload: a driver then maps Spark's classes instead of
+  parsing and verifying them (a local session's start and two queries, 7.3 -> 4.0 CPU-seconds).
+
+The archive only fits a JVM whose class path starts as the workload's did. Spark's launcher puts
+`SPARK_CONF_DIR` ahead of its jars, and the JDK refuses to archive past a non-empty directory, so
+the conf puts pyspark's jars on `spark.driver.extraClassPath`, ahead of the conf dir: the classes
+come from there, and the same jars later on the path are never read. A standalone cluster's executors
+get the same options; a JVM whose path differs (a driver with jars of its own on its class path)
+loads its classes as before, silently.
+The benches and users keep their JVMs' defaults.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyspark
+from pyspark.sql import DataFrame
+
+__all__ = ["prepare"]
+
+C1 = "-XX:TieredStopAtLevel=1"
+QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"  # a JVM that cannot use the archive says nothing
+JARS = Path(pyspark.__file__).parent / "jars"
+
+
+def conf(archive: Path | None) -> str:
+    """The text of `spark-defaults.conf`: the archive's option only once it exists."""
+    options = f"{C1} {QUIET} -XX:SharedArchiveFile={archive}" if archive else C1
+    return (
+        "# Written by tests/spark_conf.py, which says why.\n"
+        f"spark.driver.defaultJavaOptions {options}\n"
+        f"spark.executor.defaultJavaOptions {options}\n"
+        f"spark.driver.extraClassPath {JARS}/*\n"
+        f"spark.executor.extraClassPath {JARS}/*\n"
+    )
+
+
+def key() -> str:
+    """What an archive depends on: the Java found, pyspark's jars and the conf dir's place."""
+    java = Path(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else Path("java")
+    version = subprocess.run([str(java), "-version"], capture_output=True, text=True, check=False).stderr
+    return hashlib.sha256(f"{version}|{pyspark.__version__}|{JARS}".encode()).hexdigest()[:16]
+
+
+def prepare(root: Path) -> Path:
+    """Write the conf dir under `root` and make its archive if missing; return the conf dir.
+
+    Run once before any test JVM starts (pytest's controller). Under a lock, so two runs of
+    pytest on one checkout make it once. If the workload fails, the conf goes without the
+    archive: the tests then run as they did, only slower.
+    """
+    conf_dir = root / "spark-conf"
+    conf_dir.mkdir(parents=True, exist_ok=True)
+    archive = root / f"spark-driver-{key()}.jsa"
+    with open(root / "spark-conf.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not archive.exists():
+            (conf_dir / "spark-defaults.conf").write_text(conf(None))
+            env = {**os.environ, "SPARK_CONF_DIR": str(conf_dir)}
+            partial = archive.with_suffix(".partial")
+            partial.unlink(missing_ok=True)
+            done = subprocess.run(
+                [sys.executable, "-m", "tests.spark_conf", str(partial)],
+                env=env, cwd=Path(__file__).parent.parent, capture_output=True, text=True,
+                timeout=300, check=False,
+            )
+            if done.returncode == 0 and partial.exists():
+                partial.rename(archive)
+            else:
+                print(f"tests/spark_conf.py: no class-data archive ({done.stderr.strip()[-300:]})")
+        (conf_dir / "spark-defaults.conf").write_text(conf(archive if archive.exists() else None))
+    return conf_dir
+
+
+def workload(archive: Path) -> None:
+    """What a test's driver does, in small: batch and streaming queries, Arrow, Python rows."""
+    from pyspark.sql import SparkSession
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    class Rows(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "rows"
+
+        def schema(self) -> str:
+            return "id int"
+
+        def reader(self, schema: object) -> DataSourceReader:
+            return RowsReader()
+
+    class RowsReader(DataSourceReader):
+        def partitions(self) -> list[InputPartition]:
+            return [InputPartition(0)]
+
+        def read(self, partition: InputPartition) -> Iterator[tuple[int]]:
+            yield from ((i,) for i in range(10))
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.driver.extraJavaOptions", f"-XX:ArchiveClassesAtExit={archive} {QUIET}")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .getOrCreate()
+    )
+    spark.dataSource.register(Rows)
+    spark.read.format("rows").load().groupBy().sum("id").collect()
+    frame = spark.createDataFrame([(1, "a", 1.5)], "k int, v string, d double")
+    frame.mapInArrow(lambda batches: batches, frame.schema).collect()
+    frame.groupBy("k").count().toPandas()
+    stream = spark.readStream.format("rate").option("rowsPerSecond", 10).load()
+    query = stream.writeStream.foreachBatch(count).trigger(once=True).start()
+    query.awaitTermination(120)
+    spark.stop()
+
+
+def count(batch: DataFrame, _: int) -> None:
+    batch.count()
+
+
+if __name__ == "__main__":
+    workload(Path(sys.argv[1]))
