@@ -105,6 +105,10 @@ def ledger(pg: psycopg.Connection) -> dict[int, int]:
     return dict(pg.execute("SELECT kafka_partition, next_offset FROM sink_progress").fetchall())
 
 
+def stage_tables(pg) -> int:  # type: ignore[no-untyped-def]
+    return pg.execute("SELECT count(*) FROM pg_class WHERE relname LIKE 'sink_stage_%'").fetchone()[0]
+
+
 def log_ends(bootstrap: str, topic: str, partitions: int = 2) -> dict[int, int]:
     """Per partition, one past the last committed record: where the ledger must stand."""
     ends: dict[int, int] = {}
