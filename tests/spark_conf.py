@@ -77,8 +77,12 @@ def prepare(root: Path) -> Path:
             partial.unlink(missing_ok=True)
             done = subprocess.run(
                 [sys.executable, "-m", "tests.spark_conf", str(partial)],
-                env=env, cwd=Path(__file__).parent.parent, capture_output=True, text=True,
-                timeout=300, check=False,
+                env=env,
+                cwd=Path(__file__).parent.parent,
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
             )
             if done.returncode == 0 and partial.exists():
                 partial.rename(archive)

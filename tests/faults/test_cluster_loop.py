@@ -528,16 +528,26 @@ def longest_gap(bootstrap: str, topic: str, start: float, end: float) -> float:
 
 
 def leadership_storm(
-    bootstrap: str, topics: list[str], seconds: float, rng: random.Random
-) -> tuple[int, int]:
+    cluster: Cluster, topics: list[str], seconds: float, rng: random.Random, kill_every: float | None = None
+) -> tuple[int, int, int]:
     """Every 2-5 s, a third of each topic's partitions (at least one) take the next of their
     replicas as preferred (a reassignment that moves no data), and a preferred-leader election
-    moves their leaders there. Returns (rounds, leaders moved)."""
+    moves their leaders there. With `kill_every`, a broker is also killed -9 that often and started
+    again 3-8 s later. Returns (rounds, leaders moved, brokers killed)."""
+    bootstrap = cluster.bootstrap
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    rounds = moved = 0
-    deadline = time.monotonic() + seconds
+    rounds = moved = kills = 0
+    began = time.monotonic()
+    deadline, last_kill = began + seconds, began
     while time.monotonic() + 2 < deadline:
         time.sleep(rng.uniform(2, 5))
+        if kill_every and time.monotonic() - last_kill > kill_every:
+            node = rng.choice(sorted(cluster.services))
+            cluster.kill(node)
+            time.sleep(rng.uniform(3, 8))
+            cluster.start(node)
+            kills, last_kill = kills + 1, time.monotonic()
+            continue
         described = admin.list_topics(timeout=30).topics
         turned: dict[tuple[str, int], list[int]] = {}
         for topic in topics:
@@ -549,7 +559,7 @@ def leadership_storm(
         elected = admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition(t, p) for t, p in turned])
         moved += sum(1 for failed in elected.result(60).values() if failed is None)
         rounds += 1
-    return rounds, moved
+    return rounds, moved, kills
 
 
 STORM_PARTITIONS = 24
@@ -557,8 +567,8 @@ STORM_PARTITIONS = 24
 
 @pytest.mark.parametrize(
     "seconds",
-    [30, pytest.param(300, marks=[pytest.mark.soak, pytest.mark.timeout(1500)])],
-    ids=["30s", "300s"],
+    [30, pytest.param(600, marks=[pytest.mark.soak, pytest.mark.timeout(1800)])],
+    ids=["30s", "600s"],
 )
 def test_a_leadership_storm_under_the_relay_and_the_sink(  # type: ignore[no-untyped-def]
     tmp_path: Path, outbox_db: DatabaseUrl, healthy: Cluster, sink: Sink, seconds: int
@@ -566,19 +576,22 @@ def test_a_leadership_storm_under_the_relay_and_the_sink(  # type: ignore[no-unt
     """Leaders of the events topic (24 partitions), of `__transaction_state` (the coordinator) and
     of the relay's positions topic move every 2-5 s while writers commit, the relay publishes and
     the sink applies; then every record is checked by both readers, `outbox verify` and the sink's
-    table and ledger (under_load). The longest stall of each half is reported."""
+    table and ledger (under_load). The long form (`make soak`) also kills a broker -9 every 60 s
+    or so and starts it again. The longest stall of each half is reported."""
     bootstrap = healthy.bootstrap
     with under_load(tmp_path, outbox_db, bootstrap, sink, partitions=STORM_PARTITIONS) as load:
         load.job.wait_for_output(ACTIVE, 120)
         began = time.time()
         with SinkStalls(load.topic, sink.url) as sink_stalls:
             topics = [load.topic, "__transaction_state", POSITIONS_TOPIC]
-            rounds, moved = leadership_storm(bootstrap, topics, seconds, random.Random(seconds))
+            kill_every = 60 if seconds > 60 else None  # the soak's kill -9s, mixed in
+            rng = random.Random(seconds)
+            rounds, moved, kills = leadership_storm(healthy, topics, seconds, rng, kill_every)
         ended = time.time()
         assert load.job.process.poll() is None, load.job.output()[-3000:]
     relay = longest_gap(bootstrap, load.topic, began, ended)
     reported(
-        f"leadership storm, {seconds} s: {rounds} rounds, {moved} leaders moved",
+        f"leadership storm, {seconds} s: {rounds} rounds, {moved} leaders moved, {kills} brokers killed -9",
         f"relay {relay:5.1f} s, sink {sink_stalls.longest:5.1f} s longest stall",
     )
     assert rounds > 0 and moved >= rounds

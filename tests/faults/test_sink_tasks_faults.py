@@ -254,8 +254,8 @@ class Orders:
 
 @pytest.mark.parametrize(
     "seconds",
-    [45, pytest.param(300, marks=[pytest.mark.soak, pytest.mark.timeout(1500)])],
-    ids=["45s", "300s"],
+    [45, pytest.param(600, marks=[pytest.mark.soak, pytest.mark.timeout(1800)])],
+    ids=["45s", "600s"],
 )
 def test_an_executor_storm_with_speculation_while_the_topic_gains_partitions(  # type: ignore[no-untyped-def]
     bootstrap, db, pg, tmp_path, cluster, seconds
@@ -263,7 +263,8 @@ def test_an_executor_storm_with_speculation_while_the_topic_gains_partitions(  #
     """On the standalone cluster, speculation on: an executor killed -9 every 3-8 s (its worker
     starts another) while orders keep coming, and the topic grows from 2 partitions to 4 halfway,
     orders written into the new ones while the driver is frozen. A query that fails for it (too
-    many task failures) is started again from its checkpoint, as a supervisor would. Then every
+    many task failures) is started again from its checkpoint, as a supervisor would. The long form
+    (`make soak`) also kills the driver -9 every 90 s or so and starts it again. Then every
     order once, the ledger at the log's end of all 4 partitions. Seen to catch a source that starts
     a partition it finds at its end: the table came out right (each skipped order was edited later,
     and an edit carries the whole order), and the outbox held fewer events than changes."""
@@ -276,13 +277,19 @@ def test_an_executor_storm_with_speculation_while_the_topic_gains_partitions(  #
         return Job([*argv, str(tmp_path / f"run{n}"), "400", "plain"], tmp_path / f"run{n}.log", env)
 
     runs = [run(0)]
-    kills, rng = 0, random.Random(seconds)
+    kills, driver_kills, rng = 0, 0, random.Random(seconds)
+    driver_every = 90 if seconds > 60 else None  # the soak's kill -9s of the driver, mixed in
     try:
         runs[-1].wait_for_output("applied 0", 240)
-        began = time.monotonic()
+        began = last_driver_kill = time.monotonic()
         grown = False
         while time.monotonic() - began < seconds:
             time.sleep(rng.uniform(3, 8))
+            if driver_every and time.monotonic() - last_driver_kill > driver_every:
+                runs[-1].kill9()  # the driver, mid-batch or between: its checkpoint goes on
+                driver_kills, last_driver_kill = driver_kills + 1, time.monotonic()
+                runs.append(run(len(runs)))
+                continue
             if not grown and time.monotonic() - began > seconds / 2 and runs[-1].process.poll() is None:
                 # The driver frozen while the topic grows and orders go into the new partitions: it
                 # finds them with records it must read from their start.
@@ -312,7 +319,8 @@ def test_an_executor_storm_with_speculation_while_the_topic_gains_partitions(  #
         for job_ in runs:
             job_.kill9()
     reported(
-        f"executor storm, {seconds} s: {kills} executors killed -9, {len(runs) - 1} query restarts",
+        f"executor storm, {seconds} s: {kills} executors and {driver_kills} drivers killed -9,"
+        f" {len(runs) - 1 - driver_kills} query restarts",
         f"{len(expected):6d} orders",
     )
     check_exactly_once(pg, bootstrap, topic, expected, partitions=4)
