@@ -1,4 +1,4 @@
-"""Loading a topic fast for the benchmarks (shared by the scripts beside it)."""
+"""Making and loading a topic fast for the benchmarks (shared by the scripts beside it)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,17 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from outbox.core.kafka import client_settings
 
 
-def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes, bytes]], partitions: int) -> None:
-    """Create `topic` and write `records` round-robin over its partitions (idempotent producer)."""
+def new_topic(bootstrap: str, name: str, partitions: int) -> None:
+    """Create topic `name` of `partitions` partitions."""
     admin = AdminClient(client_settings({"bootstrap.servers": bootstrap}, "admin"))
     # The broker's own replication: 1 on one broker, 3 on the dev cluster.
-    for future in admin.create_topics([NewTopic(topic, partitions)]).values():
+    for future in admin.create_topics([NewTopic(name, partitions)]).values():
         future.result(30)
+
+
+def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes, bytes]], partitions: int) -> None:
+    """Create `topic` and write `records` round-robin over its partitions (idempotent producer)."""
+    new_topic(bootstrap, topic, partitions)
     producer = Producer(
         client_settings(
             {
