@@ -15,6 +15,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from outbox.core.errors import ServiceUnavailable
 from outbox.core.java import find_java
 from outbox.core.probe import check_kafka
 from outbox_dev.errors import error
-from outbox_dev.jvm import JVM_FLAGS, log4j2, maven
+from outbox_dev.jvm import JVM_FLAGS, cds, log4j2, maven
 from outbox_dev.process import free_port, spawn, stop, wait_until
 from outbox_dev.service import Service
 
@@ -223,7 +224,7 @@ def log_of(data_dir: Path) -> Path:
     return data_dir / "kafka.log"
 
 
-def _jvm(data_dir: Path) -> list[str]:
+def _jvm(data_dir: Path, archived: bool = True) -> list[str]:
     java = find_java(needed_by="The embedded Kafka broker")
     classpath = maven.classpath(maven.jars("kafka", what=WHAT, instead=INSTEAD))
     scratch = data_dir / "tmp"
@@ -233,6 +234,7 @@ def _jvm(data_dir: Path) -> list[str]:
         f"-Xmx{HEAP}",
         f"-Xms{HEAP}",
         *JVM_FLAGS,
+        *(_archive(java.path, classpath) if archived else ()),
         "-Djava.awt.headless=true",
         # Compression codecs unpack native libraries into the temp dir: keep it ours.
         f"-Djava.io.tmpdir={scratch}",
@@ -240,6 +242,29 @@ def _jvm(data_dir: Path) -> list[str]:
         "-cp",
         classpath,
     ]
+
+
+def _archive(java: Path, classpath: str) -> list[str]:
+    """The options that map the brokers' class-data archive (cds.py), made first, once, by a node
+    started and stopped for it: a broker of a test or the demo is killed more often than not,
+    and a JVM writes its archive only at an exit of its own."""
+    path = cds.archive("kafka-broker", java, classpath)
+    if path.exists():
+        return cds.mapped(path)
+    with cds.making(path) as jvm, tempfile.TemporaryDirectory(prefix="kafka-cds-") as scratch:
+        if jvm.makes:
+            root = Path(scratch)
+            node = Node(1, free_port(), free_port())
+            configure(root, node, [node], cluster_id())
+            argv = [*_jvm(root, archived=False), *jvm.options, "kafka.Kafka", str(root / "server.properties")]
+            proc = spawn(argv, log_of(root), die_with_parent=signal.SIGKILL)
+            try:
+                ready = lambda: _answers(node.port)  # noqa: E731
+                wait_until(ready, proc, what="Kafka broker (its archive)", log=log_of(root), timeout=120)
+            finally:
+                proc.terminate()  # a controlled shutdown, at whose end the JVM writes the archive
+                jvm.succeeded = proc.wait(120) in (0, 143)
+    return cds.mapped(path)
 
 
 def _answers(port: int) -> bool:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from outbox.core.java import find_java
 from outbox_dev.errors import error
-from outbox_dev.jvm import JVM_FLAGS, log4j2, maven
+from outbox_dev.jvm import JVM_FLAGS, cds, log4j2, maven
 
 WHAT = "Apache Kafka's command-line tools"
 CONSOLE_CONSUMER = "org.apache.kafka.tools.consumer.ConsoleConsumer"
@@ -38,12 +38,15 @@ def run(main_class: str, args: Sequence[str], timeout: float = 300) -> subproces
     """One of Kafka's tools; its own logging goes to a file that is deleted after, not to stdout."""
     java = find_java(needed_by=WHAT)
     classpath = maven.classpath(maven.jars("kafka-tools", what=WHAT))
-    with tempfile.TemporaryDirectory(prefix="kafka-tools-") as scratch:
+    archive = cds.archive("kafka-tools", java.path, classpath)
+    with cds.making(archive) as jvm, tempfile.TemporaryDirectory(prefix="kafka-tools-") as scratch:
         config = Path(scratch) / "log4j2.properties"
         config.write_text(log4j2.file_config(Path(scratch) / "tool.log", {"org.apache.kafka": "warn"}))
         log = f"-Dlog4j2.configurationFile={config}"
-        argv = [str(java.path), *JVM_FLAGS, log, "-cp", classpath, main_class, *args]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        argv = [str(java.path), *JVM_FLAGS, *jvm.options, log, "-cp", classpath, main_class, *args]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        jvm.succeeded = done.returncode == 0
+        return done
 
 
 def console_consume(
