@@ -131,11 +131,11 @@ EVOLVE = _keyword(
 READ_KAFKA = _keyword(
     "read_kafka",
     True,
-    "where the frame is `parse_json`, `parse_avro` or `parse_protobuf` over a Kafka source, applied"
-    " in the tasks, the tasks read each batch's records from Kafka themselves and parse them (JSON"
-    " with Arrow, a range Arrow may read otherwise than Spark left to Spark's rows; Avro and"
-    " Protobuf with the frame's own decoder); Spark's progress then counts no input row. `False`:"
-    " they always take Spark's rows",
+    "where the frame is `parse_json`, `parse_avro` or `parse_protobuf` over a Kafka source and is"
+    " applied in the tasks, the tasks read each batch's records from Kafka themselves and parse them."
+    " JSON is parsed with Arrow, except in a range that Arrow could parse differently from Spark,"
+    " which takes Spark's rows instead; Avro and Protobuf are parsed with the frame's own decoder."
+    " Spark's progress then counts no input rows. With `False`, the tasks always take Spark's rows",
 )
 SETTINGS: tuple[Setting[Any], ...] = (
     KEY,

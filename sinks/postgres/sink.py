@@ -108,10 +108,12 @@ class PostgresSink:
         the query in one line naming the ALTER TABLE that would take it.
     read_kafka : bool, default True
         Where the frame is `parse_json`, `parse_avro` or `parse_protobuf` over a
-        Kafka source, applied in the tasks: the tasks read each batch's records
-        from Kafka themselves and parse them (sinks/postgres/direct.py); a JSON
-        range Arrow may read otherwise than Spark is left to Spark's rows. Spark's
-        progress then counts no input row. False: the tasks always take Spark's rows.
+        Kafka source and is applied in the tasks, the tasks read each batch's
+        records from Kafka themselves and parse them (sinks/postgres/direct.py).
+        JSON is parsed with Arrow, except in a range that Arrow could parse
+        differently from Spark, which takes Spark's rows instead. Spark's
+        progress then counts no input rows. With False, the tasks always take
+        Spark's rows.
 
     Raises
     ------
