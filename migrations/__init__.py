@@ -14,6 +14,9 @@ if TYPE_CHECKING:
     from sqlalchemy import TextClause
 
 VERSION_TABLE = "outbox_alembic_version"
+# How long a migration waits for a table's lock. A table it alters waits for every transaction that
+# has read it, and every write to the table queues behind the waiting ALTER: the application's.
+LOCK_TIMEOUT = 5.0
 
 
 def sql_text(statement: Composable) -> TextClause:

@@ -12,8 +12,8 @@ from psycopg import sql
 from sqlalchemy import text
 
 from outbox.core import config as settings
-from outbox.migrate import LOCK_TIMEOUT, sqlalchemy_engine
-from outbox.migrations import FORCE, VERSION_TABLE, sql_text
+from outbox.migrate import sqlalchemy_engine
+from outbox.migrations import FORCE, LOCK_TIMEOUT, VERSION_TABLE, sql_text
 
 config = context.config
 url = config.attributes.get("url") or settings.database_url(
@@ -46,7 +46,7 @@ def run_online() -> None:
             # find the schema at head. The lock ends with the transaction.
             lock = text("SELECT pg_advisory_xact_lock(hashtextextended(:name, 0))")
             connection.execute(lock, {"name": f"outbox-migrate:{schema}"})
-            # Then each statement waits this long for a table's lock (migrate.LOCK_TIMEOUT): a table
+            # Then each statement waits this long for a table's lock (LOCK_TIMEOUT): a table
             # altered behind a long transaction holds up every write to it meanwhile.
             seconds = float(config.attributes.get("lock_timeout", LOCK_TIMEOUT))
             wait = f"{min(seconds * 1000, 2**31 - 1):.0f}ms"  # PostgreSQL's most

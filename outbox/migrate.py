@@ -25,16 +25,11 @@ from outbox.core.config import DatabaseUrl
 from outbox.core.postgres import connect, reason
 from outbox.core.probe import check_postgres
 from outbox.errors import error
-from outbox.migrations import VERSION_TABLE
+from outbox.migrations import LOCK_TIMEOUT, VERSION_TABLE
 
 
 def script_location() -> Path:
     return Path(str(files("outbox.migrations")))
-
-
-# How long a migration waits for a table's lock. A table it alters waits for every transaction that
-# has read it, and every write to the table queues behind the waiting ALTER: the application's.
-LOCK_TIMEOUT = 5.0
 
 
 def alembic_config(

@@ -7,12 +7,13 @@ import argparse
 
 import psycopg
 
-from outbox import debezium, migrate
+from outbox import debezium
 from outbox.cli import options
 from outbox.core import tables
 from outbox.core.config import database_url, schema_name
 from outbox.core.postgres import connect, reason
 from outbox.errors import error
+from outbox.migrations import LOCK_TIMEOUT
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -69,14 +70,16 @@ def _lock_timeout(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--lock-timeout",
         type=options.seconds,
-        default=migrate.LOCK_TIMEOUT,
+        default=LOCK_TIMEOUT,
         metavar="SECONDS",
         help="how long a statement waits for a table's lock, then the run changes nothing"
-        f" (default {migrate.LOCK_TIMEOUT:g})",
+        f" (default {LOCK_TIMEOUT:g})",
     )
 
 
 def cmd_upgrade(args: argparse.Namespace) -> int:
+    from outbox import migrate  # Alembic, imported by the commands that use it
+
     url, schema = database_url(args.url), schema_name(args.schema)
     migrate.upgrade(url, schema, args.revision, sql=args.sql, lock_timeout=args.lock_timeout)
     if not args.sql:
@@ -85,6 +88,8 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
 
 
 def cmd_downgrade(args: argparse.Namespace) -> int:
+    from outbox import migrate  # Alembic, imported by the commands that use it
+
     url, schema = database_url(args.url), schema_name(args.schema)
     migrate.downgrade(
         url, schema, args.revision, sql=args.sql, force=args.force, lock_timeout=args.lock_timeout
@@ -96,6 +101,8 @@ def cmd_downgrade(args: argparse.Namespace) -> int:
 
 
 def cmd_current(args: argparse.Namespace) -> int:
+    from outbox import migrate  # Alembic, imported by the commands that use it
+
     url, schema = database_url(args.url), schema_name(args.schema)
     revs = migrate.revisions(url, schema)
     if not revs.current:
