@@ -26,6 +26,18 @@ ATTEMPT = 10.0  # seconds one request may take before it is asked again, of anot
 T = TypeVar("T")
 
 
+def admin_settings(options: SourceOptions) -> dict[str, Any]:
+    """librdkafka settings for the driver's admin client: the reader's, and connections kept.
+
+    With sparse connections (librdkafka's default), an admin request for a partition whose leader
+    is down has the leader's broker thread connect again at once after each refusal, without the
+    reconnect backoff (librdkafka 2.16): tens of thousands of attempts, and most of a core, until
+    the cluster names a new leader. A kept connection reconnects with the backoff. A `kafka.`
+    option may still say otherwise.
+    """
+    return {"enable.sparse.connections": False, **client_settings(options.consumer_config(), "admin")}
+
+
 class Cluster:
     """The driver's questions to Kafka, each waiting out a cluster that does not answer.
 
@@ -53,7 +65,7 @@ class Cluster:
         self.admin = self._connect()
 
     def _connect(self) -> AdminClient:
-        return AdminClient(client_settings(self.options.consumer_config(), "admin"))
+        return AdminClient(admin_settings(self.options))
 
     def partitions(self) -> list[TopicPartitionKey]:
         """Partitions of the subscribed topics; a named topic that is missing is an error."""

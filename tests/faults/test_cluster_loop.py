@@ -31,8 +31,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from confluent_kafka import ElectionType, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from confluent_kafka import ElectionType, IsolationLevel, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
 
 from outbox import migrate
 from outbox.core.committed import read_committed
@@ -43,6 +43,8 @@ from outbox.relay.settings import POSITIONS_TOPIC
 from outbox_dev.jvm import kafka_tools
 from outbox_dev.kafka import Cluster
 from outbox_dev.process import pid_alive
+from sinks.kafka_source.cluster import admin_settings
+from sinks.kafka_source.options import parse as parse_source_options
 from sinks.ledger import positions
 from tests.helpers import (
     REPO,
@@ -395,6 +397,41 @@ def test_a_kill_of_the_leader_of_a_partition_being_written(
         time.sleep(3)  # writes go on through the new leader
         healthy.start(node)
         time.sleep(2)
+
+
+def test_the_sources_admin_client_waits_for_a_dead_leader_without_reconnecting_at_once(
+    cluster: Cluster,
+) -> None:
+    """The driver's admin client of kafka_rc (admin_settings), asked for offsets while a partition's
+    leader is down, reconnects to that broker with the backoff. With librdkafka's sparse connections
+    it connected again at once after each refusal: tens of thousands of attempts (counted by its own
+    statistics) and most of a core until a new leader, for the driver and the sink's ledger check."""
+    topic = create_topic(cluster.bootstrap, unique("sparse"), partitions=3)
+    node = leader(cluster.bootstrap, topic, 0)
+    connects: dict[int, int] = {}
+
+    def count(stats: str) -> None:
+        for broker in json.loads(stats)["brokers"].values():
+            connects[broker["nodeid"]] = broker["connects"]
+
+    options = parse_source_options({"kafka.bootstrap.servers": cluster.bootstrap, "subscribe": topic})
+    admin = AdminClient({**admin_settings(options), "stats_cb": count, "statistics.interval.ms": 500})
+    wanted = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(3)}
+    committed = IsolationLevel.READ_COMMITTED
+    for answer in admin.list_offsets(wanted, isolation_level=committed).values():
+        answer.result(30)
+    cluster.kill(node)
+    try:
+        deadline = time.monotonic() + 8  # within the 9 s the controller waits before it fences the node
+        while time.monotonic() < deadline:
+            asked = admin.list_offsets(wanted, isolation_level=committed, request_timeout=2)
+            while not all(f.done() for f in asked.values()) and time.monotonic() < deadline:
+                admin.poll(0.2)
+        admin.poll(1.0)  # the last statistics
+    finally:
+        cluster.start(node)
+    assert node in connects, connects
+    assert connects[node] < 100, f"{connects[node]} connection attempts to the dead leader in 8 s"
 
 
 @pytest.mark.parametrize(
