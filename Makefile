@@ -4,12 +4,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-smoke test test-fast soak types lint clean
+.PHONY: install demo demo-smoke test test-fast soak types spark-archive lint clean
 
+# --no-compile: a module is compiled when first imported, and most of pyspark never is (a third
+# less time to install).
 $(STAMP): pyproject.toml devtools/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed (set PYTHON=python3.11)")'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]' -e ./devtools
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile -e '.[dev]' -e ./devtools
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -33,7 +35,9 @@ demo-smoke: $(STAMP)
 # services for a quarter of a two-worker run, which a third worker fills.
 TEST_WORKERS ?= 3
 
-test: $(STAMP) types
+# mypy and the tests' Spark archive side by side: each keeps one core busy.
+test: $(STAMP)
+	@$(MAKE) --no-print-directory -j2 types spark-archive
 	$(PY) -m ruff check .
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --basetemp=.tmp/pytest -m "not soak"
 
@@ -44,6 +48,10 @@ soak: $(STAMP)
 # The unit level alone: pure logic, no services, seconds.
 test-fast: $(STAMP)
 	$(PY) -m pytest --basetemp=.tmp/pytest-fast tests/unit
+
+# The class-data archive of the tests' Spark drivers (tests/spark_conf.py), made once per checkout.
+spark-archive: $(STAMP)
+	$(PY) -m tests.spark_conf
 
 # Types: the library strict (pyproject.toml); bench/, scripts whose figures are JSON dicts, under a
 # looser profile: bare generics, Any returned from them, and calls into untyped helpers allowed.

@@ -65,7 +65,7 @@ ratios, each of runs seconds apart, and a rate the median of its rounds. Five by
 three-round runs one slow round moved the median by a tenth.
 
     python bench/sink.py [--events 1000000] [--size 200] [--batches 5] [--rounds 5] [--no-cluster]
-                         [--no-avro] [--json]
+                         [--no-avro] [--no-warmup] [--json]
 
 Uses DATABASE_URL / KAFKA_BOOTSTRAP_SERVERS if set, else starts embedded services.
 """
@@ -113,6 +113,12 @@ def arguments() -> argparse.Namespace:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="also write the events as Avro under a schema registry: the sink's parse_avro and its peers",
+    )
+    parser.add_argument(
+        "--warmup",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="first run each writer from Kafka once, unmeasured (the JVMs' first reads are slower)",
     )
     parser.add_argument(
         "--rounds",
@@ -181,6 +187,7 @@ def measure_spark(
             args.partitions,
             cluster.bootstrap if cluster else None,
             args.rounds,
+            args.warmup,
             work / "ranges",
             sizes,
             avro,

@@ -29,6 +29,7 @@ def spark_runs(
     partitions: int,
     replicated: str | None,
     rounds: int,
+    warmup: bool,
     ranges: Path,
     sizes: list[int],
     avro: tuple[str, str] | None,
@@ -36,6 +37,7 @@ def spark_runs(
     """Every Spark run, in one SparkSession: from Kafka, then from Parquet, each of `total` rows.
 
     replicated: the servers of the RF 3 cluster holding the same topic, or None.
+    warmup: whether each writer from Kafka first runs once unmeasured (WARMED).
     ranges: the files of the topic's offset ranges (write_ranges), `sizes` the events of each.
     avro: the topic holding the same events as Avro, and the registry's URL; or None."""
     from outbox_dev.jvm import maven
@@ -53,7 +55,7 @@ def spark_runs(
         frames = feeds(spark, bootstrap, topic, per_batch, parquet, partitions, ranges, avro)
         plan = plan_of(frames, writers(spark, url, bootstrap, partitions, sinks, clocks), avro, replicated)
         offsets = frames["offsets"]
-        warmed = [w for w in WARMED if w in plan]
+        warmed = [w for w in WARMED if w in plan] if warmup else []
         make_tables(url, warmed, rounds, partitions)
 
         def measure(name: str, table: str) -> dict:

@@ -70,9 +70,9 @@ def key() -> str:
 def prepare(root: Path) -> Path:
     """Write the conf dir under `root` and make its archive if missing; return the conf dir.
 
-    Run once before any test JVM starts (pytest's controller). Under a lock, so two runs of
-    pytest on one checkout make it once. If the workload fails, the conf goes without the
-    archive: the tests then run as they did, only slower.
+    Run once before any test JVM starts (by `make spark-archive` beside mypy, and by pytest's
+    controller). Under a lock, so two runs on one checkout make it once. If the workload fails,
+    the conf goes without the archive: the tests then run as they did, only slower.
     """
     conf_dir = root / "spark-conf"
     conf_dir.mkdir(parents=True, exist_ok=True)
@@ -85,7 +85,7 @@ def prepare(root: Path) -> Path:
             partial = archive.with_suffix(".partial")
             partial.unlink(missing_ok=True)
             done = subprocess.run(
-                [sys.executable, "-m", "tests.spark_conf", str(partial)],
+                [sys.executable, "-m", "tests.spark_conf", "--workload", str(partial)],
                 env=env,
                 cwd=Path(__file__).parent.parent,
                 capture_output=True,
@@ -150,5 +150,8 @@ def count(batch: DataFrame, _: int) -> None:
     batch.count()
 
 
-if __name__ == "__main__":
-    workload(Path(sys.argv[1]))
+if __name__ == "__main__":  # `make spark-archive`: before pytest, beside mypy
+    if sys.argv[1:2] == ["--workload"]:
+        workload(Path(sys.argv[2]))
+    else:
+        prepare(Path(__file__).resolve().parent.parent / ".tmp")

@@ -13,9 +13,11 @@ outbox against what was committed.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import json
+import logging
 import random
 import re
 import signal
@@ -43,7 +45,9 @@ from outbox.relay.settings import POSITIONS_TOPIC
 from outbox_dev.jvm import kafka_tools
 from outbox_dev.kafka import Cluster
 from outbox_dev.process import pid_alive
+from sinks.kafka_source.cluster import Cluster as SourceCluster
 from sinks.kafka_source.cluster import admin_settings
+from sinks.kafka_source.cluster import log as source_log
 from sinks.kafka_source.options import parse as parse_source_options
 from sinks.ledger import positions
 from tests.helpers import (
@@ -552,6 +556,52 @@ class SinkStalls:
                 self.longest = max(self.longest, now - since)
 
 
+class EndOffsets(logging.Handler):
+    """The sink driver's question while leaders move, asked more often than its trigger asks it: the
+    end of every partition of `topic`, through kafka_rc's own `Cluster`, every 0.1 s. Each answer
+    must come, a new leader's "not caught up" (KIP-207) waited out, and no end may go back. Counts
+    the answers that were waited out (the source's debug line)."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
+        super().__init__(logging.DEBUG)
+        options = parse_source_options({"kafka.bootstrap.servers": bootstrap, "subscribe": topic})
+        self.source = SourceCluster(options)
+        self.partitions = [(topic, p) for p in range(partitions)]
+        self.asked, self.waited_out = 0, collections.Counter[str]()
+        self.failed: BaseException | None = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._ask, daemon=True)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("asking again"):
+            self.waited_out[str(record.args[-1]) if record.args else ""] += 1  # type: ignore[index]
+
+    def __enter__(self) -> EndOffsets:
+        self.level = source_log.level
+        source_log.addHandler(self)
+        source_log.setLevel(logging.DEBUG)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join(60)
+        source_log.removeHandler(self)
+        source_log.setLevel(self.level)
+
+    def _ask(self) -> None:
+        ends: dict[tuple[str, int], int] = {}
+        try:
+            while not self.stop.wait(0.1):
+                answer = self.source.latest(self.partitions)
+                back = {tp: (ends[tp], end) for tp, end in answer.items() if end < ends.get(tp, -1)}
+                assert not back, f"ends went back (was, now): {back}"
+                ends.update(answer)
+                self.asked += 1
+        except BaseException as exc:  # the test reads it, on its own thread
+            self.failed = exc
+
+
 def longest_gap(bootstrap: str, topic: str, start: float, end: float) -> float:
     """The relay's longest stall in [start, end] (epoch seconds): the longest time between two
     records it produced, by their timestamps, while writers kept committing."""
@@ -613,13 +663,20 @@ def test_a_leadership_storm_under_the_relay_and_the_sink(  # type: ignore[no-unt
     """Leaders of the events topic (24 partitions), of `__transaction_state` (the coordinator) and
     of the relay's positions topic move every 2-5 s while writers commit, the relay publishes and
     the sink applies; then every record is checked by both readers, `outbox verify` and the sink's
-    table and ledger (under_load). The long form (`make soak`) also kills a broker -9 every 60 s
-    or so and starts it again. The longest stall of each half is reported."""
+    table and ledger (under_load). Meanwhile the sink driver's question, the ends of the topic's
+    partitions, is asked ten times a second (EndOffsets). The long form (`make soak`) also kills a
+    broker -9 every 60 s or so and starts it again. The longest stall of each half is reported.
+
+    Seen to catch: a driver that does not wait out a new leader's answers (KIP-207's "not caught
+    up", a fenced or unknown leader epoch) stopped the sink's query in two runs of two."""
     bootstrap = healthy.bootstrap
     with under_load(tmp_path, outbox_db, bootstrap, sink, partitions=STORM_PARTITIONS) as load:
         load.job.wait_for_output(ACTIVE, 120)
         began = time.time()
-        with SinkStalls(load.topic, sink.url) as sink_stalls:
+        with (
+            SinkStalls(load.topic, sink.url) as sink_stalls,
+            EndOffsets(bootstrap, load.topic, STORM_PARTITIONS) as ends,
+        ):
             topics = [load.topic, "__transaction_state", POSITIONS_TOPIC]
             kill_every = 60 if seconds > 60 else None  # the soak's kill -9s, mixed in
             rng = random.Random(seconds)
@@ -631,5 +688,10 @@ def test_a_leadership_storm_under_the_relay_and_the_sink(  # type: ignore[no-unt
         f"leadership storm, {seconds} s: {rounds} rounds, {moved} leaders moved, {kills} brokers killed -9",
         f"relay {relay:5.1f} s, sink {sink_stalls.longest:5.1f} s longest stall",
     )
+    reported(
+        f"leadership storm, {seconds} s: the source's end offsets asked {ends.asked} times",
+        f"waited out {dict(ends.waited_out)}",
+    )
+    assert ends.failed is None, repr(ends.failed)
     assert rounds > 0 and moved >= rounds
     assert sink_stalls.readings >= seconds, sink_stalls.readings  # read about twice a second

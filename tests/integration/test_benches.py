@@ -22,7 +22,10 @@ from tests.helpers import Job
 # Each at a size that runs in a minute or two; flags that need what CI does not run (a three-broker
 # cluster, Debezium's Connect worker) are off.
 BENCHES = {
-    "sink": ["bench/sink.py", "--events", "6000", "--no-cluster", "--rounds", "1", "--batches", "3"],
+    "sink": [
+        *("bench/sink.py", "--events", "6000", "--no-cluster", "--rounds", "1", "--batches", "3"),
+        "--no-warmup",
+    ],
     "relay": [
         *("bench/relay.py", "--events", "10000", "--batch-size", "500", "--rounds", "1", "--no-cluster"),
         *("--no-debezium", "--warmup", "0", "--rates", "500", "--seconds", "2"),
