@@ -136,7 +136,7 @@ class Cluster:
                         where, waited, doing, failed.str(),
                     )  # fmt: skip
                     said = True
-                log.debug("asking again, could not %s: %s", doing, failed.str())
+                log.debug("asking again, could not %s: %s (%s)", doing, failed.str(), failed.name())
                 attempts += 1
                 time.sleep(min(1.0, 0.1 * attempts))
                 # librdkafka keeps sending some requests to the broker its metadata named as the

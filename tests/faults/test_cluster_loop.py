@@ -560,7 +560,7 @@ class EndOffsets(logging.Handler):
     """The sink driver's question while leaders move, asked more often than its trigger asks it: the
     end of every partition of `topic`, through kafka_rc's own `Cluster`, every 0.1 s. Each answer
     must come, a new leader's "not caught up" (KIP-207) waited out, and no end may go back. Counts
-    the answers that were waited out (the source's debug line)."""
+    the answers that were waited out, by their error's name (the source's debug line)."""
 
     def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
         super().__init__(logging.DEBUG)
