@@ -38,6 +38,7 @@ from tests.helpers import (
 )
 from tests.sink_support import (
     check_exactly_once,
+    check_with_console,
     event,
     hold_partition_1,
     ledger,
@@ -324,3 +325,4 @@ def test_an_executor_storm_with_speculation_while_the_topic_gains_partitions(  #
         f"{len(expected):6d} orders",
     )
     check_exactly_once(pg, bootstrap, topic, expected, partitions=4)
+    check_with_console(pg, bootstrap, topic)  # a second reader: Kafka's own, read_committed
