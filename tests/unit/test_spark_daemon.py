@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-PRELOAD = "from outbox_dev.spark_daemon import preload, _threads; preload(); print(_threads())"
+PRELOAD = "from outbox_dev.spark_daemon import preload, _threads; preload(); print(len(_threads()))"
 
 
 def run(code: str) -> subprocess.CompletedProcess[str]:
@@ -16,13 +16,12 @@ def run(code: str) -> subprocess.CompletedProcess[str]:
 def test_the_preload_leaves_one_thread_to_fork() -> None:
     done = run(PRELOAD)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "['python']"
+    assert done.stdout.strip() == "1"
 
 
 def test_a_thread_running_at_the_fork_stops_the_daemon_with_one_line() -> None:
     started = "import threading, time; threading.Thread(target=time.sleep, args=(5,), daemon=True).start()\n"
     done = run(started + PRELOAD)
     assert done.returncode == 1
-    assert done.stderr.strip().splitlines() == [
-        "outbox_dev.spark_daemon: threads ['python', 'python'] run after the imports; a fork copies one"
-    ]
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("outbox_dev.spark_daemon: threads [") and line.endswith("a fork copies one"), line
