@@ -20,7 +20,7 @@ in all from 100 ms, measured; 500 ms gave no more).
 A fourth cuts what each Python worker costs. pyspark's daemon forks one per concurrent task, and
 each imported what its task needs after the fork: about a CPU-second per worker, four per sink
 job. `outbox_dev.spark_daemon` imports those modules once, before it forks, starting no thread
-(a sink job's Python processes 9.3 -> 7.5 CPU-seconds; `test_sink_tasks`, `test_kafka_source` and
+(a sink job's Python processes 9.3 -> 7.7 CPU-seconds; `test_sink_tasks`, `test_kafka_source` and
 `test_sink_rewind` 140 -> 122 CPU-seconds in all, measured).
 
 The archive only fits a JVM whose class path starts as the workload's did. Spark's launcher puts
