@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from outbox.core.errors import error
@@ -47,14 +48,26 @@ def find_java(
     if candidate is None:
         raise error("JAVA_MISSING", needed_by=needed_by, minimum=minimum)
     try:
-        # -XX:-UsePerfData: no /tmp/hsperfdata_<user> left behind.
-        out = subprocess.run(
-            [str(candidate), "-XX:-UsePerfData", "-version"], capture_output=True, text=True, timeout=30
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        stat = candidate.stat()
+    except OSError as exc:
         raise error("JAVA_VERSION_FAILED", java=candidate, reason=exc) from None
-    major = parse_major(out.stderr + out.stdout)
+    major = _major(str(candidate.resolve()), stat.st_mtime_ns, stat.st_size)
     if major is None or major < minimum:
         found_version = major if major is not None else "an unknown version"
         raise error("JAVA_TOO_OLD", needed_by=needed_by, minimum=minimum, java=candidate, found=found_version)
     return Java(candidate, major)
+
+
+@cache
+def _major(java: str, mtime_ns: int, size: int) -> int | None:
+    """Run `java -version` once per binary and process: a JVM's start costs a third of a CPU-second,
+    and the dev tools ask before every broker, Spark session and console consumer they start. The
+    binary's time and size are in the key, so a Java replaced in place is asked again."""
+    try:
+        # -XX:-UsePerfData: no /tmp/hsperfdata_<user> left behind.
+        out = subprocess.run(
+            [java, "-XX:-UsePerfData", "-version"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise error("JAVA_VERSION_FAILED", java=java, reason=exc) from None
+    return parse_major(out.stderr + out.stdout)

@@ -38,5 +38,19 @@ def test_old_java_is_refused(tmp_path: Path) -> None:
     assert "is 11: install Java 17" in caught.value.message  # the version found, and what to do
 
 
+def test_a_java_is_asked_its_version_once_until_it_changes(tmp_path: Path) -> None:
+    asked = tmp_path / "asked"
+    java = tmp_path / "bin" / "java"
+    java.parent.mkdir()
+    java.write_text(f"#!/bin/sh\necho x >> {asked}\necho 'openjdk version \"17.0.1\"' >&2\n")
+    java.chmod(java.stat().st_mode | stat.S_IEXEC)
+    env = {"JAVA_HOME": str(tmp_path), "PATH": ""}
+    assert find_java(env).major == find_java(env).major == 17
+    assert asked.read_text().count("x") == 1
+    java.write_text(java.read_text().replace("17.0.1", "21.0.10"))  # upgraded in place: a new size
+    assert find_java(env).major == 21
+    assert asked.read_text().count("x") == 2
+
+
 def test_java_on_this_machine_is_found() -> None:
     assert find_java().major >= 17
