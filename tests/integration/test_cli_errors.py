@@ -268,12 +268,12 @@ def test_a_role_without_rights_on_the_schema_gets_one_line(database: DatabaseUrl
 
 
 def test_check_fails_a_standby_the_relay_and_the_sink_cannot_write_to(
-    tmp_path: Path, durable_postgres
+    tmp_path: Path, durable_postgres, bootstrap: str
 ) -> None:  # type: ignore[no-untyped-def]
     """It said "ok postgres" for a read-only standby, which the relay waits on and the sink fails on."""
     replica = OwnPostgres(durable_postgres.copy(tmp_path / "replica", standby=True), durable=True)
     try:
-        env = {"DATABASE_URL": replica.url.raw, "KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"}
+        env = {"DATABASE_URL": replica.url.raw, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
         result = outbox("check", "--no-java", env=env)
         [line] = [line for line in result.out.splitlines() if " postgres: " in line]
         assert line.startswith("FAIL postgres: [POSTGRES_STANDBY] ") and "target_session_attrs" in line, line

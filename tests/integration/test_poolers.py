@@ -96,7 +96,7 @@ def test_the_sink_applies_through_a_pooler_in_session_mode(  # type: ignore[no-u
 
 
 def test_a_pooler_that_refuses_libpqs_options_is_named(
-    tmp_path: Path, outbox_db: DatabaseUrl, server_url: DatabaseUrl
+    tmp_path: Path, outbox_db: DatabaseUrl, server_url: DatabaseUrl, bootstrap: str
 ) -> None:
     """PgBouncer refuses the `options` startup parameter unless told to ignore it, and our URLs
     carry one (TimeZone=UTC). The relay said "cannot reach PostgreSQL ... start a local server with
@@ -105,17 +105,21 @@ def test_a_pooler_that_refuses_libpqs_options_is_named(
     assert port is not None
     strict = pgbouncer.start(tmp_path / "pgbouncer", port, "session", ignore_options=False)
     try:
-        result = outbox("check", "--no-java", env={"DATABASE_URL": through(outbox_db, strict.port).raw})
+        env = {"DATABASE_URL": through(outbox_db, strict.port).raw, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
+        result = outbox("check", "--no-java", env=env)
     finally:
         stop(strict.pid)
     assert result.code != 0
     assert "ignore_startup_parameters" in result.out + result.err, result
 
 
-def test_outbox_check_names_a_pooler(outbox_db: DatabaseUrl, bouncer: dict[str, int]) -> None:
-    direct = outbox("check", "--no-java", env={"DATABASE_URL": outbox_db.raw})
+def test_outbox_check_names_a_pooler(outbox_db: DatabaseUrl, bouncer: dict[str, int], bootstrap: str) -> None:
+    kafka = {"KAFKA_BOOTSTRAP_SERVERS": bootstrap}  # one that answers, rather than a 10 s timeout
+    direct = outbox("check", "--no-java", env={"DATABASE_URL": outbox_db.raw, **kafka})
     assert "ok   pooler: none" in direct.out, direct
-    pooled = outbox("check", "--no-java", env={"DATABASE_URL": through(outbox_db, bouncer["session"]).raw})
+    pooled = outbox(
+        "check", "--no-java", env={"DATABASE_URL": through(outbox_db, bouncer["session"]).raw, **kafka}
+    )
     assert "WARN pooler: PostgreSQL is reached through a connection pooler" in pooled.out, pooled
 
 

@@ -82,6 +82,7 @@ def sink_job(
     *,
     mode: str = "plain",
     executors_port: int | None = None,
+    per_batch: int = 400,
 ) -> Job:
     """tests/jobs/sink_tasks_job.py through a URL without a port, the driver's going direct: on
     `cluster` (its workers each behind a link), or in local mode with the executors' Python workers
@@ -99,7 +100,7 @@ def sink_job(
         env["SPARK_MASTER"] = cluster.url
     if executors_port is not None:
         env["EXECUTOR_PGPORT"] = str(executors_port)
-    return Job([*argv, "400", mode, "available-now"], tmp / f"{run}.log", env)
+    return Job([*argv, str(per_batch), mode, "available-now"], tmp / f"{run}.log", env)
 
 
 def portless(url: DatabaseUrl) -> DatabaseUrl:
@@ -134,7 +135,8 @@ def test_an_executor_cut_from_postgres_mid_apply_has_its_task_retried_on_another
     expected = produce_orders(bootstrap, topic, 1500)
     with psycopg.connect(outbox_db.libpq) as blocker:
         hold_partition_1(blocker, topic)
-        job = sink_job(bootstrap, topic, outbox_db, tmp_path, "cut-executor", cluster)
+        # Two batches, not five: each batch's task on the cut worker waits out its budget (about 17 s).
+        job = sink_job(bootstrap, topic, outbox_db, tmp_path, "cut-executor", cluster, per_batch=800)
         try:
             cut = links[task_waiting_on_partition_1(pg, cluster)]
             cut.cut()
