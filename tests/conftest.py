@@ -54,11 +54,16 @@ LEVELS = ("unit", "integration", "faults")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Each test is marked with its level, the folder it lives in: `-m unit`, `-m "not faults"`."""
+    """Each test is marked with its level, the folder it lives in: `-m unit`, `-m "not faults"`.
+
+    The fault files run first and the unit files last (`make test` keeps this order with xdist's
+    --no-loadscope-reorder, which would otherwise start the files with the most tests first): a
+    worker that takes a two-minute fault file near the end of a run keeps the others waiting."""
     for item in items:
         level = next((part for part in item.path.parts if part in LEVELS), None)
         if level is not None:
             item.add_marker(level)
+    items.sort(key=lambda item: -next((LEVELS.index(p) for p in item.path.parts if p in LEVELS), -1))
 
 
 @pytest.hookimpl(wrapper=True)
