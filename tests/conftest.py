@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from itertools import chain, zip_longest
 from pathlib import Path
 from typing import NamedTuple
 
@@ -55,24 +54,11 @@ LEVELS = ("unit", "integration", "faults")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Each test is marked with its level, the folder it lives in: `-m unit`, `-m "not faults"`.
-
-    Then the files are put in the order `make test`'s workers take them (xdist's loadfile, with
-    --no-loadscope-reorder, which would otherwise start with the files that hold the most tests):
-    fault and integration files by turns, unit files last. A fault file mostly waits (a timeout,
-    an election) while the files beside it compute, and a run ends on short files, not with one
-    worker left alone on a two-minute fault test."""
-    files: dict[str, dict[Path, list[pytest.Item]]] = {level: {} for level in (*LEVELS, "")}
+    """Each test is marked with its level, the folder it lives in: `-m unit`, `-m "not faults"`."""
     for item in items:
-        level = next((part for part in item.path.parts if part in LEVELS), "")
-        if level:
+        level = next((part for part in item.path.parts if part in LEVELS), None)
+        if level is not None:
             item.add_marker(level)
-        files[level].setdefault(item.path, []).append(item)
-    turns = chain.from_iterable(
-        zip_longest(files["faults"].values(), files["integration"].values(), fillvalue=[])
-    )
-    groups = [*turns, *files["unit"].values(), *files[""].values()]
-    items[:] = [item for group in groups for item in group]
 
 
 @pytest.hookimpl(wrapper=True)
