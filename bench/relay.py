@@ -36,7 +36,7 @@ on the same rows: the cost of replication, as their ratios to the one broker's r
 
     python bench/relay.py [--events 200000] [--size 200] [--batch-size 5000] [--rounds 3]
                           [--warmup 1] [--rates 1000,10000] [--seconds 10] [--no-debezium] [--no-cluster]
-                          [--json]
+                          [--fault-seconds 12] [--fault-events 30000] [--json]
 
 Uses DATABASE_URL / KAFKA_BOOTSTRAP_SERVERS if set, else starts embedded services (PostgreSQL
 with wal_level=logical, which Debezium needs; a server of your own must have it too).
@@ -45,6 +45,7 @@ with wal_level=logical, which Debezium needs; a server of your own must have it 
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import signal
@@ -92,6 +93,15 @@ def arguments() -> argparse.Namespace:
     )
     parser.add_argument("--rates", default="1000,10000", help="events/s of the latency runs")
     parser.add_argument("--seconds", type=float, default=10, help="length of each latency run")
+    parser.add_argument(
+        "--fault-seconds",
+        type=float,
+        default=12,
+        help="length of each mid-stream kill -9 run, at 2,000 events/s",
+    )
+    parser.add_argument(
+        "--fault-events", type=int, default=30_000, help="events of the one transaction killed -9 inside"
+    )
     parser.add_argument("--no-debezium", action="store_true", help="measure the relay alone")
     parser.add_argument(
         "--cluster",
@@ -157,8 +167,13 @@ def measure(
         conn.execute("TRUNCATE outbox_events")
     latencies = latency_rounds(args, rates, url, bootstrap, peers, tmp)
     result: dict = {"args": vars(args), "rounds": rounds, "latency": latencies}
+    sized = {
+        "faults": {"seconds": args.fault_seconds},
+        "faults_inside_transaction": {"size": args.fault_events},
+    }
     for kind, (what, inject) in FAULTS.items():
-        result[kind] = fault_runs(kind, what, inject, url, bootstrap, tmp, peers)
+        run = functools.partial(inject, **sized[kind])
+        result[kind] = fault_runs(kind, what, run, url, bootstrap, tmp, peers)
     return result
 
 

@@ -40,8 +40,9 @@ def fault(
     schema: str,
     start: Callable[[], None],
     kill: Callable[[], None],
+    *,
+    seconds: float,
     rate: int = 2000,
-    seconds: float = 12.0,
 ) -> dict[str, object]:
     """Writers at `rate`/s for `seconds`, 10 events a transaction; the publisher is killed -9
     halfway and started again at once.
@@ -86,7 +87,8 @@ def fault_inside_transaction(
     schema: str,
     start: Callable[[], None],
     kill: Callable[[], None],
-    size: int = 30_000,
+    *,
+    size: int,
 ) -> dict[str, object]:
     """One transaction of `size` events written with one COPY; the publisher killed -9 as soon as
     the bench reads the first of them from the topic, and started again at once.
@@ -232,8 +234,8 @@ def _by_lsn(
 
 
 # The fault comparisons, each run on every publisher: the JSON key, how a line names it, the fault.
-# A fault's injection: (url, bootstrap, schema, start, kill) -> what it found.
-Inject = Callable[[DatabaseUrl, str, str, Callable[[], None], Callable[[], None]], dict[str, object]]
+# A fault's injection: (url, bootstrap, schema, start, kill, its size by keyword) -> what it found.
+Inject = Callable[..., dict[str, object]]
 FAULTS: dict[str, tuple[str, Inject]] = {
     "faults": ("mid-stream", fault),
     "faults_inside_transaction": ("inside one transaction", fault_inside_transaction),

@@ -29,6 +29,7 @@ BENCHES = {
     "relay": [
         *("bench/relay.py", "--events", "10000", "--batch-size", "500", "--rounds", "1", "--no-cluster"),
         *("--no-debezium", "--warmup", "0", "--rates", "500", "--seconds", "2"),
+        *("--fault-seconds", "4", "--fault-events", "5000"),
     ],
     "debezium_layout": ["bench/debezium_layout.py", "--events", "3000", "--no-debezium"],
     "scale": [
