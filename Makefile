@@ -49,7 +49,7 @@ soak: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest --basetemp=.tmp/pytest-fast tests/unit
 
-# The class-data archive of the tests' Spark drivers (tests/spark_conf.py), made once per checkout.
+# The class-data archive of the tests' Spark drivers (tests/spark_conf.py), made once per machine.
 spark-archive: $(STAMP)
 	$(PY) -m tests.spark_conf
 

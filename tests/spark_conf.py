@@ -26,17 +26,21 @@ job. `outbox_dev.spark_daemon` imports those modules once, before it forks, star
 The archive only fits a JVM whose class path starts as the workload's did. Spark's launcher puts
 `SPARK_CONF_DIR` ahead of its jars, and the JDK refuses to archive past a non-empty directory, so
 the conf puts pyspark's jars on `spark.driver.extraClassPath`, ahead of the conf dir: the classes
-come from there, and the same jars later on the path are never read. A standalone cluster's executors
-get the same options; a JVM whose path differs (a driver with jars of its own on its class path)
-loads its classes as before, silently.
+come from there, and the same jars later on the path are never read. Those jars are a copy (hard
+links where it can) in the dev tools' cache, named for their pyspark, and the archive sits beside
+them: each clone's venv has its jars at a path of its own, but every clone's JVMs have the same
+class path up to its conf dir, so the archive is made once a machine, not once a clone (a clean
+clone's `make test` had waited 40 s for it). A standalone cluster's executors get the same
+options; a JVM whose path differs (a driver with jars of its own on its class path) loads its
+classes as before, silently.
 The benches and users keep their JVMs' defaults.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -45,71 +49,85 @@ from pathlib import Path
 import pyspark
 from pyspark.sql import DataFrame
 
+from outbox.core.java import find_java
+from outbox_dev.jvm import cds, maven
+
 __all__ = ["prepare"]
 
 C1 = "-XX:TieredStopAtLevel=1"
-QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"  # a JVM that cannot use the archive says nothing
 JARS = Path(pyspark.__file__).parent / "jars"
 # How long an idle stream waits before it asks its source again; Spark's default is 10 ms.
 POLLING_DELAY = "250ms"
 
 
-def conf(archive: Path | None) -> str:
+def conf(jars: Path, archive: Path | None) -> str:
     """The text of `spark-defaults.conf`: the archive's option only once it exists."""
-    options = f"{C1} {QUIET} -XX:SharedArchiveFile={archive}" if archive else C1
+    options = f"{C1} {' '.join(cds.mapped(archive))}" if archive else C1
     return (
         "# Written by tests/spark_conf.py, which says why.\n"
         f"spark.driver.defaultJavaOptions {options}\n"
         f"spark.executor.defaultJavaOptions {options}\n"
-        f"spark.driver.extraClassPath {JARS}/*\n"
-        f"spark.executor.extraClassPath {JARS}/*\n"
+        f"spark.driver.extraClassPath {jars}/*\n"
+        f"spark.executor.extraClassPath {jars}/*\n"
         f"spark.sql.streaming.pollingDelay {POLLING_DELAY}\n"
         "spark.python.daemon.module outbox_dev.spark_daemon\n"
     )
 
 
-def key() -> str:
-    """What an archive depends on: the Java found, pyspark's jars and the conf dir's place."""
-    java = Path(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else Path("java")
-    version = subprocess.run([str(java), "-version"], capture_output=True, text=True, check=False).stderr
-    return hashlib.sha256(f"{version}|{pyspark.__version__}|{JARS}".encode()).hexdigest()[:16]
+def shared_jars() -> Path:
+    """pyspark's jars at a path every clone shares: linked (copied across file systems) into the
+    dev tools' cache once per pyspark, under a name its version and its jars give."""
+    found = sorted((f.name, f.stat().st_size) for f in JARS.glob("*.jar"))  # what `jars/*` names
+    digest = hashlib.sha256(f"{pyspark.__version__}|{found}".encode()).hexdigest()[:12]
+    folder = maven.cache_root() / "pyspark-jars" / f"{pyspark.__version__}-{digest}"
+    if folder.exists():
+        return folder
+    partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    for name, _ in found:
+        try:
+            os.link(JARS / name, partial / name)
+        except OSError:
+            shutil.copy2(JARS / name, partial / name)
+    try:
+        partial.rename(folder)
+    except OSError:  # another run linked them first
+        shutil.rmtree(partial, ignore_errors=True)
+    return folder
 
 
 def prepare(root: Path) -> Path:
-    """Write the conf dir under `root` and make its archive if missing; return the conf dir.
+    """Write the conf dir under `root`, and make the machine's archive if missing; return the conf dir.
 
     Run once before any test JVM starts (by `make spark-archive` beside mypy, and by pytest's
-    controller). Under a lock, so two runs on one checkout make it once. If the workload fails,
-    the conf goes without the archive: the tests then run as they did, only slower.
+    controller). If another run is making the archive, or the workload fails, the conf goes
+    without it: the tests then run as they did, only slower.
     """
     conf_dir = root / "spark-conf"
     conf_dir.mkdir(parents=True, exist_ok=True)
-    archive = root / f"spark-driver-{key()}.jsa"
-    with open(root / "spark-conf.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not archive.exists():
-            (conf_dir / "spark-defaults.conf").write_text(conf(None))
-            env = {**os.environ, "SPARK_CONF_DIR": str(conf_dir)}
-            partial = archive.with_suffix(".partial")
-            partial.unlink(missing_ok=True)
+    jars = shared_jars()
+    archive = cds.archive("spark-driver", find_java(needed_by="The tests' Spark").path, f"{jars}/*")
+    with cds.making(archive) as run:
+        if run.makes:
+            (conf_dir / "spark-defaults.conf").write_text(conf(jars, None))
             done = subprocess.run(
-                [sys.executable, "-m", "tests.spark_conf", "--workload", str(partial)],
-                env=env,
+                [sys.executable, "-m", "tests.spark_conf", "--workload", " ".join(run.options)],
+                env={**os.environ, "SPARK_CONF_DIR": str(conf_dir)},
                 cwd=Path(__file__).parent.parent,
                 capture_output=True,
                 text=True,
                 timeout=300,
                 check=False,
             )
-            if done.returncode == 0 and partial.exists():
-                partial.rename(archive)
-            else:
+            run.succeeded = done.returncode == 0
+            if not run.succeeded:
                 print(f"tests/spark_conf.py: no class-data archive ({done.stderr.strip()[-300:]})")
-        (conf_dir / "spark-defaults.conf").write_text(conf(archive if archive.exists() else None))
+    (conf_dir / "spark-defaults.conf").write_text(conf(jars, archive if archive.exists() else None))
     return conf_dir
 
 
-def workload(archive: Path) -> None:
+def workload(options: str) -> None:
     """What a test's driver does, in small: batch and streaming queries, Arrow, Python rows."""
     from pyspark.sql import SparkSession
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -135,7 +153,7 @@ def workload(archive: Path) -> None:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = (
         SparkSession.builder.master("local[2]")
-        .config("spark.driver.extraJavaOptions", f"-XX:ArchiveClassesAtExit={archive} {QUIET}")
+        .config("spark.driver.extraJavaOptions", options)
         .config("spark.ui.enabled", "false")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
@@ -160,6 +178,6 @@ def count(batch: DataFrame, _: int) -> None:
 
 if __name__ == "__main__":  # `make spark-archive`: before pytest, beside mypy
     if sys.argv[1:2] == ["--workload"]:
-        workload(Path(sys.argv[2]))
+        workload(sys.argv[2])
     else:
         prepare(Path(__file__).resolve().parent.parent / ".tmp")
