@@ -96,6 +96,11 @@ class Writers:
         assert not self.errors, self.errors
 
 
+# Timeouts under which a relay halted on a poison row tries it again after about 12 s, not 30
+# (RelaySettings.halt_wait): for the tests that wait for that try.
+SHORT_HALT = ("--kafka-timeout", "4", "--database-timeout", "4")
+
+
 def relay_job(
     tmp: Path, env: dict[str, str], name: str, *flags: str, pause_at: str = "none", label: str | None = None
 ) -> tuple[Job, Path]:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from confluent_kafka import ElectionType, IsolationLevel, TopicPartition
+from confluent_kafka import ElectionType, IsolationLevel, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
 
 from outbox import migrate
@@ -422,8 +422,14 @@ def test_the_sources_admin_client_waits_for_a_dead_leader_without_reconnecting_a
     admin = AdminClient({**admin_settings(options), "stats_cb": count, "statistics.interval.ms": 500})
     wanted = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(3)}
     committed = IsolationLevel.READ_COMMITTED
-    for answer in admin.list_offsets(wanted, isolation_level=committed).values():
-        answer.result(30)
+
+    def answered() -> bool:  # every partition led: the test before may have just restarted a node
+        try:
+            return all(a.result(10) for a in admin.list_offsets(wanted, isolation_level=committed).values())
+        except KafkaException:
+            return False
+
+    wait_for(answered, 60, "each partition's offsets")
     cluster.kill(node)
     try:
         deadline = time.monotonic() + 8  # within the 9 s the controller waits before it fences the node

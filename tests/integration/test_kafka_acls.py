@@ -34,7 +34,15 @@ from outbox.writer import add_event
 from outbox_dev.kafka import Broker
 from sinks.postgres import PostgresSink
 from tests.helpers import create_topic, produce_transaction, transactional_producer, unique, wait_for
-from tests.relay_support import ACTIVE, Committed, check_two_readers, relay_job, terminate, wait_published
+from tests.relay_support import (
+    ACTIVE,
+    SHORT_HALT,
+    Committed,
+    check_two_readers,
+    relay_job,
+    terminate,
+    wait_published,
+)
 from tests.sink_support import check_with_console, event, ledger, log_ends, run
 from tests.source_support import batch_read
 
@@ -215,7 +223,7 @@ def test_a_write_grant_revoked_while_it_runs_halts_on_the_topic_and_resumes_once
     needed = [*grants(name, positions), events_topic(topic)]
     set_acls(secured, needed)
     committed = write_events(outbox_db, topic, 10)
-    job, _ = relay_job(tmp_path, env, name)
+    job, _ = relay_job(tmp_path, env, name, *SHORT_HALT)
     job.wait_for_output(ACTIVE, 60)
     wait_published(secured.bootstrap, topic, 3, committed.count)
     other = create_topic(secured.bootstrap, unique("other"), 3)

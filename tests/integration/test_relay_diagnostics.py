@@ -29,7 +29,7 @@ def test_a_halted_relay_that_now_stands_by_says_so_in_its_metrics(
     with psycopg.connect(outbox_db.libpq) as conn:
         add_event(conn, unique("missing"), {"n": 1}, key="a")
     name = unique("relay")
-    job, _ = relay_job(tmp_path, env, name, "--database-timeout", "3")  # a halt of ~10 s
+    job, _ = relay_job(tmp_path, env, name, "--database-timeout", "3")
     job.wait_for_output("halted on a poison row", 60)
     served = re.search(r"/healthz url=(\S+)", job.output())
     assert served, job.output()

@@ -12,7 +12,7 @@ import pytest
 from outbox.core.config import DatabaseUrl
 from outbox.writer import Event, add_event, add_events
 from tests.helpers import create_topic, unique, wait_for
-from tests.relay_support import ACTIVE, published, relay_job, terminate
+from tests.relay_support import ACTIVE, SHORT_HALT, published, relay_job, terminate
 
 
 def test_poison_rows_halt_by_default_and_dead_letter_on_request(
@@ -89,7 +89,9 @@ def test_dead_lettering_waits_for_a_topic_created_late(
     with psycopg.connect(outbox_db.libpq) as conn:
         first = add_event(conn, late, {"n": 1}, key="a")
         after = add_event(conn, events_topic, {"n": 2}, key="a")
-    job, _ = relay_job(tmp_path, env, unique("relay"), "--on-poison", "dead-letter", "--topic-wait", "120")
+    job, _ = relay_job(
+        tmp_path, env, unique("relay"), "--on-poison", "dead-letter", "--topic-wait", "120", *SHORT_HALT
+    )
     job.wait_for_output("waiting for its topic", 60)
     assert published(bootstrap, events_topic, 3) == [], "nothing after the row waited on"
     create_topic(bootstrap, late)
