@@ -93,7 +93,7 @@ def test_a_link_too_slow_for_a_whole_batch_in_one_transaction(
     The relay takes smaller batches until one fits, and publishes every row once."""
     url = DatabaseUrl.parse(db.direct)
     topic = create_topic(kafka.direct, unique("slow"), partitions=PARTITIONS)
-    writers = Writers(url, topic).start(transactions=150)
+    writers = Writers(url, topic).start(transactions=80)  # some 640 rows: a first batch of 500
     writers.join()
     for link in kafka.links:  # 8 kB/s toward Kafka: 500 rows take some 11 s, past its 8 s
         link.add("bandwidth", "upstream", rate=8)
@@ -115,7 +115,7 @@ def test_a_link_too_slow_for_a_batch_of_large_rows_cut_by_its_bytes(
     the link, was read and cut the same way again and failed for ever."""
     url = DatabaseUrl.parse(db.direct)
     topic = create_topic(kafka.direct, unique("slow"), partitions=PARTITIONS)
-    events = [Event(topic, {"n": i, "pad": "x" * 2000}, key=f"k{i % 5}") for i in range(100)]
+    events = [Event(topic, {"n": i, "pad": "x" * 2000}, key=f"k{i % 5}") for i in range(60)]
     with psycopg.connect(url.libpq) as conn:
         add_events(conn, events)
     committed = Committed()
