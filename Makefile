@@ -39,7 +39,7 @@ TEST_WORKERS ?= 3
 test: $(STAMP)
 	@$(MAKE) --no-print-directory -j2 types spark-archive
 	$(PY) -m ruff check .
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --basetemp=.tmp/pytest -m "not soak"
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --basetemp=.tmp/pytest -m "not soak"
 
 # The long runs under load (the `soak` marker), apart from `make test`.
 soak: $(STAMP)

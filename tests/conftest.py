@@ -53,12 +53,38 @@ settings.load_profile("shared-cores")
 LEVELS = ("unit", "integration", "faults")
 
 
+# Fault files of one to three tests, each a minute or two of Spark or relay restarts. Ordered by
+# their count of tests, as xdist orders files, they came last, and a run ended with one worker
+# alone on them for a minute or more. (test_connect_faults.py stays in its place: beside another
+# Spark Connect server, its late-start test's worker missed Spark's 10 s to connect back.)
+LONG_FEW = (
+    "test_postgres_sink_crash.py",
+    "test_sink_routing_faults.py",
+    "test_demo.py",
+    "test_relay_storms.py",
+    "test_kafka_source_faults.py",
+    "test_sink_avro_faults.py",
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Each test is marked with its level, the folder it lives in: `-m unit`, `-m "not faults"`."""
+    """Each test is marked with its level, the folder it lives in: `-m unit`, `-m "not faults"`.
+
+    Then the files are put in the order `make test`'s workers take them (xdist's loadfile, with
+    --no-loadscope-reorder): LONG_FEW first, then the rest by their count of tests, most first,
+    as xdist itself would order them."""
+    files: dict[Path, list[pytest.Item]] = {}
     for item in items:
         level = next((part for part in item.path.parts if part in LEVELS), None)
         if level is not None:
             item.add_marker(level)
+        files.setdefault(item.path, []).append(item)
+
+    def turn(path: Path) -> tuple[int, int]:
+        first = LONG_FEW.index(path.name) if path.name in LONG_FEW else len(LONG_FEW)
+        return first, -len(files[path])
+
+    items[:] = [item for path in sorted(files, key=turn) for item in files[path]]
 
 
 @pytest.hookimpl(wrapper=True)
