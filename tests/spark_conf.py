@@ -30,7 +30,7 @@ come from there, and the same jars later on the path are never read. Those jars 
 links where it can) in the dev tools' cache, named for their pyspark, and the archive sits beside
 them: each clone's venv has its jars at a path of its own, but every clone's JVMs have the same
 class path up to its conf dir, so the archive is made once a machine, not once a clone (a clean
-clone's `make test` had waited 40 s for it). A standalone cluster's executors get the same
+clone's `make test` does not wait 40 s for it). A standalone cluster's executors get the same
 options; a JVM whose path differs (a driver with jars of its own on its class path) loads its
 classes as before, silently.
 The benches and users keep their JVMs' defaults.
