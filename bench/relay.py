@@ -2,8 +2,8 @@
 
 Writes N outbox rows of ~SIZE bytes, COPY by COPY of 50,000 rows, then publishes them, in the
 same batch size, four ways:
-  raw:           a confluent-kafka transactional producer, rows already in memory,
-                 one transaction per batch (the limit: no Postgres, no position record);
+  raw:           a confluent-kafka transactional producer, rows already in memory as they are
+                 sent, one transaction per batch (the limit: no Postgres, no position record);
   exactly-once:  the relay (snapshot-delta reads, Kafka transaction with the position);
   at-least-once: the same relay without Kafka transactions (records, flush, position, flush);
   Debezium:      the PostgreSQL connector with the outbox EventRouter on a Kafka Connect
@@ -18,7 +18,10 @@ relay` processes, as users run them, each under a new name with cleanup off, so 
 all N rows; what a run published is dropped after it, so every run meets the same broker. They
 run in turn, WARMUP rounds uncounted and then ROUNDS counted, in an order rotated each round;
 the ratios are medians of each round's own ratios, and each round's are kept too. Where the
-relay's time went comes from its own per-step counters (outbox_relay_step_seconds).
+relay's time went comes from its own per-step counters (outbox_relay_step_seconds). Each round
+ends with the rows read alone from PostgreSQL (a bare SELECT, batch by batch): the raw producer's
+CPU per event plus that read's is the least any relay spends, and all cores busy at that cost give
+the best relay / raw the machine allows in the round (bound_ratio_relay_vs_raw).
 Then commit-to-visible latency at each of RATES, ROUNDS times, every run printed (the target is
 on the worst), the relay with cleanup and without it: writers commit at a steady rate while one
 publisher runs; a read_committed consumer stamps each arrival; p50/p99 of arrival minus

@@ -41,11 +41,19 @@ RUN_LABELS = {
 
 
 def raw_producer(url: DatabaseUrl, bootstrap: str, batch: int, topic: str) -> None:
-    """The limit: rows in memory, one Kafka transaction per batch, same headers as the relay's."""
+    """The limit: rows in memory as they are sent (the relay's headers built at load, in start-up),
+    one Kafka transaction per batch."""
     with psycopg.connect(url.libpq) as conn:
-        rows = conn.execute(
-            "SELECT event_id, key, value, header_keys, header_values FROM outbox_events ORDER BY id"
-        ).fetchall()
+        rows = [
+            (
+                value,
+                key,
+                [("event_id", str(event_id).encode()), *zip(hkeys or (), hvalues or (), strict=True)],
+            )
+            for event_id, key, value, hkeys, hvalues in conn.execute(
+                "SELECT event_id, key, value, header_keys, header_values FROM outbox_events ORDER BY id"
+            )
+        ]
     producer = Producer(
         client_settings(
             {
@@ -59,11 +67,29 @@ def raw_producer(url: DatabaseUrl, bootstrap: str, batch: int, topic: str) -> No
     producer.init_transactions(30)
     for start in range(0, len(rows), batch):
         producer.begin_transaction()
-        for event_id, key, value, hkeys, hvalues in rows[start : start + batch]:
-            headers = [("event_id", str(event_id).encode()), *zip(hkeys or (), hvalues or (), strict=True)]
+        for value, key, headers in rows[start : start + batch]:
             producer.produce(topic, value, key, headers=headers)
         producer.commit_transaction(60)
     producer.flush(30)
+
+
+def read_alone(url: DatabaseUrl, batch: int) -> int:
+    """What any publisher from the outbox table does beyond the raw producer: bring its rows into
+    Python, `batch` at a time along the primary key; a bare SELECT of the columns a record needs (no
+    snapshot, no position, no budget), in binary. Returns the rows read."""
+    read, after = 0, 0
+    with psycopg.connect(url.libpq, autocommit=True) as conn:
+        while rows := (
+            conn.cursor(binary=True)
+            .execute(
+                "SELECT id, event_id, topic, key, value, header_keys, header_values FROM outbox_events"
+                " WHERE id > %s ORDER BY id LIMIT %s",
+                [after, batch],
+            )
+            .fetchall()
+        ):
+            read, after = read + len(rows), rows[-1][0]
+    return read
 
 
 def debezium_peers(

@@ -9,6 +9,7 @@ import statistics
 from relay_faults import FAULTS, _lost  # bench/relay_faults.py
 from relay_latency import _lat  # bench/relay_latency.py
 from relay_peers import LABELS, PEERS, RUN_LABELS, RUNS  # bench/relay_peers.py
+from relay_rounds import bound  # bench/relay_rounds.py
 
 from outbox.relay.metrics import STEPS as RELAY_STEPS
 
@@ -51,6 +52,8 @@ def throughput_figures(result: dict, counted: Rounds) -> dict:
     rounds, median = counted.rounds, statistics.median
     rate, ratios, cpu = counted.rate, counted.ratios, counted.cpu
     eos_vs_raw, eos_vs_alo = ratios("eos", "raw"), ratios("eos", "alo")
+    bounds = [bound(r) for r in rounds]
+    known = [b for b in bounds if b is not None]
     cores = os.cpu_count() or 1
     return {
         "events": result["args"]["events"],
@@ -67,6 +70,7 @@ def throughput_figures(result: dict, counted: Rounds) -> dict:
         "ratio_rounds": {
             "ratio_relay_vs_raw": eos_vs_raw,
             "exactly_once_cost": [round(1 - x, 3) for x in eos_vs_alo],
+            "bound_ratio_relay_vs_raw": bounds,
         },
         # CPU in the steady state, the machine's (broker, PostgreSQL, the reader included), and by
         # whom; start-up apart.
@@ -91,9 +95,12 @@ def throughput_figures(result: dict, counted: Rounds) -> dict:
         },
         # The most this machine gives each, all its cores busy at that CPU cost per event.
         "bound_per_s": {name: round(cores * 1e6 / cpu(who)) for who, name in RUNS.items() if cpu(who)},
-        # The best relay / raw this machine allows at the relay's CPU cost: below 1.0, the target is
-        # out of reach here until the relay costs less CPU per event than `cpu_us_per_event_for_raw`.
-        "bound_ratio_relay_vs_raw": round(cores * 1e6 / cpu("eos") / rate("raw"), 3) if cpu("eos") else None,
+        # The least CPU per event any relay spends: the raw producer's, and the same rows read from
+        # PostgreSQL alone (relay_peers.read_alone). All cores busy at that cost, the best relay / raw
+        # (`bound`): below 1.0 in a round, no relay on this machine meets the target there.
+        "read_alone_cpu_us_per_event": cpu("read"),
+        "floor_cpu_us_per_event": _round(cpu("raw") + cpu("read")),
+        "bound_ratio_relay_vs_raw": round(median(known), 3) if len(known) == len(bounds) else None,
         "cpu_us_per_event_for_raw": round(cores * 1e6 / rate("raw"), 1),
     }
 
@@ -165,7 +172,9 @@ def print_throughput(out: dict, counted: Rounds) -> None:
 
 
 def print_ratios(out: dict) -> None:
-    """Debezium's rates and the relay's ratios, each with its target and rounds; the cluster's."""
+    """Debezium's rates and the relay's ratios, each with its target and rounds, and the bound the
+    machine sets; the cluster's."""
+    cores = os.cpu_count() or 1
     eos_vs_raw = out["ratio_rounds"]["ratio_relay_vs_raw"]
     for name in (n for n in PEERS if f"{n}_per_s" in out):
         print(
@@ -176,11 +185,17 @@ def print_ratios(out: dict) -> None:
             f"{'relay / ' + LABELS[name]:<27}: {out[f'ratio_relay_vs_{name}']:>9} (target >= 2.0;"
             f" rounds {out['ratio_rounds'][f'ratio_relay_vs_{name}']})"
         )
+    bounds = out["ratio_rounds"]["bound_ratio_relay_vs_raw"]
     print(
         f"relay / raw                : {out['ratio_relay_vs_raw']:>9} (target >= 1.0 in every round;"
-        f" rounds {eos_vs_raw}); the machine's bound at the relay's CPU cost:"
-        f" {out['bound_ratio_relay_vs_raw']} (1.0 needs at most {out['cpu_us_per_event_for_raw']} us"
-        " per event)"
+        f" rounds {eos_vs_raw})"
+    )
+    print(
+        f"  the machine allows at most: {out['bound_ratio_relay_vs_raw']} (rounds {bounds}): {cores} cores"
+        f" busy at the raw producer's {out['raw_producer_cpu_us_per_event']} us CPU per event plus"
+        f" {out['read_alone_cpu_us_per_event']} to read the rows from PostgreSQL alone; 1.0 needs at most"
+        f" {out['cpu_us_per_event_for_raw']} us per event in all"
+        + ("; so the target is out of reach here" if all(b is not None and b < 1 for b in bounds) else "")
     )
     print(
         f"cost of exactly-once       : {out['exactly_once_cost']:>9.1%} (target <= 10%;"

@@ -43,7 +43,10 @@ KEYS = {
         *("ratio_sink_vs_jdbc", "ratio_sink_vs_hand", "ratio_sink_memory_vs_jdbc_memory", "breakdown"),
         *("ratio_sink_avro_vs_jdbc", "bound_ratio_sink_avro_vs_jdbc", "avro_decode_us_per_event"),
     ),
-    "relay": ("ratio_relay_vs_raw", "exactly_once_cost", "relay_steps_us_per_event", "latency", "faults"),
+    "relay": (
+        *("ratio_relay_vs_raw", "bound_ratio_relay_vs_raw", "exactly_once_cost", "relay_steps_us_per_event"),
+        *("latency", "faults"),
+    ),
     "scale": ("sink", "relay", "kafka_rc", "verdicts"),
     "debezium_layout": ("copy", "insert"),
 }
