@@ -193,7 +193,7 @@ def print_ratios(out: dict) -> None:
     print(
         f"  the machine allows at most: {out['bound_ratio_relay_vs_raw']} (rounds {bounds}): {cores} cores"
         f" busy at the raw producer's {out['raw_producer_cpu_us_per_event']} us CPU per event plus"
-        f" {out['read_alone_cpu_us_per_event']} to read the rows from PostgreSQL alone; 1.0 needs at most"
+        f" {out['read_alone_cpu_us_per_event']} to read the rows into Python alone; 1.0 needs at most"
         f" {out['cpu_us_per_event_for_raw']} us per event in all"
         + ("; so the target is out of reach here" if all(b is not None and b < 1 for b in bounds) else "")
     )

@@ -86,8 +86,8 @@ def throughput_rounds(
 
 def bound(runs: dict[str, dict[str, Any]]) -> float | None:
     """The best relay / raw this machine allows in a round: all its cores busy at the least CPU per
-    event any relay must spend, the raw producer's (the same records, transactions, broker and
-    reader) plus the read of the same rows from PostgreSQL (`read`). None without /proc/stat."""
+    event a relay must spend, the raw producer's (the same records, transactions, broker and
+    reader) plus the read of the same rows into Python (`read`). None without /proc/stat."""
     raw, read = runs["raw"]["cpu_us_per_event"], runs["read"]["cpu_us_per_event"]
     if raw is None or read is None:
         return None
