@@ -53,47 +53,25 @@ settings.load_profile("shared-cores")
 LEVELS = ("unit", "integration", "faults")
 
 
-# The files `make test`'s three workers take first (xdist's loadfile, with --no-loadscope-reorder):
-# those of a minute or more, longest first, and those that mostly wait (on brokers, proxies, a
-# relay's timeouts: "waits") each beside files that keep the cores busy. In the order of their
-# count of tests, the run at 9c48180 left the cores idle for 430 core-seconds, most of them while
-# three waiting files ran side by side. test_connect_faults.py runs minutes before the other
-# Spark Connect files: beside another Connect server, its late-start test's worker missed
-# Spark's 10 s to connect back. Durations: the run at 9c48180 (docs/testing.md).
-FIRST = (
-    "faults/test_cluster_loop.py",  # waits, 9 min
-    "faults/partitions/test_sink_links.py",
-    "faults/test_sink_tasks_faults.py",
-    "integration/test_benches.py",
-    "faults/test_connect_faults.py",
-    "faults/partitions/test_relay_links.py",  # waits, 6 min
-    "faults/test_postgres_sink_crash.py",
-    "faults/test_sink_routing_faults.py",
-    "faults/test_demo.py",
-    "faults/test_sink_rewind.py",
-    "faults/test_relay_faults.py",  # waits
-    "integration/test_connect.py",
-    "integration/test_migrations.py",
-    "faults/test_sink_avro_faults.py",
-    "integration/test_cli_errors.py",
-    "faults/test_relay_storms.py",
-    "integration/test_kafka_acls.py",  # waits
-    "faults/test_relay_rewind.py",
-    "integration/test_dev_stack.py",
-    "integration/test_sink_avro.py",
-    "faults/test_kafka_source_faults.py",
-    "faults/test_sink_lost_records.py",
-    "integration/test_postgres_sink_applies.py",
-    "integration/test_relay_publishing.py",  # waits
+# Fault files of one to three tests, each a minute or two of Spark or relay restarts. Ordered by
+# their count of tests, as xdist orders files, they came last, and a run ended with one worker
+# alone on them for a minute or more. (test_connect_faults.py stays in its place: beside another
+# Spark Connect server, its late-start test's worker missed Spark's 10 s to connect back.)
+LONG_FEW = (
+    "test_postgres_sink_crash.py",
+    "test_sink_routing_faults.py",
+    "test_demo.py",
+    "test_relay_storms.py",
+    "test_kafka_source_faults.py",
+    "test_sink_avro_faults.py",
 )
-TESTS = Path(__file__).parent
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each test is marked with its level, the folder it lives in: `-m unit`, `-m "not faults"`.
 
     Then the files are put in the order `make test`'s workers take them (xdist's loadfile, with
-    --no-loadscope-reorder): FIRST first, then the rest by their count of tests, most first,
+    --no-loadscope-reorder): LONG_FEW first, then the rest by their count of tests, most first,
     as xdist itself would order them."""
     files: dict[Path, list[pytest.Item]] = {}
     for item in items:
@@ -103,8 +81,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         files.setdefault(item.path, []).append(item)
 
     def turn(path: Path) -> tuple[int, int]:
-        name = path.relative_to(TESTS).as_posix() if path.is_relative_to(TESTS) else ""
-        return FIRST.index(name) if name in FIRST else len(FIRST), -len(files[path])
+        first = LONG_FEW.index(path.name) if path.name in LONG_FEW else len(LONG_FEW)
+        return first, -len(files[path])
 
     items[:] = [item for path in sorted(files, key=turn) for item in files[path]]
 
