@@ -19,9 +19,9 @@ all N rows; what a run published is dropped after it, so every run meets the sam
 run in turn, WARMUP rounds uncounted and then ROUNDS counted, in an order rotated each round;
 the ratios are medians of each round's own ratios, and each round's are kept too. Where the
 relay's time went comes from its own per-step counters (outbox_relay_step_seconds). Each round
-ends with the rows read alone from PostgreSQL (a bare SELECT, batch by batch): the raw producer's
-CPU per event plus that read's is the least any relay spends, and all cores busy at that cost give
-the best relay / raw the machine allows in the round (bound_ratio_relay_vs_raw).
+ends with the rows read alone into Python (a bare SELECT, batch by batch): the raw producer's CPU
+per event plus that read's is the least a relay like ours spends, and all cores busy at that cost
+give the best relay / raw the machine allows in the round (bound_ratio_relay_vs_raw).
 Then commit-to-visible latency at each of RATES, ROUNDS times, every run printed (the target is
 on the worst), the relay with cleanup and without it: writers commit at a steady rate while one
 publisher runs; a read_committed consumer stamps each arrival; p50/p99 of arrival minus

@@ -74,7 +74,7 @@ def raw_producer(url: DatabaseUrl, bootstrap: str, batch: int, topic: str) -> No
 
 
 def read_alone(url: DatabaseUrl, batch: int) -> int:
-    """What any publisher from the outbox table does beyond the raw producer: bring its rows into
+    """What a publisher from the outbox table does beyond the raw producer: bring its rows into
     Python, `batch` at a time along the primary key; a bare SELECT of the columns a record needs (no
     snapshot, no position, no budget), in binary. Returns the rows read."""
     read, after = 0, 0

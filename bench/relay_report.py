@@ -95,9 +95,9 @@ def throughput_figures(result: dict, counted: Rounds) -> dict:
         },
         # The most this machine gives each, all its cores busy at that CPU cost per event.
         "bound_per_s": {name: round(cores * 1e6 / cpu(who)) for who, name in RUNS.items() if cpu(who)},
-        # The least CPU per event any relay spends: the raw producer's, and the same rows read from
-        # PostgreSQL alone (relay_peers.read_alone). All cores busy at that cost, the best relay / raw
-        # (`bound`): below 1.0 in a round, no relay on this machine meets the target there.
+        # The least CPU per event a relay that reads the rows into Python spends: the raw producer's,
+        # and the same rows read alone (relay_peers.read_alone). All cores busy at that cost, the best
+        # relay / raw (`bound`): below 1.0 in a round, no such relay meets the target there.
         "read_alone_cpu_us_per_event": cpu("read"),
         "floor_cpu_us_per_event": _round(cpu("raw") + cpu("read")),
         "bound_ratio_relay_vs_raw": round(median(known), 3) if len(known) == len(bounds) else None,
