@@ -72,6 +72,8 @@ def throughput_figures(result: dict, counted: Rounds) -> dict:
             "exactly_once_cost": [round(1 - x, 3) for x in eos_vs_alo],
             "bound_ratio_relay_vs_raw": bounds,
         },
+        # Each counted round's rates, in the order the rounds ran.
+        "rounds_per_s": {name: [round(r[who]["steady_per_s"]) for r in rounds] for who, name in RUNS.items()},
         # CPU in the steady state, the machine's (broker, PostgreSQL, the reader included), and by
         # whom; start-up apart.
         **{f"{name}_cpu_us_per_event": cpu(who) for who, name in RUNS.items()},
