@@ -21,7 +21,7 @@ from pathlib import Path
 from outbox.core.errors import ConfigError
 from outbox.core.java import find_java
 from outbox_dev.errors import error
-from outbox_dev.jvm import maven
+from outbox_dev.jvm import JVM_FLAGS, maven
 from outbox_dev.process import free_port, spawn, wait_until
 from outbox_dev.service import Service
 
@@ -68,7 +68,7 @@ def start(data_dir: Path, port: int, *, die_with_parent: bool) -> Service:
         str(java()),
         "-Xms64m",
         "-Xmx384m",
-        "-XX:-UsePerfData",
+        *JVM_FLAGS,
         f"-Djava.io.tmpdir={data_dir}",  # also what names the process as this stack's
         "-Djava.util.logging.manager=org.jboss.logmanager.LogManager",
         "-Dquarkus.http.host=127.0.0.1",
