@@ -11,6 +11,6 @@
 # which live minutes at most and share two cores with what they serve: no /tmp/hsperfdata_<user>
 # left behind, and C1 only. C2's compiler threads took a third of a core for a broker's first
 # minutes, half its CPU under 20 transactions a second, 40% of a console consumer's, and
-# Apicurio's start 5.8-7.4 CPU-seconds against 3.2-3.6 (measured, 2 cores): more than they gave
+# Apicurio's start 5.8-7.4 CPU-seconds against 3.2-4.0 (measured, 2 cores): more than they gave
 # back to programs this short-lived.
 JVM_FLAGS = ("-XX:-UsePerfData", "-XX:TieredStopAtLevel=1")
