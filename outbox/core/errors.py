@@ -220,6 +220,17 @@ CORE = Conditions(
         "offset {offset} of partition {partition} is gone from {topic} (deleted by retention or"
         " delete-records): start at the partition's first offset, or leave it out to read from the start",
     ),
+    # A schema registry's answers (outbox/core/registry.py); `registry` has no credentials.
+    REGISTRY_REFUSED_CLIENT=Condition(
+        ConfigError,
+        "the schema registry at {registry} refused this client (HTTP {status}): check its credentials"
+        " (basic.auth.user.info, bearer.auth.*) and what that user may read",
+    ),
+    REGISTRY_REFUSED_REQUEST=Condition(
+        ConfigError,
+        "the schema registry at {registry} refused the request (HTTP {status}): is the URL its"
+        " Confluent-compatible API (for Apicurio, /apis/ccompat/v7)?",
+    ),
     # The framework's tables (outbox/core/tables.py).
     TABLES_MISSING=Condition(ConfigError, "{noun} {listed} {verb} missing{where}: " + _UPGRADE + "{note}"),
     TABLES_OUTDATED=Condition(

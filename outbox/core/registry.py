@@ -4,8 +4,13 @@ A record in Confluent's wire format names its writer schema by id; the id
 never changes what it names, so each Python worker asks the registry once per
 id and keeps the answer. A registry that does not answer is waited for, as
 Kafka is (sinks/kafka_source/cluster.py): one line when the wait starts and
-one when it answers again, nothing dead-lettered meanwhile. An id the
-registry does not know is the record's fault: `UnknownSchema`.
+one when it answers again, nothing dead-lettered meanwhile. So is one that
+answers for a while with a server error or with a 404 that is not its own (a
+proxy's or an ingress's, with no registry error code). Only the registry's
+own "not found" codes make an id unknown, the record's fault: `UnknownSchema`.
+A registry that refuses the client (401, 403, a bad request) fails the
+question in one coded line: waiting changes nothing, and neither would a
+dead letter.
 
 The client is Confluent's own (confluent-kafka's schema_registry), so its
 settings are theirs: `url`, `basic.auth.user.info`, `ssl.*`, and so on.
@@ -24,8 +29,9 @@ from urllib.parse import urlsplit
 log = logging.getLogger("outbox.registry")
 T = TypeVar("T")
 SAY_AFTER = 5.0  # seconds a registry may be silent before a line says the batch waits for it
-_NOT_FOUND = (40401, 40402, 40403)  # subject, version, schema not found
-_PASSING = (408, 429, 502, 503, 504)  # answers that pass by themselves: timed out, busy, restarting
+UNKNOWN_AFTER = 5.0  # seconds an id is asked for again before the registry's "not found" is final
+_NOT_FOUND = (40401, 40402, 40403)  # subject, version, schema not found: the registry's own words
+_PASSING = (404, 408, 429)  # besides 5xx, answers that pass by themselves: a route, timed out, busy
 Settings = tuple[tuple[str, str], ...]
 # Unless the settings say otherwise: a request that hangs (a registry stopped, not down) ends, and
 # is asked again by `ask`, which says that it waits, rather than by the client, which says nothing.
@@ -76,8 +82,21 @@ class Registry:
         key = (self.key, schema_id)
         found = _schemas.get(key)
         if found is None:
-            found = _schemas[key] = self.ask(lambda c: c.get_schema(schema_id))
+            found = _schemas[key] = self._issued(schema_id)
         return found
+
+    def _issued(self, schema_id: int) -> Any:
+        """A record names an id some registry issued: one that does not know it may be a follower
+        not yet caught up with its leader, so it is asked again for a while before the id is
+        taken for unknown."""
+        began = time.monotonic()
+        while True:
+            try:
+                return self.ask(lambda c: c.get_schema(schema_id))
+            except UnknownSchema:
+                if time.monotonic() - began >= UNKNOWN_AFTER:
+                    raise
+            time.sleep(1.0)
 
     def latest(self, subject: str) -> Any:
         """The newest registered version of a subject (RegisteredSchema)."""
@@ -95,11 +114,12 @@ class Registry:
             try:
                 answer = question(_client(self.settings))
             except SchemaRegistryError as exc:
-                if exc.error_code in _NOT_FOUND or exc.http_status_code == 404:
+                status = exc.http_status_code
+                if exc.error_code in _NOT_FOUND:
                     raise UnknownSchema(exc.error_message) from None
-                if exc.http_status_code not in _PASSING:
-                    raise  # refused (auth, a bad request, the registry's own error): waiting changes nothing
-                reason = f"HTTP {exc.http_status_code}"
+                if status not in _PASSING and not 500 <= status <= 599:
+                    raise self._refused(status) from None
+                reason = f"HTTP {status}" + ("" if status != 404 else ", not the registry's own 404")
             except transport_error() as exc:  # refused, reset, timed out
                 reason = type(exc).__name__
             else:
@@ -119,6 +139,13 @@ class Registry:
                 log.warning("schema registry at %s does not answer (%s); waiting for it", self.where, reason)
                 said = True
             time.sleep(min(1.0, 0.1 * 2 ** min(waited, 4)))
+
+    def _refused(self, status: int) -> Exception:
+        from outbox.core.errors import error
+
+        if status in (401, 403):
+            return error("REGISTRY_REFUSED_CLIENT", registry=self.where, status=status)
+        return error("REGISTRY_REFUSED_REQUEST", registry=self.where, status=status)
 
 
 _clients: dict[Settings, Any] = {}

@@ -4,7 +4,8 @@ A framed value is a zero byte, the writer schema's id (4 bytes, big-endian)
 and the Avro body. Each value is read with its writer schema, from the
 registry by id, and resolved to the reader schema by Avro's rules (fastavro),
 so a topic whose schema evolves (fields added with defaults, removed) keeps
-flowing into one table. A value that cannot be read gets its reason in the
+flowing into one table; where fastavro's resolution departs from Avro's own,
+avro_resolve.py corrects it once per schema. A value that cannot be read gets its reason in the
 `_error` column, and the sink dead-letters it; the rest of the batch goes on.
 
 `spark_type` is the reader schema's Spark type, decided once on the driver:
@@ -24,6 +25,7 @@ from pyspark.sql import types as T
 
 from outbox.core.registry import Registry, Settings, UnknownSchema
 from outbox.core.wire import framed
+from sinks.postgres import avro_resolve
 from sinks.postgres.decoded import Read
 
 AvroSchema = Any  # fastavro's parsed schema: a name, a dict, or a list (a union)
@@ -37,15 +39,16 @@ _PRIMITIVE: dict[str, T.DataType] = {
     "bytes": T.BinaryType(),
     "string": T.StringType(),
 }
-_LOGICAL: dict[str, T.DataType] = {
-    "date": T.DateType(),
-    "timestamp-millis": T.TimestampType(),
-    "timestamp-micros": T.TimestampType(),
-    "local-timestamp-millis": T.TimestampNTZType(),
-    "local-timestamp-micros": T.TimestampNTZType(),
-    "time-millis": T.StringType(),
-    "time-micros": T.StringType(),
-    "uuid": T.StringType(),
+# A logical type on another type than these is ignored, as the specification says.
+_LOGICAL: dict[tuple[str, str], T.DataType] = {
+    ("int", "date"): T.DateType(),
+    ("long", "timestamp-millis"): T.TimestampType(),
+    ("long", "timestamp-micros"): T.TimestampType(),
+    ("long", "local-timestamp-millis"): T.TimestampNTZType(),
+    ("long", "local-timestamp-micros"): T.TimestampNTZType(),
+    ("int", "time-millis"): T.StringType(),
+    ("long", "time-micros"): T.StringType(),
+    ("string", "uuid"): T.StringType(),
 }
 _MAX_PRECISION = 38  # Spark's decimals; a wider one is text
 
@@ -70,8 +73,8 @@ def _spark(schema: AvroSchema, named: dict[str, Any], open_records: tuple[str, .
     if logical == "decimal" and kind in ("bytes", "fixed"):
         precision, scale = int(schema["precision"]), int(schema.get("scale", 0))
         return T.DecimalType(precision, scale) if precision <= _MAX_PRECISION else T.StringType()
-    if logical in _LOGICAL:
-        return _LOGICAL[logical]
+    if (kind, logical) in _LOGICAL:
+        return _LOGICAL[kind, logical]
     if kind == "record" or kind == "error":
         if schema["name"] in open_records:  # a record that holds itself: its JSON text
             return T.StringType()
@@ -107,8 +110,9 @@ class _Schemas:
         import fastavro
 
         self.registry = registry
-        self.reader = fastavro.parse_schema(reader)
-        self.same = json.dumps(self.reader, sort_keys=True)
+        parsed = fastavro.parse_schema(reader)
+        self.same = json.dumps(parsed, sort_keys=True)
+        self.reader = avro_resolve.with_defaults(parsed)
 
     def decode(self, values: list[bytes | None]) -> tuple[list[dict[str, Any] | None], list[str | None]]:
         """Each value's record (None for a tombstone or an error), and each one's error."""
@@ -135,7 +139,13 @@ class _Schemas:
             buffer = io.BytesIO(body)
             try:
                 record = fastavro.schemaless_reader(buffer, *writer)
-            except Exception as exc:  # fastavro's: EOFError, ValueError, SchemaResolutionError, ...
+            except (EOFError, IndexError):  # fastavro's for a body that ends early
+                records.append(None)
+                errors.append(
+                    f"the value ends inside its record of writer schema id {schema_id}: it is cut short"
+                )
+                continue
+            except Exception as exc:  # fastavro's: ValueError, SchemaResolutionError, ...
                 records.append(None)
                 errors.append(
                     f"the value does not decode as Avro of writer schema id {schema_id}: {_said(exc)}"
@@ -166,6 +176,8 @@ def _writer(registry: Registry, schema_id: int, reader: Any, same: str) -> tuple
 
 
 def _fetch_writer(registry: Registry, schema_id: int, reader: Any, same: str) -> tuple[Any, Any] | str:
+    """The writer schema of an id and the reader to resolve it to, or why the id has none. Only
+    the registry's answers are kept: a registry that fails to answer raises, and is asked again."""
     import fastavro
 
     try:
@@ -174,15 +186,18 @@ def _fetch_writer(registry: Registry, schema_id: int, reader: Any, same: str) ->
         return f"schema id {schema_id} is not known to the schema registry at {registry.where}"
     if (schema.schema_type or "AVRO") != "AVRO":
         return f"schema id {schema_id} is a {schema.schema_type} schema, not Avro"
+    references = _references(registry, schema)
     try:
         named: dict[str, Any] = {}
-        for ref in _references(registry, schema):
+        for ref in references:
             fastavro.parse_schema(json.loads(ref), named_schemas=named)
         writer = fastavro.parse_schema(json.loads(schema.schema_str), named_schemas=named)
     except Exception as exc:
         return f"schema id {schema_id} is not an Avro schema fastavro reads: {_said(exc)}"
     # Read with the writer schema alone where it is the reader's: no resolution to do.
-    return (writer, None) if json.dumps(writer, sort_keys=True) == same else (writer, reader)
+    if json.dumps(writer, sort_keys=True) == same:
+        return avro_resolve.aligned(writer, writer), None
+    return avro_resolve.aligned(writer, reader), reader
 
 
 def _references(registry: Registry, schema: Any, seen: frozenset[tuple[str, int]] = frozenset()) -> list[str]:

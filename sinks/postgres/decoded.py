@@ -8,6 +8,7 @@ each reason in `_error`, which the sink dead-letters.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -59,7 +60,15 @@ def _text(value: Any) -> str | None:
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, dict | list | bool | int | float):
-        return json.dumps(value, default=str, separators=(",", ":"))
+        return json.dumps(value, default=_json, separators=(",", ":"))
+    return _json(value)
+
+
+def _json(value: Any) -> str:
+    """A value JSON has no type for as text: bytes in base64 (as Spark's to_json writes binary),
+    times and dates in ISO 8601, the rest (a decimal, a UUID) as its own text; never a repr."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return base64.b64encode(bytes(value)).decode()
     return value.isoformat() if hasattr(value, "isoformat") else str(value)
 
 

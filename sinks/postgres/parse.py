@@ -146,9 +146,10 @@ def parse_protobuf(
     """Decode Kafka values written in Confluent's wire format with Protobuf, as parse_avro does Avro.
 
     The reader is `message` (a full name; by default the first message) of the newest schema of
-    `subject` (by default `<topic>-value`) when the query starts. Each record is parsed with its
-    writer's message, named by its schema id and message indexes, and its fields are taken by
-    name: one the writer has not is NULL.
+    `subject` (by default `<topic>-value`) when the query starts. Each record's schema id and
+    message indexes must name that message; it is parsed by the reader message, so its fields
+    are taken by number, as Protobuf reads an evolved message: one the writer has not has its
+    default (NULL where it has presence).
     """
     try:
         from confluent_kafka.schema_registry.error import SchemaRegistryError

@@ -2,21 +2,24 @@
 
 After the magic byte and the schema id, a Protobuf body starts with the path
 of its message in the schema's file: a count and indexes, as zig-zag varints
-(a lone 0: the first message). Each value is parsed with its writer's
-descriptor, from the registry by id in its serialized form (a
-FileDescriptorProto; the form Confluent's Python serializer registers, and
-what a registry gives for `format=serialized`), and its fields are taken by
-name into the reader message's columns: a field the writer has not is NULL,
-one the reader has not is left out, as Protobuf's own evolution rules read.
+(a lone 0: the first message). The writer's file comes from the registry by
+id (serialized, as a FileDescriptorProto, the form Confluent's Python
+serializer registers; or .proto text, as Java's does), and the path must
+name the reader's message. The value is then parsed by the reader message
+itself, so its fields are taken by number, as Protobuf reads an evolved
+message: a field renamed keeps its values, one the writer has not has its
+default (NULL where it has presence), one the reader has not is left out.
 
 Types: integers as Spark's (uint64 as decimal(20,0)), enums by name,
 messages as structs (a message that holds itself: JSON text), repeated as
-arrays, maps as maps, google.protobuf.Timestamp as a timestamp.
+arrays, maps as maps, google.protobuf.Timestamp as a timestamp, the wrappers
+(StringValue, ...) as their value.
 """
 
 from __future__ import annotations
 
 import base64
+import importlib
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,11 +30,17 @@ from typing import Any
 
 from pyspark.sql import types as T
 
+from outbox.core.errors import OutboxError
 from outbox.core.registry import Registry, UnknownSchema
 from outbox.core.wire import framed
 from sinks.postgres.decoded import Read
 
 _TIMESTAMP = "google.protobuf.Timestamp"
+# google.protobuf's wrappers: a scalar that may be absent, read as its value (NULL where unset).
+_WRAPPERS = frozenset(
+    f"google.protobuf.{name}Value"
+    for name in ("Double", "Float", "Int64", "UInt64", "Int32", "UInt32", "Bool", "String", "Bytes")
+)
 MAIN = "registered.proto"  # the file name a schema registered as .proto text is compiled under
 _SCALARS: dict[int, T.DataType] = {}  # FieldDescriptor type -> Spark type, filled below
 
@@ -83,6 +92,8 @@ def _single_type(field: Any, open_messages: tuple[str, ...]) -> T.DataType:
         return _scalars()[field.type]
     if message.full_name == _TIMESTAMP:
         return T.TimestampType()
+    if message.full_name in _WRAPPERS:
+        return _single_type(message.fields_by_name["value"], open_messages)
     if message.full_name in open_messages:
         return T.StringType()  # a message that holds itself: its JSON text
     return spark_type(message, open_messages)
@@ -119,6 +130,8 @@ def _single(field: Any, value: Any) -> Any:
     if field.message_type is not None:
         if field.message_type.full_name == _TIMESTAMP:
             return value.ToDatetime(tzinfo=UTC)
+        if field.message_type.full_name in _WRAPPERS:
+            return value.value
         return to_python(value)
     if field.enum_type is not None:
         named = field.enum_type.values_by_number.get(value)
@@ -232,22 +245,39 @@ def _serialized(text: str) -> bytes | None:
 
 
 def pool_of(files: Sequence[bytes]) -> Any:
-    """A descriptor pool holding the files, and the well-known types they import."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, timestamp_pb2
+    """A descriptor pool holding the files, and the well-known types they import (google/protobuf/*,
+    google/type/* where googleapis-common-protos is installed), which Confluent's Python serializer
+    does not register as references."""
+    from google.protobuf import descriptor_pb2, descriptor_pool
 
     pool = descriptor_pool.DescriptorPool()
-    known = {timestamp_pb2.DESCRIPTOR.name: timestamp_pb2.DESCRIPTOR.serialized_pb}
+    given = {descriptor_pb2.FileDescriptorProto.FromString(data).name: data for data in files}
     added: set[str] = set()
-    for data in files:
-        proto = descriptor_pb2.FileDescriptorProto.FromString(data)
-        for dependency in proto.dependency:
-            if dependency in known and dependency not in added:
-                pool.AddSerializedFile(known[dependency])
-                added.add(dependency)
-        if proto.name not in added:
+
+    def add(name: str, data: bytes) -> None:
+        for dependency in descriptor_pb2.FileDescriptorProto.FromString(data).dependency:
+            if dependency not in added:
+                found = given.get(dependency) or _well_known(dependency)
+                if found is not None:
+                    add(dependency, found)
+        if name not in added:
             pool.AddSerializedFile(data)
-            added.add(proto.name)
+            added.add(name)
+
+    for name, data in given.items():
+        add(name, data)
     return pool
+
+
+def _well_known(path: str) -> bytes | None:
+    """The serialized file of a well-known type the Python runtime ships, by its import path."""
+    if not path.endswith(".proto") or not path.startswith(("google/protobuf/", "google/type/")):
+        return None
+    try:
+        module = importlib.import_module(path[: -len(".proto")].replace("/", ".") + "_pb2")
+    except ImportError:
+        return None
+    return bytes(module.DESCRIPTOR.serialized_pb)
 
 
 @dataclass(frozen=True)
@@ -261,7 +291,7 @@ class ProtobufValues:
         return pool_of(self.files).FindMessageTypeByName(self.message)
 
     def reader_in(self, registry: Registry) -> Read:
-        return _Writers(registry).decode
+        return _Writers(registry, self.descriptor()).decode
 
 
 # Per Python worker: (registry, schema id) -> its file descriptor, or why none.
@@ -269,8 +299,16 @@ _files: dict[tuple[Any, int], Any] = {}
 
 
 class _Writers:
-    def __init__(self, registry: Registry) -> None:
+    """Values parsed by the reader's message, as Protobuf reads an evolved message: by field number
+    (a field renamed keeps its values; one the writer has not has its default, or none where it has
+    presence), after the writer's id and message path are checked against the registry."""
+
+    def __init__(self, registry: Registry, reader: Any) -> None:
+        from google.protobuf import message_factory
+
         self.registry = registry
+        self.reader = reader
+        self.kind = message_factory.GetMessageClass(reader)
 
     def file(self, schema_id: int) -> Any:
         key = (self.registry.key, schema_id)
@@ -280,6 +318,10 @@ class _Writers:
         return found
 
     def _fetch(self, schema_id: int) -> Any:
+        """The writer's file descriptor, or why it has none. Only the registry's answers are kept: a
+        registry that fails to answer raises, and is asked again."""
+        from google.protobuf import descriptor_pb2
+
         try:
             schema = self.registry.schema(schema_id)
         except UnknownSchema:
@@ -288,17 +330,14 @@ class _Writers:
             return f"schema id {schema_id} is a {schema.schema_type or 'AVRO'} schema, not Protobuf"
         try:
             files = files_of(self.registry, schema)
-            pool = pool_of(files)
-            from google.protobuf import descriptor_pb2
-
             name = descriptor_pb2.FileDescriptorProto.FromString(files[-1]).name
-            return pool.FindFileByName(name)
+            return pool_of(files).FindFileByName(name)
+        except (OutboxError, TimeoutError):
+            raise  # the registry refused or did not answer: no fault of the record's, and not kept
         except Exception as exc:
             return f"schema id {schema_id} does not read as Protobuf: {exc}"
 
     def decode(self, values: list[bytes | None]) -> tuple[list[dict[str, Any] | None], list[str | None]]:
-        from google.protobuf import message_factory
-
         records: list[dict[str, Any] | None] = []
         errors: list[str | None] = []
         for value in values:
@@ -307,21 +346,25 @@ class _Writers:
             if isinstance(got, str):
                 why = got
             elif got is not None:
-                schema_id, body = got
-                file = self.file(schema_id)
-                if isinstance(file, str):
-                    why = file
-                else:
-                    try:
-                        indexes, start = message_indexes(body)
-                        kind = message_factory.GetMessageClass(message_at(file, indexes))
-                        record = to_python(kind.FromString(bytes(body[start:])))
-                    except Exception as exc:  # DecodeError, an index past the file's messages, ...
-                        text = str(exc).splitlines()[0][:200] if str(exc) else ""
-                        why = (
-                            f"the value does not decode as Protobuf of writer schema id {schema_id}:"
-                            f" {type(exc).__name__}{': ' + text if text else ''}"
-                        )
+                record, why = self._one(*got)
             records.append(record)
             errors.append(why)
         return records, errors
+
+    def _one(self, schema_id: int, body: memoryview) -> tuple[dict[str, Any] | None, str | None]:
+        file = self.file(schema_id)
+        if isinstance(file, str):
+            return None, file
+        try:
+            indexes, start = message_indexes(body)
+            written = message_at(file, indexes).full_name
+            if written != self.reader.full_name:
+                wanted = self.reader.full_name
+                return None, f"the value is a {written} (writer schema id {schema_id}), not a {wanted}"
+            return to_python(self.kind.FromString(bytes(body[start:]))), None
+        except Exception as exc:  # DecodeError, an index past the file's messages, ...
+            text = str(exc).splitlines()[0][:200] if str(exc) else ""
+            return None, (
+                f"the value does not decode as Protobuf of writer schema id {schema_id}:"
+                f" {type(exc).__name__}{': ' + text if text else ''}"
+            )

@@ -1,0 +1,180 @@
+"""What Avro's resolution gives a reader, where fastavro alone gives something else.
+
+The specification (and Avro's Java implementation) reads a resolved value as
+the reader schema says: a field the writer lacks gets the reader's default,
+read as a value of the field's type, its logical type included (a `bytes`
+default is the code points of a JSON string, a decimal's are its two's
+complement, a timestamp-millis default is milliseconds); and a logical type
+is the reader's, not the writer's (a writer's `long` read by a reader's
+`timestamp-millis` is an instant). fastavro fills in a default as its raw
+JSON and applies the writer's logical type. Both are corrected here once per
+schema, not per record: the reader's defaults are made the values they
+stand for, and the writer schema is given the reader's logical types
+wherever the two meet, so fastavro's own readers convert them.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+from fastavro import _read_py
+from fastavro import read as fastavro_read
+
+AvroSchema = Any  # fastavro's parsed schema: a name, a dict, or a list (a union)
+# fastavro's own test of which reader branch of a union a writer node is read into.
+_matches: Callable[[AvroSchema, AvroSchema, dict[str, Any]], bool] = _read_py.match_types
+
+_PRIMITIVE = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
+_LOGICAL_KEYS = ("logicalType", "precision", "scale")
+# fastavro's converters by "<type>-<logical type>": the pairs the specification defines. A logical
+# type on another type is ignored, by the specification and here (and by spark_type).
+_STANDARD = dict(fastavro_read.LOGICAL_READERS)
+# A reader's logical type on a `long` met by a writer's `int`: Avro promotes the int, then reads it
+# as the reader's type. fastavro keys converters by the writer's type, so the aligned writer names
+# these under a logical type of this module's own, which no schema of a user's carries.
+_PROMOTED_PREFIX = "outbox-eos.promoted."
+_PROMOTED = {
+    f"int-{_PROMOTED_PREFIX}{logical}": _STANDARD[f"long-{logical}"]
+    for logical in (
+        "timestamp-millis",
+        "timestamp-micros",
+        "local-timestamp-millis",
+        "local-timestamp-micros",
+        "time-micros",
+    )
+}
+
+
+def with_defaults(reader: AvroSchema) -> AvroSchema:
+    """A copy of the parsed reader schema whose field defaults are the values they stand for."""
+    out = copy.deepcopy(reader)
+    named = out.get("__named_schemas", {}) if isinstance(out, dict) else {}
+    fields = {id(f): f for record in _records(out, named) for f in record["fields"]}  # shared by copies
+    for field in fields.values():
+        if "default" in field:
+            field["default"] = default_value(field["type"], field["default"], named)
+    return out
+
+
+def _records(schema: AvroSchema, named: dict[str, Any]) -> list[dict[str, Any]]:
+    """The record definitions in a parsed schema, each once."""
+    found: dict[int, dict[str, Any]] = {}
+
+    def walk(node: AvroSchema) -> None:
+        if isinstance(node, list):
+            for branch in node:
+                walk(branch)
+        elif isinstance(node, dict):
+            kind = node.get("type")
+            if kind in ("record", "error") and id(node) not in found:
+                found[id(node)] = node
+                for field in node["fields"]:
+                    walk(field["type"])
+            elif kind == "array":
+                walk(node["items"])
+            elif kind == "map":
+                walk(node["values"])
+
+    walk(schema)
+    for definition in named.values():
+        walk(definition)
+    return list(found.values())
+
+
+def default_value(schema: AvroSchema, value: Any, named: dict[str, Any]) -> Any:
+    """A field default (JSON) as the value of its type that a decoded record would hold."""
+    if value is None:
+        return None
+    if isinstance(schema, list):  # the default is of the union's first type (or, null aside, next)
+        branches = [b for b in schema if b != "null"] if schema and schema[0] == "null" else schema
+        return default_value(branches[0], value, named) if branches else value
+    if isinstance(schema, str):
+        return _plain(schema, value) if schema in _PRIMITIVE else default_value(named[schema], value, named)
+    kind = schema["type"]
+    if kind in ("record", "error"):
+        return {
+            f["name"]: default_value(f["type"], value.get(f["name"], f.get("default")), named)
+            for f in schema["fields"]
+        }
+    if kind == "array":
+        return [default_value(schema["items"], v, named) for v in value]
+    if kind == "map":
+        return {k: default_value(schema["values"], v, named) for k, v in value.items()}
+    if kind == "enum":
+        return value
+    data = _plain(kind, value)
+    convert = _STANDARD.get(f"{kind}-{schema.get('logicalType')}")
+    return data if convert is None else convert(data, schema, schema)
+
+
+def _plain(kind: str, value: Any) -> Any:
+    if kind in ("bytes", "fixed") and isinstance(value, str):
+        return value.encode("latin-1")  # the specification's rule: code points 0-255 are the bytes
+    if kind in ("float", "double") and isinstance(value, int):
+        return float(value)
+    return value
+
+
+def aligned(writer: AvroSchema, reader: AvroSchema) -> AvroSchema:
+    """A copy of the parsed writer schema carrying the reader's logical types where they meet (and
+    none that the specification ignores: give the writer itself as the reader for that alone)."""
+    fastavro_read.LOGICAL_READERS.update(_PROMOTED)
+    out = copy.deepcopy(writer)
+    named = {
+        "writer": out.get("__named_schemas", {}) if isinstance(out, dict) else {},
+        "reader": reader.get("__named_schemas", {}) if isinstance(reader, dict) else {},
+    }
+    return _align(out, reader, named, set())
+
+
+def _align(w: AvroSchema, r: AvroSchema, named: dict[str, Any], done: set[int]) -> AvroSchema:
+    """The writer's node with the reader's logical types, as fastavro pairs the two nodes."""
+    if isinstance(r, str) and r not in _PRIMITIVE:
+        r = named["reader"].get(r, r)
+    if isinstance(w, list):
+        return [_align(b, r, named, done) for b in w]
+    if isinstance(r, list):
+        branch = next((b for b in r if _matches(w, b, named)), None)  # as fastavro picks it
+        return w if branch is None else _align(w, branch, named, done)
+    if isinstance(w, str) and w not in _PRIMITIVE:
+        return w  # a named type met again: aligned where it is defined
+    kind = w if isinstance(w, str) else w["type"]
+    r_kind = r if isinstance(r, str) else r.get("type")
+    if isinstance(w, dict) and id(w) in done:
+        return w
+    if kind in ("record", "error") and isinstance(r, dict) and r_kind in ("record", "error"):
+        done.add(id(w))
+        by_name = {f["name"]: f for f in r["fields"]}
+        by_name.update({a: f for f in r["fields"] for a in f.get("aliases", []) if a not in by_name})
+        for field in w["fields"]:
+            if field["name"] in by_name:
+                field["type"] = _align(field["type"], by_name[field["name"]]["type"], named, done)
+        return w
+    if kind == "array" and r_kind == "array":
+        w["items"] = _align(w["items"], r["items"], named, done)
+        return w
+    if kind == "map" and r_kind == "map":
+        w["values"] = _align(w["values"], r["values"], named, done)
+        return w
+    if kind in _PRIMITIVE or kind == "fixed":
+        return _annotated(w, kind, r)
+    return w
+
+
+def _annotated(w: AvroSchema, kind: str, r: AvroSchema) -> AvroSchema:
+    """A primitive or fixed writer node with the reader's logical annotation in place of its own."""
+    wants = {k: r[k] for k in _LOGICAL_KEYS if isinstance(r, dict) and k in r}
+    logical = wants.get("logicalType")
+    if f"{r if isinstance(r, str) else r['type']}-{logical}" not in _STANDARD:
+        wants = {}  # none, or one the specification ignores on the reader's type
+    elif f"{kind}-{logical}" not in _STANDARD:  # the writer's type is promoted to the reader's
+        promoted = f"{_PROMOTED_PREFIX}{logical}"
+        wants = {"logicalType": promoted} if f"{kind}-{promoted}" in _PROMOTED else {}
+    if isinstance(w, str):
+        return {"type": w, **wants} if wants else w
+    for k in _LOGICAL_KEYS:
+        w.pop(k, None)
+    w.update(wants)
+    return w
