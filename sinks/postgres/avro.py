@@ -25,7 +25,6 @@ from pyspark.sql import types as T
 
 from outbox.core.registry import Registry, Settings, UnknownSchema
 from outbox.core.wire import framed
-from sinks.postgres import avro_resolve
 from sinks.postgres.decoded import Read
 
 AvroSchema = Any  # fastavro's parsed schema: a name, a dict, or a list (a union)
@@ -109,6 +108,8 @@ class _Schemas:
     def __init__(self, registry: Registry, reader: dict[str, Any]) -> None:
         import fastavro
 
+        from sinks.postgres import avro_resolve
+
         self.registry = registry
         parsed = fastavro.parse_schema(reader)
         self.same = json.dumps(parsed, sort_keys=True)
@@ -179,6 +180,8 @@ def _fetch_writer(registry: Registry, schema_id: int, reader: Any, same: str) ->
     """The writer schema of an id and the reader to resolve it to, or why the id has none. Only
     the registry's answers are kept: a registry that fails to answer raises, and is asked again."""
     import fastavro
+
+    from sinks.postgres import avro_resolve
 
     try:
         schema = registry.schema(schema_id)

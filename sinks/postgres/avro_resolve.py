@@ -16,35 +16,53 @@ wherever the two meet, so fastavro's own readers convert them.
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable
 from typing import Any
 
-from fastavro import _read_py
-from fastavro import read as fastavro_read
-
 AvroSchema = Any  # fastavro's parsed schema: a name, a dict, or a list (a union)
-# fastavro's own test of which reader branch of a union a writer node is read into.
-_matches: Callable[[AvroSchema, AvroSchema, dict[str, Any]], bool] = _read_py.match_types
+Converter = Callable[[Any, AvroSchema, AvroSchema], Any]
 
 _PRIMITIVE = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
 _LOGICAL_KEYS = ("logicalType", "precision", "scale")
-# fastavro's converters by "<type>-<logical type>": the pairs the specification defines. A logical
-# type on another type is ignored, by the specification and here (and by spark_type).
-_STANDARD = dict(fastavro_read.LOGICAL_READERS)
 # A reader's logical type on a `long` met by a writer's `int`: Avro promotes the int, then reads it
 # as the reader's type. fastavro keys converters by the writer's type, so the aligned writer names
 # these under a logical type of this module's own, which no schema of a user's carries.
 _PROMOTED_PREFIX = "outbox-eos.promoted."
-_PROMOTED = {
-    f"int-{_PROMOTED_PREFIX}{logical}": _STANDARD[f"long-{logical}"]
-    for logical in (
-        "timestamp-millis",
-        "timestamp-micros",
-        "local-timestamp-millis",
-        "local-timestamp-micros",
-        "time-micros",
-    )
-}
+_PROMOTABLE = (
+    "timestamp-millis",
+    "timestamp-micros",
+    "local-timestamp-millis",
+    "local-timestamp-micros",
+    "time-micros",
+)
+
+
+@functools.cache
+def _standard() -> dict[str, Converter]:
+    """fastavro's converters by "<type>-<logical type>": the pairs the specification defines. A
+    logical type on another type is ignored, by the specification and here (and by spark_type)."""
+    from fastavro import read  # the registry extra's, imported where Avro is read
+
+    return dict(read.LOGICAL_READERS)
+
+
+@functools.cache
+def _promoted() -> dict[str, Converter]:
+    """The converters of the promoted logical types, registered with fastavro's own readers."""
+    from fastavro import read
+
+    promoted = {f"int-{_PROMOTED_PREFIX}{logical}": _standard()[f"long-{logical}"] for logical in _PROMOTABLE}
+    read.LOGICAL_READERS.update(promoted)
+    return promoted
+
+
+def _matches(writer: AvroSchema, reader: AvroSchema, named: dict[str, Any]) -> bool:
+    """fastavro's own test of which reader branch of a union a writer node is read into."""
+    from fastavro import _read_py
+
+    match: Callable[[AvroSchema, AvroSchema, dict[str, Any]], bool] = _read_py.match_types
+    return match(writer, reader, named)
 
 
 def with_defaults(reader: AvroSchema) -> AvroSchema:
@@ -105,7 +123,7 @@ def default_value(schema: AvroSchema, value: Any, named: dict[str, Any]) -> Any:
     if kind == "enum":
         return value
     data = _plain(kind, value)
-    convert = _STANDARD.get(f"{kind}-{schema.get('logicalType')}")
+    convert = _standard().get(f"{kind}-{schema.get('logicalType')}")
     return data if convert is None else convert(data, schema, schema)
 
 
@@ -120,7 +138,7 @@ def _plain(kind: str, value: Any) -> Any:
 def aligned(writer: AvroSchema, reader: AvroSchema) -> AvroSchema:
     """A copy of the parsed writer schema carrying the reader's logical types where they meet (and
     none that the specification ignores: give the writer itself as the reader for that alone)."""
-    fastavro_read.LOGICAL_READERS.update(_PROMOTED)
+    _promoted()  # registered before fastavro reads with the aligned schema
     out = copy.deepcopy(writer)
     named = {
         "writer": out.get("__named_schemas", {}) if isinstance(out, dict) else {},
@@ -167,11 +185,11 @@ def _annotated(w: AvroSchema, kind: str, r: AvroSchema) -> AvroSchema:
     """A primitive or fixed writer node with the reader's logical annotation in place of its own."""
     wants = {k: r[k] for k in _LOGICAL_KEYS if isinstance(r, dict) and k in r}
     logical = wants.get("logicalType")
-    if f"{r if isinstance(r, str) else r['type']}-{logical}" not in _STANDARD:
+    if f"{r if isinstance(r, str) else r['type']}-{logical}" not in _standard():
         wants = {}  # none, or one the specification ignores on the reader's type
-    elif f"{kind}-{logical}" not in _STANDARD:  # the writer's type is promoted to the reader's
+    elif f"{kind}-{logical}" not in _standard():  # the writer's type is promoted to the reader's
         promoted = f"{_PROMOTED_PREFIX}{logical}"
-        wants = {"logicalType": promoted} if f"{kind}-{promoted}" in _PROMOTED else {}
+        wants = {"logicalType": promoted} if f"{kind}-{promoted}" in _promoted() else {}
     if isinstance(w, str):
         return {"type": w, **wants} if wants else w
     for k in _LOGICAL_KEYS:
