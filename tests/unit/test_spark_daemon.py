@@ -20,7 +20,8 @@ def test_the_preload_leaves_one_thread_to_fork() -> None:
 
 
 def test_a_thread_running_at_the_fork_stops_the_daemon_with_one_line() -> None:
-    started = "import threading, time; threading.Thread(target=time.sleep, args=(5,), daemon=True).start()\n"
+    # A thread that waits on an event never set: alive at the fork however slow the imports.
+    started = "import threading; threading.Thread(target=threading.Event().wait, daemon=True).start()\n"
     done = run(started + PRELOAD)
     assert done.returncode == 1
     (line,) = done.stderr.strip().splitlines()
