@@ -37,6 +37,22 @@ def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None
 
 
 @contextlib.contextmanager
+def busy_cores(log: Path, per_core: int = 3) -> Iterator[None]:
+    """Each core this process may run on shared with `per_core` processes that spin at its own
+    priority, as on a loaded driver; they are killed as the block ends, or with the test run."""
+    argv = [sys.executable, "-c", "while True: pass"]
+    count = per_core * len(os.sched_getaffinity(0))
+    spinners = [spawn(argv, log, die_with_parent=signal.SIGKILL) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+        for spinner in spinners:
+            spinner.wait(30)
+
+
+@contextlib.contextmanager
 def fresh_database(server_url: DatabaseUrl) -> Iterator[DatabaseUrl]:
     """A new, empty database on the server, dropped on leaving."""
     name = unique("test")

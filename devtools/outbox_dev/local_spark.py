@@ -1,7 +1,8 @@
 """A local SparkSession for the demo, tests and development (or a Spark Connect one: SPARK_REMOTE).
 
 Sets what makes a local session work on the first try: the driver's own
-Python for workers (else they "fail to connect back"), the loopback address,
+Python for workers, as `outbox-spark-python`, which connects back to Spark
+before its imports (else they "fail to connect back"), the loopback address,
 and every scratch directory inside one folder the caller owns, so a killed
 run leaves nothing in /tmp.
 """
@@ -17,6 +18,7 @@ from pyspark.sql import SparkSession
 
 from outbox.core.java import find_java
 from outbox_dev.jvm import maven
+from sinks.spark_python import worker_python
 
 
 def local_session(
@@ -51,11 +53,11 @@ def local_session(
 
 def prepare_environment(env: MutableMapping[str, str] = os.environ) -> MutableMapping[str, str]:
     """What a Spark JVM (and the Python workers it starts) needs in its environment to work on the
-    first try: Java, this Python for workers (else they "fail to connect back"), the loopback
-    address, and no /tmp/hsperfdata_<user> left behind by the launcher."""
+    first try: Java, this Python for workers (sinks.spark_python: else they "fail to connect
+    back"), the loopback address, and no /tmp/hsperfdata_<user> left behind by the launcher."""
     java = find_java()
     env.setdefault("JAVA_HOME", str(java.path.resolve().parent.parent))
-    env["PYSPARK_PYTHON"] = sys.executable
+    env["PYSPARK_PYTHON"] = worker_python()
     env["PYSPARK_DRIVER_PYTHON"] = sys.executable
     env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     if "-XX:-UsePerfData" not in env.get("SPARK_LAUNCHER_OPTS", ""):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -27,6 +26,7 @@ from outbox_dev.process import (
     stop,
     wait_until,
 )
+from sinks.spark_python import worker_python
 
 
 def spark_home() -> Path:
@@ -62,7 +62,7 @@ class StandaloneCluster:
             "SPARK_LOCAL_IP": "127.0.0.1",
             "SPARK_LOG_DIR": str(self.root / "logs"),
             "SPARK_LOCAL_DIRS": str(self.root / "local"),
-            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_PYTHON": worker_python(),
             # The master and the worker; not the executors, which do the work C2 pays for.
             "SPARK_DAEMON_JAVA_OPTS": f"{' '.join(JVM_FLAGS)} -Djava.io.tmpdir={self.root / 'local'}",
             # spark-class first runs a launcher JVM of its own: it must not leave /tmp/hsperfdata_* either.
