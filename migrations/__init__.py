@@ -19,6 +19,12 @@ VERSION_TABLE = "outbox_alembic_version"
 LOCK_TIMEOUT = 5.0
 
 
+def lock_timeout_setting(seconds: float) -> str:
+    """PostgreSQL's `lock_timeout` for `seconds`: milliseconds, at least 1 (0 would wait for ever)
+    and at most PostgreSQL's most."""
+    return f"{min(max(seconds * 1000, 1), 2**31 - 1):.0f}ms"
+
+
 def sql_text(statement: Composable) -> TextClause:
     """SQL composed with psycopg.sql (names quoted there) as SQLAlchemy runs it. SQLAlchemy reads a
     ':' in a name (a schema called ':x') as a bind parameter; escaped, each one stays a ':'."""

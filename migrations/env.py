@@ -13,7 +13,7 @@ from sqlalchemy import text
 
 from outbox.core import config as settings
 from outbox.migrate import sqlalchemy_engine
-from outbox.migrations import FORCE, LOCK_TIMEOUT, VERSION_TABLE, sql_text
+from outbox.migrations import FORCE, LOCK_TIMEOUT, VERSION_TABLE, lock_timeout_setting, sql_text
 
 config = context.config
 url = config.attributes.get("url") or settings.database_url(
@@ -49,7 +49,7 @@ def run_online() -> None:
             # Then each statement waits this long for a table's lock (LOCK_TIMEOUT): a table
             # altered behind a long transaction holds up every write to it meanwhile.
             seconds = float(config.attributes.get("lock_timeout", LOCK_TIMEOUT))
-            wait = f"{min(seconds * 1000, 2**31 - 1):.0f}ms"  # PostgreSQL's most
+            wait = lock_timeout_setting(seconds)
             connection.execute(text("SELECT set_config('lock_timeout', :wait, true)"), {"wait": wait})
             if not connection.dialect.has_schema(connection, schema):
                 connection.execute(sql_text(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema))))

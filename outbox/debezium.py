@@ -28,6 +28,7 @@ from psycopg import sql
 
 from outbox.core import tables
 from outbox.errors import error
+from outbox.migrations import LOCK_TIMEOUT, lock_timeout_setting
 
 __all__ = ["ID_HEADER", "ROUTER_DEFAULTS", "Router", "adopters", "install", "installed", "uninstall"]
 
@@ -196,12 +197,19 @@ def body(router: Router, types: Mapping[str, str], outbox_schema: str) -> sql.Co
 
 
 def install(
-    conn: psycopg.Connection[Any], schema: str, table: str, outbox_schema: str, router: Router
+    conn: psycopg.Connection[Any],
+    schema: str,
+    table: str,
+    outbox_schema: str,
+    router: Router,
+    lock_timeout: float = LOCK_TIMEOUT,
 ) -> None:
-    """Put (or put again, with another mapping) the trigger on schema.table, in one transaction.
+    """Put (or put again, with another mapping) the trigger on schema.table, in one transaction
+    that waits `lock_timeout` seconds at most for the table (psycopg's LockNotAvailable then).
 
     The function runs as its owner (SECURITY DEFINER, a fixed search_path), so the application's
-    role needs no grant on outbox_events."""
+    role needs no grant on outbox_events; and no other role may execute it (a trigger of its own
+    on a table of its own would write into outbox_events): firing a trigger checks no grant."""
     name = f"{schema}.{table}"
     types = _types(conn, schema, table)
     if not types:
@@ -210,12 +218,14 @@ def install(
     function = _function(schema, table)
     code = body(router, types, outbox_schema).as_string(conn)
     with conn.transaction():
+        _wait_at_most(conn, lock_timeout)
         conn.execute(
             sql.SQL(
                 "CREATE OR REPLACE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER"
                 " SET search_path = pg_catalog, pg_temp AS {}"
             ).format(function, sql.Literal(code))
         )
+        conn.execute(sql.SQL("REVOKE ALL ON FUNCTION {}() FROM PUBLIC").format(function))
         conn.execute(
             sql.SQL("COMMENT ON FUNCTION {}() IS {}").format(
                 function, sql.Literal(f"outbox db adopt-debezium: {name} -> {router.describe()}")
@@ -233,11 +243,14 @@ def install(
         )
 
 
-def uninstall(conn: psycopg.Connection[Any], schema: str, table: str) -> bool:
+def uninstall(
+    conn: psycopg.Connection[Any], schema: str, table: str, lock_timeout: float = LOCK_TIMEOUT
+) -> bool:
     """Take the trigger and its function away; False when there was none."""
     if not _types(conn, schema, table):
         raise error("ADOPT_TABLE_MISSING", table=f"{schema}.{table}")
     with conn.transaction():
+        _wait_at_most(conn, lock_timeout)
         had = installed(conn, schema, table)
         conn.execute(
             sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(
@@ -246,6 +259,12 @@ def uninstall(conn: psycopg.Connection[Any], schema: str, table: str) -> bool:
         )
         conn.execute(sql.SQL("DROP FUNCTION IF EXISTS {}()").format(_function(schema, table)))
     return had
+
+
+def _wait_at_most(conn: psycopg.Connection[Any], seconds: float) -> None:
+    """This transaction's statements wait `seconds` at most for a lock: a trigger's DDL queued
+    behind another transaction on the table would hold up every insert into it meanwhile."""
+    conn.execute("SELECT set_config('lock_timeout', %s, true)", [lock_timeout_setting(seconds)])
 
 
 def installed(conn: psycopg.Connection[Any], schema: str, table: str) -> bool:

@@ -234,6 +234,13 @@ CONDITIONS = Conditions(
         "table.fields.additional.placement {item!r}: only COLUMN:header[:ALIAS] is mapped"
         " (envelope and partition placements are not)",
     ),
+    ADOPT_LOCK_TIMEOUT=Condition(
+        OutboxError,
+        "outbox db adopt-debezium waited {seconds:g}s for {table}, which another transaction holds,"
+        " and changed nothing (its trigger's change would hold up every insert meanwhile): run it"
+        " again when that transaction has ended (pg_stat_activity names it), or give --lock-timeout"
+        " more seconds",
+    ),
     ADOPT_DATABASE_ERROR=Condition(OutboxError, "outbox db adopt-debezium in {url}: {reason}"),
     # trace: `outbox trace`
     TRACE_EVENT_OR_PRUNE=Condition(ConfigError, "give an EVENT_ID to trace, or --prune DAYS (not both)"),

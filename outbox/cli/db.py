@@ -63,6 +63,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         f" may stay): {', '.join(debezium.ROUTER_DEFAULTS)}",
     )
     adopt.add_argument("--undo", action="store_true", help="take the trigger away")
+    _lock_timeout(adopt)
     adopt.set_defaults(handler=cmd_adopt_debezium)
 
 
@@ -124,11 +125,13 @@ def cmd_adopt_debezium(args: argparse.Namespace) -> int:
     with connect(url, autocommit=True) as conn:
         try:
             if args.undo:
-                had = debezium.uninstall(conn, table_schema, args.table)
+                had = debezium.uninstall(conn, table_schema, args.table, args.lock_timeout)
                 print(f"# {name}: {'trigger taken away' if had else 'had no trigger: nothing changed'}")
                 return 0
             tables.require(conn, url, schema, (tables.OUTBOX_EVENTS,))
-            debezium.install(conn, table_schema, args.table, schema, router)
+            debezium.install(conn, table_schema, args.table, schema, router, args.lock_timeout)
+        except psycopg.errors.LockNotAvailable:
+            raise error("ADOPT_LOCK_TIMEOUT", table=name, seconds=args.lock_timeout) from None
         except psycopg.Error as exc:
             raise error("ADOPT_DATABASE_ERROR", url=url.safe, reason=reason(exc, url)) from None
     print(

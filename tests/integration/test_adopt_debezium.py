@@ -346,3 +346,65 @@ def test_a_relay_naming_the_event_id_header_otherwise_than_the_router_says_so(
     job.wait_for_output("public.app_outbox feed this outbox as Debezium's EventRouter maps them", 60)
     assert "run it with --event-id-header id" in job.output()
     assert terminate(job) == 0
+
+
+@pytest.mark.parametrize("undo", [False, True])
+def test_adopt_behind_an_open_transaction_on_the_table_gives_up_at_its_lock_timeout(
+    db: DatabaseUrl, pg: psycopg.Connection, env: dict[str, str], undo: bool
+) -> None:
+    """An application's transaction that wrote a row and is still open (or, to undo, one that only
+    read the table, psql's `BEGIN; SELECT`): the trigger's DDL waits --lock-timeout, not for ever
+    (every insert would queue behind it), then says so in one line and changes nothing."""
+    debezium_layout(pg)
+    if undo:
+        assert outbox("db", "adopt-debezium", TABLE, env=env).code == 0
+    with psycopg.connect(db.raw) as app:
+        if undo:
+            app.execute(sql.SQL("SELECT 1 FROM {} LIMIT 1").format(sql.Identifier(TABLE)))
+        else:
+            app.execute(
+                sql.SQL("INSERT INTO {} VALUES (%s, 'Order', 'o-1', 'OrderCreated', '{{}}')").format(
+                    sql.Identifier(TABLE)
+                ),
+                [uuid.uuid4()],
+            )
+        flags = ["--undo"] if undo else []
+        done = outbox("db", "adopt-debezium", TABLE, *flags, "--lock-timeout", "0.5", env=env)
+        said = ("[ADOPT_LOCK_TIMEOUT]", f"waited 0.5s for public.{TABLE}", "--lock-timeout")
+        assert_one_line_error(done, *said)
+    assert debezium.installed(pg, "public", TABLE) == undo
+    functions = pg.execute("SELECT count(*) FROM pg_proc WHERE proname LIKE %s", [f"{debezium.TRIGGER}_%"])
+    assert functions.fetchone() == (1 if undo else 0,)
+
+
+def test_no_other_role_may_hang_the_adopted_function_on_a_table_of_its_own(
+    db: DatabaseUrl, pg: psycopg.Connection, env: dict[str, str]
+) -> None:
+    """The function writes into outbox_events as its owner: a role that may create a table but has
+    no grant on outbox_events cannot put it on a table of its own; the application's role, with
+    INSERT on the adopted table alone, still has its rows copied."""
+    debezium_layout(pg)
+    assert outbox("db", "adopt-debezium", TABLE, env=env).code == 0
+    (name,) = pg.execute("SELECT proname FROM pg_proc WHERE proname LIKE %s", [f"{debezium.TRIGGER}_%"])
+    function = sql.Identifier("public", name[0])
+    intruder, app = unique("intruder"), unique("app")
+    for role in (intruder, app):
+        pg.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(role)))
+    pg.execute(sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(sql.Identifier(intruder)))
+    pg.execute(sql.SQL("GRANT INSERT ON {} TO {}").format(sql.Identifier(TABLE), sql.Identifier(app)))
+    with psycopg.connect(db.raw, autocommit=True) as conn:
+        conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(intruder)))
+        conn.execute(
+            "CREATE TEMP TABLE mine (id uuid, aggregatetype text, aggregateid text, type text, payload jsonb)"
+        )
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied for function"):
+            sneak = sql.SQL("CREATE TRIGGER sneak AFTER INSERT ON mine FOR EACH ROW EXECUTE FUNCTION {}()")
+            conn.execute(sneak.format(function))
+        conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(app)))
+        conn.execute(
+            sql.SQL("INSERT INTO {} VALUES (%s, 'Order', 'o-1', 'OrderCreated', '{{}}')").format(
+                sql.Identifier(TABLE)
+            ),
+            [uuid.uuid4()],
+        )
+    assert pg.execute("SELECT count(*) FROM outbox_events").fetchone() == (1,)
