@@ -237,6 +237,12 @@ CONDITIONS = Conditions(
         "{table}.{column} is {type}, and the frame's {column} is now a Spark {spark_type}: some of its"
         " values may not fit, and the sink never narrows nor changes a column itself. To take them: {alter}",
     ),
+    SINK_TABLE_LOCKED=Condition(
+        OutboxError,
+        "create/evolve waited {seconds:g}s for {table}, which another transaction holds, and changed"
+        " nothing (its ALTER TABLE would hold up every write to the table meanwhile): start the query"
+        " again when that transaction has ended (pg_stat_activity names it)",
+    ),
     SINK_COLUMN_TYPE_MISMATCH=Condition(
         ConfigError,
         "column {column!r}: a Spark {spark_type} cannot be written to {table}.{column}"

@@ -19,6 +19,7 @@ import psycopg
 from psycopg import sql
 from pyspark.sql import types as T
 
+from outbox.migrations import LOCK_TIMEOUT, lock_timeout_setting
 from sinks.errors import error
 from sinks.postgres.catalog import Column, find
 from sinks.postgres.plan import ERROR_COLUMN, KAFKA_COLUMNS
@@ -121,11 +122,27 @@ def prepare(conn: psycopg.Connection[Any], spec: SinkSpec, schema: T.StructType)
     wanted = fields(schema)
     table = sql.Identifier(spec.schema, spec.table)
     qualified = f"{spec.schema}.{spec.table}"
+    try:
+        return _prepared(conn, spec, wanted, table, qualified)
+    except psycopg.errors.LockNotAvailable:
+        raise error("SINK_TABLE_LOCKED", table=qualified, seconds=LOCK_TIMEOUT) from None
+
+
+def _prepared(
+    conn: psycopg.Connection[Any],
+    spec: SinkSpec,
+    wanted: dict[str, T.DataType],
+    table: sql.Identifier,
+    qualified: str,
+) -> list[str]:
     done: list[str] = []
     with conn.transaction():
         conn.execute(
             "SELECT pg_advisory_xact_lock(hashtextextended('outbox-sink-ddl:' || %s, 0))", [qualified]
         )
+        # The DDL waits LOCK_TIMEOUT for the table's lock, as a migration does: behind a transaction
+        # still open on the table, an ALTER would hold up every write to it meanwhile.
+        conn.execute("SELECT set_config('lock_timeout', %s, true)", [lock_timeout_setting(LOCK_TIMEOUT)])
         found = find(conn, spec.schema, spec.table)
         if found is None:
             if not spec.create:

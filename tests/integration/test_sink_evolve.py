@@ -9,7 +9,7 @@ from decimal import Decimal
 import psycopg
 import pytest
 
-from outbox.core.errors import ConfigError
+from outbox.core.errors import ConfigError, OutboxError
 from sinks.postgres import PostgresSink
 from tests.sink_support import apply_batches, event, table
 
@@ -66,6 +66,23 @@ def test_without_evolve_a_field_the_table_lacks_is_refused_as_before(spark, db, 
     with pytest.raises(ConfigError) as refused:
         apply_batches(spark, PostgresSink("orders", url=db.raw), [[event(str(uuid.uuid4()), 1)]])
     assert refused.value.code == "SINK_COLUMNS_NOT_IN_TABLE"
+    assert "amount" not in columns(pg)
+
+
+def test_evolve_behind_an_open_transaction_on_the_table_gives_up_and_changes_nothing(  # type: ignore[no-untyped-def]
+    spark, db, pg
+) -> None:
+    """An application's transaction that wrote a row and is still open: the ALTER waits the lock
+    timeout of a migration, not for ever (every write to the table would queue behind it), then
+    stops the start in one line; nothing was added."""
+    pg.execute("ALTER TABLE orders DROP COLUMN amount")
+    with psycopg.connect(db.raw) as app:
+        app.execute("INSERT INTO orders (event_id, n) VALUES (%s, 0)", [str(uuid.uuid4())])
+        with pytest.raises(OutboxError) as refused:
+            sink = PostgresSink("orders", url=db.raw, evolve=True)
+            apply_batches(spark, sink, [[event(str(uuid.uuid4()), 1, "4.20")]])
+    assert refused.value.code == "SINK_TABLE_LOCKED", refused.value
+    assert "waited 5s for public.orders" in str(refused.value) and "pg_stat_activity" in str(refused.value)
     assert "amount" not in columns(pg)
 
 
