@@ -104,16 +104,31 @@ def narrower(kind: T.DataType, column: Column) -> bool:
 
 
 def widened(kind: T.DataType, column: Column) -> str:
-    """The type that takes both the column's values and the field's."""
+    """A type that takes every value the column holds, unchanged, and the field's: what the ALTER
+    that SINK_COLUMN_NO_LONGER_FITS names changes the column to."""
     numeric = _NUMERIC_TYPE.fullmatch(column.type)
-    if isinstance(kind, T.DecimalType) and numeric is not None:
-        scale = max(kind.scale, int(numeric[2]))
-        whole = max(kind.precision - kind.scale, int(numeric[1]) - int(numeric[2]))
+    digits = _decimal_digits(kind)
+    if numeric is not None and digits is not None:
+        precision, scale = digits
+        whole = max(precision - scale, int(numeric[1]) - int(numeric[2]))
+        scale = max(scale, int(numeric[2]))
         return f"numeric({whole + scale},{scale})"
     if isinstance(kind, T.DecimalType) and column.base in _INTEGER_RANK:
         whole = max(kind.precision - kind.scale, _INTEGER_DIGITS[column.base] + 1)
         return f"numeric({whole + kind.scale},{kind.scale})"
+    if isinstance(kind, T.FloatType | T.DoubleType) and (numeric is not None or column.base == "int8"):
+        return "numeric"  # a double holds neither a bigint's nor a fixed scale's every value
+    if isinstance(kind, T.FloatType | T.DoubleType):
+        return "double precision"  # every integer and real value, and the field's, exactly
     return column_type(kind)
+
+
+def _decimal_digits(kind: T.DataType) -> tuple[int, int] | None:
+    """The precision and scale of a decimal that takes every value of a Spark decimal or integer."""
+    if isinstance(kind, T.DecimalType):
+        return kind.precision, kind.scale
+    integer = next((v for k, v in _SPARK_INTEGERS.items() if isinstance(kind, k)), None)
+    return None if integer is None else (integer[1], 0)
 
 
 def prepare(conn: psycopg.Connection[Any], spec: SinkSpec, schema: T.StructType) -> list[str]:

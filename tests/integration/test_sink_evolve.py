@@ -8,9 +8,14 @@ from decimal import Decimal
 
 import psycopg
 import pytest
+from psycopg import sql
+from pyspark.sql import types as T
 
 from outbox.core.errors import ConfigError, OutboxError
 from sinks.postgres import PostgresSink
+from sinks.postgres.catalog import find
+from sinks.postgres.evolve import narrower, widened
+from tests.helpers import unique
 from tests.sink_support import apply_batches, event, table
 
 pytestmark = pytest.mark.timeout(300)
@@ -117,3 +122,47 @@ def test_a_field_that_no_longer_fits_stops_in_one_line_naming_the_alter_that_tak
     a = str(uuid.uuid4())
     apply_batches(spark, PostgresSink("orders", url=db.raw, evolve=True), [[event(a, 1)]], schema=schema)
     assert a in table(pg)
+
+
+@pytest.mark.parametrize(
+    ("column_type", "old", "kind", "new"),
+    [
+        ("numeric(8,2)", ["123456.78", "-0.01"], T.IntegerType(), "2147483647"),
+        ("numeric(30,10)", ["12345678901234567890.0123456789", "-1e-10"], T.DoubleType(), "1e300"),
+        ("bigint", ["9223372036854775807", "-9007199254740993"], T.DoubleType(), "0.1"),
+        ("integer", ["2147483647", "-2147483648"], T.FloatType(), "3.4e38"),
+        ("real", ["3.4028235e38", "1.1754944e-38", "0.1"], T.DoubleType(), "1e-300"),
+        ("numeric(4,0)", ["9999"], T.DecimalType(10, 3), "1234567.891"),
+        ("integer", ["-2147483648"], T.DecimalType(12, 4), "12345678.1234"),
+        ("smallint", ["-32768"], T.LongType(), "9223372036854775807"),
+        ("integer", ["7", "-7"], T.StringType(), "seven"),
+    ],
+)
+def test_the_alter_a_field_that_no_longer_fits_is_given_keeps_every_old_value(
+    pg: psycopg.Connection, column_type: str, old: list[str], kind: T.DataType, new: str
+) -> None:
+    """SINK_COLUMN_NO_LONGER_FITS names an ALTER (evolve.widened): applied, the column holds each old
+    value as it was, and the field's values fit it."""
+    name = unique("widened")
+    table = sql.Identifier(name)
+    pg.execute(sql.SQL("CREATE TABLE {} (id serial PRIMARY KEY, c {})").format(table, sql.SQL(column_type)))
+    for value in old:
+        pg.execute(sql.SQL("INSERT INTO {} (c) VALUES (%s::{})").format(table, sql.SQL(column_type)), [value])
+    found = find(pg, "public", name)
+    assert found is not None and narrower(kind, found.columns["c"])
+    to = widened(kind, found.columns["c"])
+
+    def values() -> list[object]:
+        with pg.cursor(binary=True) as cur:  # a real's exact value, not its shortest text
+            return [v for (v,) in cur.execute(sql.SQL("SELECT c FROM {} ORDER BY id").format(table))]
+
+    before = values()
+    pg.execute(sql.SQL("ALTER TABLE {0} ALTER COLUMN c TYPE {1} USING c::{1}").format(table, sql.SQL(to)))
+    after = values()
+    if to == "text":
+        assert after == [str(v) for v in before], to
+    else:
+        assert [Decimal(v) for v in after] == [Decimal(v) for v in before], to  # type: ignore[arg-type]
+    widest = find(pg, "public", name)
+    assert widest is not None and not narrower(kind, widest.columns["c"]), to
+    pg.execute(sql.SQL("INSERT INTO {} (c) VALUES (%s::{})").format(table, sql.SQL(to)), [new])
