@@ -28,7 +28,7 @@ SINK_STAGE_PREFIX = "sink_stage_"  # + a digest of the sink's name: one staged b
 TXID_TRIGGER = "outbox_events_txid"  # stamps each outbox row's txid (0010), on a replica's apply too (0013)
 
 # Columns that later revisions added to a table: whoever requires the table needs them too.
-ADDED_COLUMNS = {SINK_BATCHES: ("result",)}
+ADDED_COLUMNS = {SINK_BATCHES: ("result",), SINK_TRACES: ("target",)}
 # Primary keys that later revisions changed (0014: a sink's batches by query), as they are now.
 CHANGED_KEYS = {SINK_BATCHES: ("sink", "query_id")}
 

@@ -60,7 +60,7 @@ def from_database(conn: psycopg.Connection[Any], schema: str, event: str) -> Tra
     for r in outcomes.records([outcomes.TraceRow(*row) for row in rows], texts):
         box = None
         if r.wrote_outbox and r.outbox_topic:
-            box_id = outbox_event_id(r.sink, r.txid, r.round, r.event)
+            box_id = outbox_event_id(r.sink, r.txid, r.round, r.event, r.target)
             box = _outbox_event(conn, names, box_id, r.outbox_topic, r.txid)
         applied.append(
             Applied(r.sink, r.topic, r.partition, r.offset, r.outcome, r.version, r.applied_at, box)

@@ -33,10 +33,11 @@ class TraceRow:
     written: Collection[str] | None  # None: the statement wrote a row for each of its upserts
     deletes: Collection[str]
     removed: Collection[str]
+    target: str | None = None  # schema.table (migration 0015); None in a row written before
 
 
 COLUMNS = "sink, txid::text, round, applied_at, outbox_topic, topics, partitions, offsets, events, versions,"
-COLUMNS += " written, deletes, removed"
+COLUMNS += " written, deletes, removed, target"
 ORDER = "applied_at, txid, round"  # the order the sink applied the rows in
 
 
@@ -55,6 +56,7 @@ class Record:
     round: int
     outbox_topic: str | None
     outcome: str  # "applied", "deleted", "stale" or "duplicate"
+    target: str | None = None  # the table, schema.table (None: a trace row of before migration 0015)
 
     @property
     def wrote_outbox(self) -> bool:
@@ -66,7 +68,7 @@ def records(rows: Sequence[TraceRow], events: Collection[str] | None = None) -> 
 
     rows: in ORDER; within a row, records go by partition and offset.
     """
-    last: dict[tuple[str, str], str | None] = {}
+    last: dict[tuple[str, str | None, str], str | None] = {}  # by sink, table and event
     out = []
     for row in rows:
         wanted = (
@@ -76,11 +78,12 @@ def records(rows: Sequence[TraceRow], events: Collection[str] | None = None) -> 
         written = None if row.written is None else set(row.written)
         for i in sorted(wanted, key=lambda i: (row.partitions[i], row.offsets[i])):
             event, version = row.events[i], row.versions[i] if row.versions else None
-            seen = last.get((row.sink, event))
+            row_of = (row.sink, row.target, event)
+            seen = last.get(row_of)
             if event in deletes and event in removed:  # the row is gone: nothing is stale against it
-                outcome, last[(row.sink, event)] = "deleted", None
+                outcome, last[row_of] = "deleted", None
             elif event not in deletes and (written is None or event in written):
-                outcome, last[(row.sink, event)] = "applied", version
+                outcome, last[row_of] = "applied", version
             elif version is not None and seen is not None and _below(version, seen):
                 outcome = "stale"
             else:
@@ -98,6 +101,7 @@ def records(rows: Sequence[TraceRow], events: Collection[str] | None = None) -> 
                     row.round,
                     row.outbox_topic,
                     outcome,
+                    row.target,
                 )
             )
     return out

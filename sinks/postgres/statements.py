@@ -332,12 +332,12 @@ class Statements(Bookkeeping):
 
         return sql.SQL(
             "traced AS (INSERT INTO {traces} (sink, txid, round, outbox_topic, topics, partitions, offsets,"
-            " events, versions, written, deletes, removed)"
+            " events, versions, written, deletes, removed, target)"
             " SELECT %(sink)s, pg_current_xact_id(), {round}, {outbox_topic}, array_agg(l._topic),"
             " array_agg(l._partition), array_agg(l._offset), array_agg({event}), {version},"
             " CASE WHEN (SELECT count(*) FROM upserted) < count(*) FILTER (WHERE NOT l._delete)"
             " THEN {written} END,"
-            " coalesce(array_agg({event}) FILTER (WHERE l._delete), '{{}}'), {removed}"
+            " coalesce(array_agg({event}) FILTER (WHERE l._delete), '{{}}'), {removed}, {target}"
             " FROM latest AS l HAVING count(*) > 0 RETURNING 1)"
         ).format(
             traces=self.names.traces,
@@ -347,7 +347,13 @@ class Statements(Bookkeeping):
             version=version,
             written=events_of("upserted"),
             removed=events_of("deleted"),
+            target=sql.Literal(self._target),
         )
+
+    @property
+    def _target(self) -> str:
+        """The table as a trace names it (outbox/core/trace.py): a routed sink's lanes share the rest."""
+        return f"{self.spec.schema}.{self.spec.table}"
 
     def _outbox(self, round_: sql.Composable) -> sql.Composable:
         box = self.spec.outbox
@@ -362,7 +368,9 @@ class Statements(Bookkeeping):
         values = sql.SQL("ARRAY[{}]::bytea[]").format(listed([utf8(e) for e in box.headers.values()]))
         # Traced, an event's id is derived (outbox/core/trace.py): a trace computes it from what it read.
         event_id = (
-            outbox_event_id_sql(key_text_sql(sql.Identifier("written"), self.target_keys), round_)
+            outbox_event_id_sql(
+                key_text_sql(sql.Identifier("written"), self.target_keys), round_, self._target
+            )
             if self.spec.trace
             else sql.SQL("gen_random_uuid()")
         )

@@ -40,7 +40,7 @@ def test_upgrade_downgrade_upgrade(database: DatabaseUrl, pg: psycopg.Connection
 
     assert outbox("db", "upgrade", env=env).code == 0
     assert tables(pg, "public") == TABLES
-    assert outbox("db", "current", env=env).out.strip() == "0014 (head)"
+    assert outbox("db", "current", env=env).out.strip() == "0015 (head)"
     assert outbox("db", "upgrade", env=env).code == 0  # already at head: a no-op
 
     down = outbox("db", "downgrade", "base", env=env)
@@ -56,7 +56,7 @@ def test_our_history_lives_beside_the_applications(database: DatabaseUrl, pg: ps
     pg.execute("insert into alembic_version values ('app_rev_42')")
     assert outbox("db", "upgrade", env={"DATABASE_URL": database.raw}).code == 0
     assert pg.execute("select version_num from alembic_version").fetchall() == [("app_rev_42",)]
-    assert pg.execute("select version_num from outbox_alembic_version").fetchall() == [("0014",)]
+    assert pg.execute("select version_num from outbox_alembic_version").fetchall() == [("0015",)]
 
 
 def test_schema_names_are_quoted_not_injected(database: DatabaseUrl, pg: psycopg.Connection) -> None:
@@ -97,7 +97,7 @@ def test_a_downgrade_that_would_drop_rows_is_refused_unless_forced(
     refused = outbox("db", "downgrade", "base", env=env)
     assert_one_line_error(refused, "public.outbox_events", "--force")
     assert tables(pg, "public") == TABLES  # nothing dropped: the whole downgrade is one transaction
-    assert outbox("db", "current", env=env).out.strip() == "0014 (head)"
+    assert outbox("db", "current", env=env).out.strip() == "0015 (head)"
     assert outbox("db", "downgrade", "0008", env=env).code == 0  # sink_traces is empty: dropped
     forced = outbox("db", "downgrade", "base", "--force", env=env)
     assert forced.code == 0, forced
@@ -139,7 +139,7 @@ def test_an_upgrade_blocked_by_a_transaction_gives_up_in_seconds_and_changes_not
         assert_one_line_error(blocked, "DB_LOCK_TIMEOUT", "1s", "--lock-timeout", "nothing was changed")
         assert outbox("db", "current", env=env).out.startswith("0011"), "the run was one transaction"
     assert outbox("db", "upgrade", env=env).code == 0
-    assert outbox("db", "current", env=env).out.strip() == "0014 (head)"
+    assert outbox("db", "current", env=env).out.strip() == "0015 (head)"
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

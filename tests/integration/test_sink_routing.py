@@ -12,7 +12,10 @@ import pytest
 
 from outbox.core.errors import ConfigError
 from sinks.errors import SinkError
-from sinks.postgres import PostgresSink, Table, header, parse_json
+from sinks.postgres import Outbox, PostgresSink, Table, header, parse_json
+from tests.cli import outbox
+from tests.helpers import create_topic, unique
+from tests.relay_support import relay_job, terminate, wait_published
 from tests.routing_support import (
     SCHEMA,
     TABLES,
@@ -245,3 +248,30 @@ def test_the_one_table_sink_is_unchanged_by_routing(spark, shop_db, pg: psycopg.
     sink.writer(frame)(frame, 0)
     assert read_tables(pg)["orders"] == {(order,): ("ann", Decimal("10.00"))}
     assert ledger(pg) == {0: 1}
+
+
+@pytest.mark.parametrize("tasks", [True, False], ids=["in-tasks", "on-driver"])
+def test_two_tables_events_of_one_key_in_one_batch_keep_their_own_ids_through_the_relay(  # type: ignore[no-untyped-def]
+    spark, shop_db, pg, env, bootstrap, tmp_path, tasks
+) -> None:
+    """A routed tracing sink's tables share its name, transaction and round: each outbox event's
+    id takes its table too, so an order and a payment of one key text in one batch are two events,
+    each published once under its own id, and `outbox trace` finds each."""
+    topic = create_topic(bootstrap, unique("shop-changes"))
+    box = Outbox(topic=topic, key="written.order_id", headers={"event": "written.event_id"})
+    tables = {
+        "OrderCreated": Table("orders", key="order_id", outbox=box),
+        "OrderPaid": Table("payments", key="payment_id", version="version", outbox=box),
+    }
+    sink = PostgresSink.routed("type", tables, name=unique("shop"), url=shop_db.raw, trace=True)
+    apply(spark, sink, [[record(created("42", "c42")), record(paid("42", "42", "5.00", 1))]], tasks)
+    ids = sorted(str(i) for (i,) in pg.execute("SELECT event_id FROM outbox_events"))
+    assert len(set(ids)) == len(ids) == 2, ids
+    job, _ = relay_job(tmp_path, env, unique("relay"))
+    try:
+        records = wait_published(bootstrap, topic, 1, 2)
+    finally:
+        assert terminate(job) == 0, job.output()[-3000:]
+    assert sorted(event for *_, event in records) == ids
+    traced = outbox("trace", "42", env={"DATABASE_URL": shop_db.raw})
+    assert traced.code == 0 and all(i in traced.out for i in ids), traced

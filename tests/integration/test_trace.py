@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from psycopg import sql
 
+from outbox.core.sqltext import bindable
 from outbox.core.trace import key_text_sql, outbox_event_id, outbox_event_id_sql
 from outbox.trace.outcomes import COLUMNS, ORDER, Record, TraceRow, records
 from outbox.writer import add_event
@@ -62,7 +63,8 @@ def test_a_tracing_sink_records_each_records_outcome_with_the_rows(spark, db, pg
     assert [r.version for r in traced] == ["2", "1", "2", "0", "1", "2", None]
     assert {(r.topic, r.partition, r.outbox_topic) for r in traced} == {("t", 0, "orders-out")}
     # Each applied record's outbox event, under the id a trace computes from what it read.
-    expected = {outbox_event_id(r.sink, r.txid, r.round, r.event) for r in traced if r.wrote_outbox}
+    expected = {outbox_event_id(r.sink, r.txid, r.round, r.event, r.target) for r in traced if r.wrote_outbox}
+    assert {r.target for r in traced} == {"public.orders"}
     assert {r[0] for r in pg.execute("SELECT event_id FROM outbox_events")} == expected
     assert len(expected) == 5
 
@@ -97,7 +99,7 @@ def test_outbox_trace_follows_events_from_input_record_to_output_topic(  # type:
     )
     run(spark, bootstrap, topic, checkpoint, sink)
     [first] = [r for r in _records(pg) if r.offset == 0]
-    a_box = str(outbox_event_id(first.sink, first.txid, first.round, a))
+    a_box = str(outbox_event_id(first.sink, first.txid, first.round, a, first.target))
 
     # Before any relay ran: a's outbox event waits in the outbox.
     waiting = outbox("trace", a, env={"DATABASE_URL": db.raw})
@@ -195,18 +197,21 @@ def test_keys_of_several_columns_are_told_apart_when_a_column_holds_a_comma(spar
 _TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40)
 
 
-@given(sink=_TEXT, key=_TEXT, round_=st.integers(0, 2**31 - 1), txid=st.integers(3, 2**63 - 1))
+@given(sink=_TEXT, key=_TEXT, target=_TEXT, round_=st.integers(0, 2**31 - 1), txid=st.integers(3, 2**63 - 1))
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_the_outbox_ids_python_computes_are_the_ones_postgresql_writes(pg, sink, key, round_, txid) -> None:  # type: ignore[no-untyped-def]
+def test_the_outbox_ids_python_computes_are_the_ones_postgresql_writes(
+    pg, sink, key, target, round_, txid
+) -> None:  # type: ignore[no-untyped-def]
     """`outbox trace` computes in Python the id the sink's SQL gave an outbox event, for any sink name,
-    key text and round; the transaction's id is the one the statement runs in."""
+    table name, key text and round; the transaction's id is the one the statement runs in."""
     query = sql.SQL("SELECT pg_current_xact_id()::text, {}").format(
-        outbox_event_id_sql(sql.SQL("%(key)s::text"), sql.SQL("%(round)s::int"))
+        outbox_event_id_sql(sql.SQL("%(key)s::text"), sql.SQL("%(round)s::int"), target)
     )
     with pg.transaction():
-        current, made = pg.execute(query, {"sink": sink, "key": key, "round": round_}).fetchone()
-    assert made == outbox_event_id(sink, current, round_, key)
-    assert outbox_event_id(sink, str(txid), round_, key) != outbox_event_id(sink, str(txid), round_ + 1, key)
+        current, made = pg.execute(bindable(query), {"sink": sink, "key": key, "round": round_}).fetchone()
+    assert made == outbox_event_id(sink, current, round_, key, target)
+    by_round = (outbox_event_id(sink, str(txid), r, key, target) for r in (round_, round_ + 1))
+    assert len(set(by_round)) == 2
 
 
 @given(key=st.lists(_TEXT, min_size=2, max_size=4))

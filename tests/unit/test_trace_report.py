@@ -34,13 +34,15 @@ def test_a_uuid_is_looked_up_as_given_and_in_its_canonical_form() -> None:
     assert spellings("order-42") == ["order-42"]
 
 
-def test_outbox_ids_differ_by_sink_transaction_round_and_key() -> None:
+def test_outbox_ids_differ_by_sink_transaction_round_key_and_table() -> None:
     parts = [
-        ("s", "7", 0, "k"),
-        ("s2", "7", 0, "k"),
-        ("s", "8", 0, "k"),
-        ("s", "7", 1, "k"),
-        ("s", "7", 0, "K"),
+        ("s", "7", 0, "k", "public.orders"),
+        ("s2", "7", 0, "k", "public.orders"),
+        ("s", "8", 0, "k", "public.orders"),
+        ("s", "7", 1, "k", "public.orders"),
+        ("s", "7", 0, "K", "public.orders"),
+        ("s", "7", 0, "k", "public.shipments"),  # a routed sink's two tables
+        ("s", "7", 0, "k", None),  # a trace row of before the table was recorded
     ]
     assert len({outbox_event_id(*p) for p in parts}) == len(parts)
 
