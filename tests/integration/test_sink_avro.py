@@ -22,11 +22,13 @@ import pytest
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from outbox.core.errors import OutboxError
 from outbox.core.registry import Registry
 from sinks.postgres import PostgresSink, parse_avro
 from tests.conftest import RunningRegistry
 from tests.helpers import produce_transaction, transactional_producer, unique, wait_for
 from tests.integration.test_connect import probe
+from tests.registry_proxy import FaultyProxy
 from tests.sink_support import applied_both_ways, ledger, log_ends
 from tests.source_support import stream
 
@@ -352,3 +354,65 @@ def test_a_v2_schema_with_a_new_field_adds_its_column_under_evolve(  # type: ign
         ("rate", "double precision"),
         ("note", "text"),
     ]
+
+
+def registered_id(registry: RunningRegistry, schema: dict[str, Any]) -> int:
+    value = serializer(registry, schema)(
+        order(1, str(uuid.uuid4()), note="x"), SerializationContext(unique("t"), MessageField.VALUE)
+    )
+    return int(struct.unpack(">I", value[1:5])[0])
+
+
+@pytest.mark.parametrize("fault", ["html-404", "500", "503-html", "hang"])
+def test_a_registry_fault_of_the_moment_is_waited_for_not_taken_for_an_unknown_id(  # type: ignore[no-untyped-def]
+    registry, fault
+) -> None:
+    """Through a proxy that answers the first two requests with a proxy's 404 page, a server
+    error, an ingress's 503 page or nothing at all: the id is asked again and read, not unknown."""
+    schema = fresh(V2)
+    schema_id = registered_id(registry, schema)
+    with FaultyProxy(registry.url) as proxy:
+        proxy.fail_next(fault, times=2)
+        got = Registry.of(proxy.url).schema(schema_id)
+        assert proxy.faulted == 2
+    assert json.loads(got.schema_str)["doc"] == schema["doc"]
+
+
+def test_a_registry_that_refuses_the_client_fails_in_one_coded_line_with_no_secret(registry) -> None:  # type: ignore[no-untyped-def]
+    schema_id = registered_id(registry, fresh(V2))
+    with FaultyProxy(registry.url) as proxy:
+        proxy.fail_next("401")
+        refusing = Registry.of({"url": proxy.url, "basic.auth.user.info": "reader:s3cret-pw"})
+        with pytest.raises(OutboxError) as refused:
+            refusing.schema(schema_id)
+    said = str(refused.value)
+    assert refused.value.code == "REGISTRY_REFUSED_CLIENT" and len(said.splitlines()) == 1, said
+    assert "HTTP 401" in said and "basic.auth.user.info" in said and "s3cret" not in said, said
+
+
+@pytest.mark.parametrize("fault", ["html-404", "500"])
+def test_a_batch_through_a_registry_proxy_that_fails_its_first_requests_applies_every_record(  # type: ignore[no-untyped-def]
+    spark, bootstrap, topic, db, pg, registry, checkpoint, fault
+) -> None:
+    """The first requests for a new writer schema get a proxy's 404 page or a server error: every
+    record of that id is applied and none is a dead letter (a worker once kept the fault as the
+    id's answer, and dead-lettered the id's records until it ended)."""
+    pg.execute(TABLE)
+    schema = fresh(V2)
+    context = SerializationContext(topic, MessageField.VALUE)
+    records = [order(n, str(uuid.uuid4()), note="p") for n in range(30)]
+    write = serializer(registry, schema)
+    produce_transaction(
+        transactional_producer(bootstrap), topic, [(None, write(r, context)) for r in records]
+    )
+    with FaultyProxy(registry.url) as proxy:
+        proxy.fail_next(fault, times=3)
+        frame = parse_avro(stream(spark, bootstrap, topic), proxy.url, schema=json.dumps(schema))
+        query = PostgresSink("avro_orders", url=db.raw).start(
+            frame, str(checkpoint), trigger={"availableNow": True}
+        )
+        query.awaitTermination(240)
+        assert query.exception() is None, query.exception()
+        assert proxy.faulted == 3
+    assert pg.execute("SELECT count(*) FROM sink_dead_letters").fetchone() == (0,)
+    assert rows(pg) == {r["event_id"]: expected(r, "p") for r in records}
