@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka.schema_registry import Schema
 from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2, wrappers_pb2
 
 from outbox import Protobuf
 from outbox.core.config import DatabaseUrl
@@ -36,14 +36,14 @@ TABLE = (
 F = descriptor_pb2.FieldDescriptorProto
 
 
-def order_class(version: int, package: str = "shop", only: tuple[str, ...] = ()) -> Any:
-    """shop.Order, v1 or v2 (v2 adds `note`), made from its descriptor as protoc's output would be;
-    of its fields `only` those, if given."""
+def order_class(
+    version: int, package: str = "shop", only: tuple[str, ...] = (), wrapped: bool = False
+) -> Any:
+    """shop.Order, v1 or v2 (v2 adds `note`; `wrapped`, a google.protobuf.StringValue), made from its
+    descriptor as protoc's output would be; of its fields `only` those, if given."""
+    imports = ["google/protobuf/timestamp.proto", *(["google/protobuf/wrappers.proto"] if wrapped else [])]
     file = descriptor_pb2.FileDescriptorProto(
-        name=f"{package}/order_v{version}.proto",
-        package=package,
-        syntax="proto3",
-        dependency=["google/protobuf/timestamp.proto"],
+        name=f"{package}/order_v{version}.proto", package=package, syntax="proto3", dependency=imports
     )
     status = file.enum_type.add(name="Status")
     status.value.add(name="NEW", number=0)
@@ -57,7 +57,9 @@ def order_class(version: int, package: str = "shop", only: tuple[str, ...] = ())
         ("tags", 5, F.TYPE_STRING, None, F.LABEL_REPEATED),
         ("big", 6, F.TYPE_UINT64, None, F.LABEL_OPTIONAL),
     ]
-    if version == 2:
+    if version == 2 and wrapped:
+        fields.append(("note", 7, F.TYPE_MESSAGE, ".google.protobuf.StringValue", F.LABEL_OPTIONAL))
+    elif version == 2:
         fields.append(("note", 7, F.TYPE_STRING, None, F.LABEL_OPTIONAL))
     for name, number, kind, type_name, label in fields:
         if only and name not in only:
@@ -67,6 +69,8 @@ def order_class(version: int, package: str = "shop", only: tuple[str, ...] = ())
             field.type_name = type_name
     pool = descriptor_pool.DescriptorPool()
     pool.AddSerializedFile(timestamp_pb2.DESCRIPTOR.serialized_pb)
+    if wrapped:
+        pool.AddSerializedFile(wrappers_pb2.DESCRIPTOR.serialized_pb)
     pool.Add(file)
     return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.Order"))
 
@@ -120,6 +124,41 @@ def test_confluents_protobuf_records_of_an_evolving_message_are_applied_once(  #
     want.update({m.event_id: expected(m, m.note) for m in later})
     assert rows(pg) == want
     assert ledger(pg) == log_ends(bootstrap, topic)
+    assert pg.execute("SELECT count(*) FROM sink_dead_letters").fetchone() == (0,)
+
+
+def test_a_v2_that_adds_a_wrapper_field_mid_stream_is_read_by_a_reader_of_that_wrapper(  # type: ignore[no-untyped-def]
+    spark, bootstrap, topic, db, pg, registry, checkpoint
+) -> None:
+    """v2 adds `google.protobuf.StringValue note`, a well-known type Confluent's serializer does not
+    register as a reference: v2's records are read with it (their note its value), v1's have none
+    (NULL: a message field not set, as Confluent's ProtobufDeserializer gives it), and the reader,
+    the newest message, is the wrapper's too. Nothing is a dead letter."""
+    pg.execute(TABLE)
+    package = unique("w")
+    v1, v2 = order_class(1, package), order_class(2, package, wrapped=True)
+    context = SerializationContext(topic, MessageField.VALUE)
+    first = [order(v1, n, str(uuid.uuid4())) for n in range(10)]
+    later = [order(v2, n + 100, str(uuid.uuid4())) for n in range(10)]
+    for n, message in enumerate(later):
+        if n % 3:  # and every third one with no note at all
+            message.note.value = f"wrapped {n}" if n % 3 == 1 else ""
+    write1, write2 = serializer(registry, v1), serializer(registry, v2)
+    producer = transactional_producer(bootstrap)
+    produce_transaction(producer, topic, [(m.event_id.encode(), write1(m, context)) for m in first])
+    produce_transaction(producer, topic, [(m.event_id.encode(), write2(m, context)) for m in later])
+
+    frame_ = parse_protobuf(stream(spark, bootstrap, topic), registry.url, key_column="event_id")
+    sink = PostgresSink("pb_orders", url=db.raw)
+    sink.start(frame_, str(checkpoint), trigger={"availableNow": True}).awaitTermination()
+
+    judge = ProtobufDeserializer(v2, {"use.deprecated.format": False})
+    want = {m.event_id: expected(m, None) for m in first}
+    for message in later:
+        read = judge(write2(message, context), context)
+        want[message.event_id] = expected(message, read.note.value if read.HasField("note") else None)
+    assert rows(pg) == want
+    assert {v[-1] for v in want.values()} == {None, "", "wrapped 1", "wrapped 4", "wrapped 7"}
     assert pg.execute("SELECT count(*) FROM sink_dead_letters").fetchone() == (0,)
 
 
