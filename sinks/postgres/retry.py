@@ -46,10 +46,12 @@ def with_retries(attempt: Callable[[], T], budget: float, who: str) -> tuple[T, 
 
 
 # Spark Connect's server starts a Python process for a foreachBatch function and gives it 10 s,
-# a constant in Spark (PythonWorkerFactory), to connect back; a busy server misses that. The
-# query did not start then, and nothing ran: starting it again is safe.
+# a constant in Spark (PythonWorkerFactory), to connect back; a busy server misses that (unless its
+# workers' Python is outbox-spark-python, sinks/spark_python.py). The query did not start then, and
+# nothing ran: starting it again is safe, after a pause that doubles, while the load may pass.
 WORKER_LATE = "Timed out while waiting for the Python worker to connect back"
-START_ATTEMPTS = 3
+START_ATTEMPTS = 5
+START_PAUSE = 2.0  # seconds before the second start; doubled before each next one
 
 
 def worker_was_late(exc: BaseException) -> bool:
@@ -57,7 +59,9 @@ def worker_was_late(exc: BaseException) -> bool:
     return WORKER_LATE in str(exc)
 
 
-def start_query(start: Callable[[], T], who: str, attempts: int = START_ATTEMPTS) -> T:
+def start_query(
+    start: Callable[[], T], who: str, attempts: int = START_ATTEMPTS, pause: float = START_PAUSE
+) -> T:
     """`start()`, again when only the server's Python process was late (`worker_was_late`)."""
     for attempt in range(2, attempts + 1):
         try:
@@ -67,9 +71,12 @@ def start_query(start: Callable[[], T], who: str, attempts: int = START_ATTEMPTS
                 raise
             log.warning(
                 "%s: the Spark Connect server's Python process for the batch function did not connect"
-                " back within Spark's 10 s (a busy server); starting the query again (%d of %d)",
+                " back within Spark's 10 s (a busy server); starting the query again in %.0fs (%d of %d)",
                 who,
+                pause,
                 attempt,
                 attempts,
             )
+        time.sleep(pause)
+        pause *= 2
     return start()

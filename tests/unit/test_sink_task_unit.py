@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 
 import psycopg
@@ -10,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sinks.postgres.retry import WORKER_LATE, start_query, with_retries
+from sinks.postgres import retry
+from sinks.postgres.retry import WORKER_LATE, with_retries
 from sinks.postgres.task import NOTHING, Outcome, firsts, past_ledger
 
 row = st.tuples(
@@ -110,6 +112,7 @@ def test_a_query_starts_again_only_when_the_servers_python_process_was_late() ->
     """Spark Connect's error as its client raises it, with Spark's cause on its last line."""
     late = RuntimeError(f"[STREAMING_PYTHON_RUNNER_INITIALIZATION_FAILURE] ...\nCaused by: {WORKER_LATE}")
     outcomes: list[Exception | str] = [late, late, "query"]
+    start_query = functools.partial(retry.start_query, attempts=3, pause=0.0)
     calls: list[Exception | str] = []
 
     def start() -> str:
