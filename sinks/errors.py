@@ -8,6 +8,8 @@ refused, is here too.
 
 from __future__ import annotations
 
+import re
+
 from outbox.core.errors import (
     CORE,
     Condition,
@@ -320,3 +322,17 @@ CONDITIONS = Conditions(
     SINK_ROW_REFUSED=Condition(SinkError, "sink {sink}: the table refused a row: {reason}"),
 )
 error = CONDITIONS.error
+
+# The last line of a Python traceback that raised one of these: `module.Class: [CODE] message`.
+_RAISED = re.compile(r"^[\w.]*(?:Error|Exception|Unavailable|NotReady): \[([A-Z][A-Z0-9_]*)\] (.+)$", re.M)
+
+
+def raised_in_tasks(exc: BaseException) -> OutboxError | None:
+    """The condition one of the query's Python workers raised, which reaches the driver inside
+    Spark's error, its traceback and the task's around it: the first one named there, again, to
+    stop the query in its own line; None when Spark's error holds none."""
+    for found in _RAISED.finditer(str(exc)):
+        code, message = found.groups()
+        if code in CONDITIONS:  # the base's codes too
+            return CONDITIONS[code].kind(message.strip(), code=code)
+    return None

@@ -17,8 +17,9 @@ from psycopg import sql
 from pyspark.sql import Column, DataFrame
 
 from outbox.core import tables
+from outbox.core.errors import OutboxError
 from outbox.core.postgres import connect, pooled, scalar
-from sinks.errors import error
+from sinks.errors import error, raised_in_tasks
 from sinks.postgres import direct
 from sinks.postgres.apply import BatchResult
 from sinks.postgres.columns import delete_rule, routed_columns, staged_columns
@@ -104,7 +105,14 @@ class BatchWriter(OnDriver, InTasks):
                 return self.apply_in_tasks(batch, batch_id)
             return self.apply(self.stage(batch, batch_id))
 
-        with_retries(once, self.spec.retry_for, f"sink {self.spec.name}, batch {batch_id}")
+        try:
+            with_retries(once, self.spec.retry_for, f"sink {self.spec.name}, batch {batch_id}")
+        except OutboxError:
+            raise
+        except Exception as exc:  # Spark's, around what a task raised: that alone stops the query
+            if (ours := raised_in_tasks(exc)) is None:
+                raise
+            raise ours from None
 
 
 def _require_tables(conn: psycopg.Connection, spec: SinkSpec) -> None:

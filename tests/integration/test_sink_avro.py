@@ -21,6 +21,7 @@ import psycopg
 import pytest
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+from pyspark.errors import StreamingQueryException
 
 from outbox.core.errors import OutboxError
 from outbox.core.registry import Registry
@@ -244,6 +245,19 @@ def fresh(schema: dict[str, Any]) -> dict[str, Any]:
     return {**schema, "doc": unique("v")}
 
 
+def produced(
+    registry: RunningRegistry, bootstrap: str, topic: str, schema: dict[str, Any], count: int, note: str
+) -> list[dict[str, Any]]:
+    """`count` orders of `schema`, by Confluent's serializer, in one committed transaction."""
+    context = SerializationContext(topic, MessageField.VALUE)
+    records = [order(n, str(uuid.uuid4()), note=note) for n in range(count)]
+    write = serializer(registry, schema)
+    produce_transaction(
+        transactional_producer(bootstrap), topic, [(None, write(r, context)) for r in records]
+    )
+    return records
+
+
 @contextlib.contextmanager
 def stopped(registry: RunningRegistry) -> Iterator[None]:
     """The registry stopped (SIGSTOP): connections are taken, nothing is answered."""
@@ -280,12 +294,7 @@ def test_a_batch_waits_for_a_registry_that_does_not_answer_and_dead_letters_noth
 ) -> None:
     pg.execute(TABLE)
     schema = fresh(V2)
-    context = SerializationContext(topic, MessageField.VALUE)
-    records = [order(n, str(uuid.uuid4()), note="w") for n in range(20)]
-    write = serializer(registry, schema)
-    produce_transaction(
-        transactional_producer(bootstrap), topic, [(None, write(r, context)) for r in records]
-    )
+    records = produced(registry, bootstrap, topic, schema, 20, note="w")
 
     frame = parse_avro(stream(spark, bootstrap, topic), registry.url, schema=json.dumps(schema))
     sink = PostgresSink("avro_orders", url=db.raw)
@@ -399,12 +408,7 @@ def test_a_batch_through_a_registry_proxy_that_fails_its_first_requests_applies_
     id's answer, and dead-lettered the id's records until it ended)."""
     pg.execute(TABLE)
     schema = fresh(V2)
-    context = SerializationContext(topic, MessageField.VALUE)
-    records = [order(n, str(uuid.uuid4()), note="p") for n in range(30)]
-    write = serializer(registry, schema)
-    produce_transaction(
-        transactional_producer(bootstrap), topic, [(None, write(r, context)) for r in records]
-    )
+    records = produced(registry, bootstrap, topic, schema, 30, note="p")
     with FaultyProxy(registry.url) as proxy:
         proxy.fail_next(fault, times=3)
         frame = parse_avro(stream(spark, bootstrap, topic), proxy.url, schema=json.dumps(schema))
@@ -416,3 +420,31 @@ def test_a_batch_through_a_registry_proxy_that_fails_its_first_requests_applies_
         assert proxy.faulted == 3
     assert pg.execute("SELECT count(*) FROM sink_dead_letters").fetchone() == (0,)
     assert rows(pg) == {r["event_id"]: expected(r, "p") for r in records}
+
+
+def test_a_registry_that_refuses_the_sink_stops_the_query_in_its_own_line_and_loses_nothing(  # type: ignore[no-untyped-def]
+    spark, bootstrap, topic, db, pg, registry, checkpoint
+) -> None:
+    """A registry that answers 401 (credentials gone stale): the query stops with the coded line
+    its task raised, not Spark's job failure around a worker's traceback; nothing is applied or
+    dead-lettered, and the query started again with a registry that answers applies every record."""
+    pg.execute(TABLE)
+    schema = fresh(V2)
+    records = produced(registry, bootstrap, topic, schema, 10, note="r")
+
+    def run(url: str) -> None:
+        frame = parse_avro(stream(spark, bootstrap, topic), url, schema=json.dumps(schema))
+        sink = PostgresSink("avro_orders", url=db.raw)
+        sink.start(frame, str(checkpoint), trigger={"availableNow": True}).awaitTermination(240)
+
+    with FaultyProxy(registry.url) as proxy:
+        proxy.fail_next("401", times=1000)
+        with pytest.raises(StreamingQueryException) as stopped_:
+            run(proxy.url)
+    said = str(stopped_.value)
+    assert "[REGISTRY_REFUSED_CLIENT] the schema registry at http://127.0.0.1:" in said, said
+    assert "PythonException" not in said and "decoded.py" not in said, said
+    assert pg.execute("SELECT count(*) FROM avro_orders").fetchone() == (0,)
+    assert pg.execute("SELECT count(*) FROM sink_dead_letters").fetchone() == (0,)
+    run(registry.url)
+    assert rows(pg) == {r["event_id"]: expected(r, "r") for r in records}

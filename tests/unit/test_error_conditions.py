@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from outbox.core.errors import Conditions, ConfigError, OutboxError
+from sinks.errors import SinkError, raised_in_tasks
 from tests import error_docs
 from tests.helpers import REPO
 
@@ -112,3 +113,31 @@ def test_docs_errors_md_lists_every_code_as_the_tables_declare_it() -> None:
 def test_the_tables_modules_are_where_the_docs_say() -> None:
     for path, _ in error_docs.HALVES.values():
         assert Path(REPO, path).exists(), path
+
+
+def test_a_condition_a_task_raised_is_found_in_sparks_error_around_it() -> None:
+    """The first of ours in Spark's error, as it stands on a traceback's last line; not Spark's."""
+    worker = (
+        "An error occurred while calling o123.collectToPython.\n"
+        ": org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 failed:"
+        " org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+        '  File "/x/sinks/postgres/decoded.py", line 90, in __call__\n'
+        "{last}\n"
+        "\tat org.apache.spark.api.python.BasePythonRunner$ReaderIterator.handlePythonException\n"
+    )
+    refused = (
+        "outbox.core.errors.ConfigError: [REGISTRY_REFUSED_CLIENT] the schema registry at"
+        " http://r:8080/apis/ccompat/v7 refused this client (HTTP 401): check its credentials"
+    )
+    found = raised_in_tasks(RuntimeError(worker.format(last=refused)))
+    assert isinstance(found, ConfigError) and found.code == "REGISTRY_REFUSED_CLIENT"
+    assert str(found) == refused.split(": ", 1)[1]
+    row = raised_in_tasks(
+        RuntimeError(worker.format(last="sinks.errors.SinkError: [SINK_ROW_REFUSED] sink s: no"))
+    )
+    assert isinstance(row, SinkError) and str(row) == "[SINK_ROW_REFUSED] sink s: no"
+    for theirs in (
+        "pyspark.errors.exceptions.captured.AnalysisException: [UNRESOLVED_COLUMN] x",
+        "ValueError: [NOT_OURS] y",
+    ):
+        assert raised_in_tasks(RuntimeError(worker.format(last=theirs))) is None
