@@ -168,7 +168,7 @@ CONDITIONS = Conditions(
     ),
     SINK_KEY_FORMAT_UNKNOWN=Condition(
         ConfigError,
-        "key_format {key_format!r}: give 'text' or 'json', how a tombstone's Kafka key is written",
+        "key_format {key_format!r}: give {formats}, how a tombstone's Kafka key is written",
     ),
     # -- parse_avro, parse_protobuf (sinks/postgres/parse.py) ------------------------------------------
     SINK_FORMAT_MISSING=Condition(

@@ -164,6 +164,62 @@ class _Schemas:
         return records, errors
 
 
+@dataclass(frozen=True)
+class AvroKeys:
+    """How a tombstone's Kafka key in Confluent's wire format (Confluent's key serializer) gives
+    its key column: read with its own writer schema, the key itself, or its record's field of the
+    column's name, as Confluent's AvroDeserializer reads it."""
+
+    key_column: str
+
+    def reader_in(self, registry: Registry) -> Read:
+        return lambda keys: _keys(registry, self.key_column, keys)
+
+
+def _keys(
+    registry: Registry, column: str, keys: list[bytes | None]
+) -> tuple[list[dict[str, Any] | None], list[str | None]]:
+    """Each key's record of the one key column, or why the key gives none."""
+    import fastavro
+
+    records: list[dict[str, Any] | None] = []
+    errors: list[str | None] = []
+    for key in keys:
+        found = "a tombstone with no key deletes nothing" if key is None else framed(key)
+        got: tuple[Any] | str
+        if isinstance(found, str):
+            got = found
+        else:
+            schema_id, body = found
+            writer = _writer(registry, schema_id, None, "")
+            got = writer if isinstance(writer, str) else _key_of(fastavro, writer, schema_id, body, column)
+        if isinstance(got, str):
+            records.append(None)
+            errors.append(f"the Kafka key of this tombstone: {got}")
+        else:
+            records.append({column: got[0]})
+            errors.append(None)
+    return records, errors
+
+
+def _key_of(
+    fastavro: Any, writer: tuple[Any, Any], schema_id: int, body: memoryview, column: str
+) -> tuple[Any] | str:
+    """The key column's value in one key (a 1-tuple: the value may be None), or why none."""
+    buffer = io.BytesIO(body)
+    try:
+        datum = fastavro.schemaless_reader(buffer, *writer)
+    except Exception as exc:  # fastavro's: EOFError, ValueError, ...
+        return f"it does not decode as Avro of writer schema id {schema_id}: {_said(exc)}"
+    if buffer.tell() != len(body):
+        return f"it holds {len(body) - buffer.tell()} bytes past its datum of writer schema id {schema_id}"
+    if not isinstance(datum, dict):
+        return (datum,)
+    if column not in datum:
+        return f"its record of writer schema id {schema_id} has no field {column!r}"
+    return (datum[column],)
+
+
 # Per Python worker: (registry, schema id, reader) -> (writer, reader or None), or why not.
 _writers: dict[tuple[Settings, int, str], tuple[Any, Any] | str] = {}
 
@@ -197,8 +253,8 @@ def _fetch_writer(registry: Registry, schema_id: int, reader: Any, same: str) ->
         writer = fastavro.parse_schema(json.loads(schema.schema_str), named_schemas=named)
     except Exception as exc:
         return f"schema id {schema_id} is not an Avro schema fastavro reads: {_said(exc)}"
-    # Read with the writer schema alone where it is the reader's: no resolution to do.
-    if json.dumps(writer, sort_keys=True) == same:
+    # Read with the writer schema alone where it is the reader's (or there is no reader: a key).
+    if reader is None or json.dumps(writer, sort_keys=True) == same:
         return avro_resolve.aligned(writer, writer), None
     return avro_resolve.aligned(writer, reader), reader
 

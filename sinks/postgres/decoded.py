@@ -80,6 +80,7 @@ class Decoder:
     values: Values  # what the values are read into: the reader schema, by format
     fields: T.StructType  # the reader's fields as Spark types
     keep: tuple[str, ...]  # the Kafka columns passed through
+    keys: Values | None = None  # what a tombstone's Kafka key is read into: its key column
 
     def out_schema(self) -> T.StructType:
         return T.StructType(
@@ -90,15 +91,20 @@ class Decoder:
         out = self.out_schema()
         arrow = pa.schema([pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC")) for f in out.fields])
         read = self.values.reader_in(self.registry)
+        read_keys = self.keys.reader_in(self.registry) if self.keys else None
         convert = [converter(f.dataType) for f in self.fields.fields]
         for batch in batches:
-            records, errors = read(batch.column("value").to_pylist())
+            values = batch.column("value").to_pylist()
+            records, errors = read(values)
+            if read_keys is not None:  # each tombstone's key column from its key
+                tombstones = [i for i, v in enumerate(values) if v is None]
+                keys = batch.column("key").to_pylist()
+                for i, record, why in zip(tombstones, *read_keys([keys[i] for i in tombstones]), strict=True):
+                    records[i], errors[i] = record, why
             columns = []
             for f, conv, kind in zip(self.fields.fields, convert, arrow, strict=False):
-                values = [None if r is None else r.get(f.name) for r in records]
-                columns.append(
-                    _column(f, values if conv is None else [conv(v) for v in values], kind, errors)
-                )
+                got = [None if r is None else r.get(f.name) for r in records]
+                columns.append(_column(f, got if conv is None else [conv(v) for v in got], kind, errors))
             kept = [batch.column(name) for name in self.keep]
             yield pa.RecordBatch.from_arrays([*columns, *kept, pa.array(errors, pa.string())], schema=arrow)
 

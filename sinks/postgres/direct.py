@@ -133,7 +133,7 @@ def why_not(
     if values.key_column and (
         values.key_format != "text" or values.schema[values.key_column].dataType != T.StringType()
     ):
-        return "a tombstone's key is read as a type, or as JSON, by Spark's rules"
+        return "a tombstone's key is read as a type, as JSON or as Avro, not as its text"
     if delete is not None and not tombstones(delete):
         return "the delete rule is an expression for Spark to compute"
     if values.decoder is None and not checked_arrow():

@@ -29,6 +29,8 @@ def _keep(frame: DataFrame, event: T.StructType) -> tuple[str, ...]:
 
 
 KeyFormat = Literal["text", "json"]  # how a tombstone's Kafka key is read
+RegistryKeyFormat = Literal["text", "json", "avro"]  # "avro": framed, as Confluent's key serializer
+_KEY_FORMATS: tuple[str, ...] = get_args(KeyFormat)
 _CORRUPT = "_corrupt_record"
 
 
@@ -101,7 +103,7 @@ def parse_avro(
     schema: str | Mapping[str, Any] | None = None,
     subject: str | None = None,
     key_column: str | None = None,
-    key_format: KeyFormat = "text",
+    key_format: RegistryKeyFormat = "text",
 ) -> DataFrame:
     """Decode Kafka values written in Confluent's wire format with Avro, as parse_json parses JSON.
 
@@ -111,7 +113,9 @@ def parse_avro(
     reader is the newest version of `subject` when the query starts (by default `<topic>-value`,
     where the frame reads one topic). The columns are the reader's fields; the key, value and
     position are kept, and a record that cannot be read gets why in `_error`: the sink
-    dead-letters it. Tombstones (a null value) keep deleting, their `key_column` from the Kafka key.
+    dead-letters it. Tombstones (a null value) keep deleting, their `key_column` from the Kafka key:
+    its text, JSON, or (`key_format="avro"`) Avro in Confluent's wire format, read with its own
+    writer schema: the key, or its record's field `key_column`.
     """
     try:
         import fastavro
@@ -130,8 +134,9 @@ def parse_avro(
     event = avro.spark_type(parsed)
     if not isinstance(event, T.StructType):
         raise error("SINK_AVRO_SCHEMA_NOT_RECORD", type=event.simpleString())
-    decoder = Decoder(given, avro.AvroValues(reader), event, _keep(frame, event))
-    return _decoded(frame, decoder, key_column, key_format)
+    keys = avro.AvroKeys(key_column) if key_format == "avro" and key_column else None
+    decoder = Decoder(given, avro.AvroValues(reader), event, _keep(frame, event), keys)
+    return _decoded(frame, decoder, key_column, key_format, get_args(RegistryKeyFormat))
 
 
 def parse_protobuf(
@@ -176,7 +181,8 @@ def parse_protobuf(
         ) from None
     event = protobuf.spark_type(descriptor)
     values = protobuf.ProtobufValues(files, descriptor.full_name)
-    return _decoded(frame, Decoder(given, values, event, _keep(frame, event)), key_column, key_format)
+    decoder = Decoder(given, values, event, _keep(frame, event))
+    return _decoded(frame, decoder, key_column, key_format, get_args(KeyFormat))
 
 
 def _newest(frame: DataFrame, registry: Registry, subject: str | None, what: str) -> Any:
@@ -188,13 +194,16 @@ def _newest(frame: DataFrame, registry: Registry, subject: str | None, what: str
         raise error("SINK_REGISTRY_SUBJECT_UNKNOWN", subject=subject, registry=registry.where) from None
 
 
-def _decoded(frame: DataFrame, decoder: Decoder, key_column: str | None, key_format: KeyFormat) -> DataFrame:
-    """The frame's values decoded in its tasks; a tombstone's key column from its Kafka key."""
+def _decoded(
+    frame: DataFrame, decoder: Decoder, key_column: str | None, key_format: str, formats: tuple[str, ...]
+) -> DataFrame:
+    """The frame's values decoded in its tasks; a tombstone's key column from its Kafka key (by the
+    decoder, where the key is Avro)."""
     event = decoder.fields
-    _check_fields(event, key_column, key_format)
+    _check_fields(event, key_column, key_format, formats)
     decoded = frame.select(*decoder.keep).mapInArrow(decoder, decoder.out_schema())
     asked = Parsed(frame, event, key_column, key_format, None, decoder)
-    if key_column is None:
+    if key_column is None or decoder.keys is not None:
         return remember(decoded, asked)
     key = _tombstone_key(event[key_column], key_format)
     tombstone = F.col("value").isNull()
@@ -220,17 +229,22 @@ def _value_subject(frame: DataFrame, what: str) -> str:
     return f"{topics[0].strip()}-value"
 
 
-def _check_fields(event: T.StructType, key_column: str | None, key_format: str) -> None:
+def _check_fields(
+    event: T.StructType,
+    key_column: str | None,
+    key_format: str,
+    formats: tuple[str, ...] = get_args(KeyFormat),
+) -> None:
     clash = [f.name for f in event.fields if f.name in (*KEEP, ERROR_COLUMN, _CORRUPT)]
     if clash:
         raise error("SINK_SCHEMA_FIELDS_CLASH", fields=clash)
     if key_column is not None and key_column not in event.fieldNames():
         raise error("SINK_KEY_COLUMN_NOT_IN_SCHEMA", key_column=key_column, schema=event.simpleString())
-    if key_format not in get_args(KeyFormat):
-        raise error("SINK_KEY_FORMAT_UNKNOWN", key_format=key_format)
+    if key_format not in formats:
+        raise error("SINK_KEY_FORMAT_UNKNOWN", key_format=key_format, formats=" or ".join(map(repr, formats)))
 
 
-def _tombstone_key(field: T.StructField, key_format: KeyFormat) -> Column:
+def _tombstone_key(field: T.StructField, key_format: str) -> Column:
     """The key column of a tombstone, from its Kafka key; null where the key does not give one."""
     text = F.col("key").cast("string")
     if key_format == "text":

@@ -19,7 +19,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from pyspark.errors import StreamingQueryException
 
@@ -448,3 +448,56 @@ def test_a_registry_that_refuses_the_sink_stops_the_query_in_its_own_line_and_lo
     assert pg.execute("SELECT count(*) FROM sink_dead_letters").fetchone() == (0,)
     run(registry.url)
     assert rows(pg) == {r["event_id"]: expected(r, "r") for r in records}
+
+
+KEY_RECORD = {
+    "type": "record",
+    "name": "OrderKey",
+    "namespace": "shop",
+    "fields": [{"name": "event_id", "type": {"type": "string", "logicalType": "uuid"}}],
+}
+
+
+@pytest.mark.parametrize("key_schema", [{"type": "string"}, KEY_RECORD], ids=["string", "record"])
+def test_tombstones_whose_keys_are_avro_delete_the_rows_confluents_deserializer_reads_them_as(  # type: ignore[no-untyped-def]
+    spark, bootstrap, topic, db, pg, registry, checkpoint, key_schema
+) -> None:
+    """Keys by Confluent's key serializer, Avro in its wire format (a zero byte in every key, which
+    read as text was a dead letter): each tombstone deletes the row of the key column its key
+    gives, the key itself or its record's field, as AvroDeserializer reads the key; a key of an id
+    the registry never gave is a dead letter saying so."""
+    pg.execute(TABLE)
+    values = serializer(registry, fresh(V2))
+    keys = AvroSerializer(registry.client(), json.dumps({**key_schema, "doc": unique("k")}))
+    key_context = SerializationContext(topic, MessageField.KEY)
+    value_context = SerializationContext(topic, MessageField.VALUE)
+
+    def key_of(event_id: str) -> bytes:
+        return bytes(
+            keys(event_id if key_schema["type"] == "string" else {"event_id": event_id}, key_context)
+        )
+
+    records = [order(n, str(uuid.uuid4()), note="k") for n in range(6)]
+    producer = transactional_producer(bootstrap)
+    produce_transaction(producer, topic, [(key_of(r["event_id"]), values(r, value_context)) for r in records])
+    tombstones = [key_of(r["event_id"]) for r in records[:3]]
+    unknown = b"\x00" + struct.pack(">I", 2_000_000) + tombstones[0][5:]
+    produce_transaction(producer, topic, [*((k, None) for k in tombstones), (unknown, None)])
+
+    judge = AvroDeserializer(registry.client())
+    read = [judge(k, key_context) for k in tombstones]
+    gone = {k if isinstance(k, str) else str(k["event_id"]) for k in read}
+    assert gone == {r["event_id"] for r in records[:3]}, read
+    frame = parse_avro(
+        stream(spark, bootstrap, topic),
+        registry.url,
+        key_column="event_id",
+        key_format="avro",
+        subject=f"{topic}-value",
+    )
+    PostgresSink("avro_orders", url=db.raw).start(
+        frame, str(checkpoint), trigger={"availableNow": True}
+    ).awaitTermination(240)
+    assert rows(pg) == {r["event_id"]: expected(r, "k") for r in records if r["event_id"] not in gone}
+    (reason,) = [e for (e,) in pg.execute("SELECT error FROM sink_dead_letters")]
+    assert "the Kafka key of this tombstone: schema id 2000000 is not known" in reason, reason
