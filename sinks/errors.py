@@ -239,6 +239,14 @@ CONDITIONS = Conditions(
         "{table}.{column} is {type}, and the frame's {column} is now a Spark {spark_type}: some of its"
         " values may not fit, and the sink never narrows nor changes a column itself. To take them: {alter}",
     ),
+    SINK_AVRO_WRITER_UNREADABLE=Condition(
+        ConfigError,
+        "no record of writer schema id {schema_id} can be read as the reader schema: the reader's"
+        " {fields} has no default, and that writer has no such field (a schema change, not a bad"
+        " record; nothing of it was applied or dead-lettered). Give the field a default in the reader"
+        " (its next version, or parse_avro's schema=), or read with a reader without it, and start"
+        " the query again",
+    ),
     SINK_TABLE_LOCKED=Condition(
         OutboxError,
         "create/evolve waited {seconds:g}s for {table}, which another transaction holds, and changed"

@@ -23,8 +23,10 @@ from typing import Any
 
 from pyspark.sql import types as T
 
+from outbox.core.errors import OutboxError
 from outbox.core.registry import Registry, Settings, UnknownSchema
 from outbox.core.wire import framed
+from sinks.errors import error
 from sinks.postgres.decoded import Read
 
 AvroSchema = Any  # fastavro's parsed schema: a name, a dict, or a list (a union)
@@ -221,18 +223,24 @@ def _key_of(
 
 
 # Per Python worker: (registry, schema id, reader) -> (writer, reader or None), or why not.
-_writers: dict[tuple[Settings, int, str], tuple[Any, Any] | str] = {}
+_writers: dict[tuple[Settings, int, str], tuple[Any, Any] | str | OutboxError] = {}
 
 
 def _writer(registry: Registry, schema_id: int, reader: Any, same: str) -> tuple[Any, Any] | str:
+    """The writer schema of an id and the reader to resolve it to, or why its records are dead
+    letters; raises where no record of it can be read as the reader (a schema change)."""
     key = (registry.key, schema_id, same)
     found = _writers.get(key)
     if found is None:
         found = _writers[key] = _fetch_writer(registry, schema_id, reader, same)
+    if isinstance(found, OutboxError):
+        raise found
     return found
 
 
-def _fetch_writer(registry: Registry, schema_id: int, reader: Any, same: str) -> tuple[Any, Any] | str:
+def _fetch_writer(
+    registry: Registry, schema_id: int, reader: Any, same: str
+) -> tuple[Any, Any] | str | OutboxError:
     """The writer schema of an id and the reader to resolve it to, or why the id has none. Only
     the registry's answers are kept: a registry that fails to answer raises, and is asked again."""
     import fastavro
@@ -256,6 +264,8 @@ def _fetch_writer(registry: Registry, schema_id: int, reader: Any, same: str) ->
     # Read with the writer schema alone where it is the reader's (or there is no reader: a key).
     if reader is None or json.dumps(writer, sort_keys=True) == same:
         return avro_resolve.aligned(writer, writer), None
+    if lacking := avro_resolve.lacking(writer, reader):
+        return error("SINK_AVRO_WRITER_UNREADABLE", schema_id=schema_id, fields=", ".join(lacking))
     return avro_resolve.aligned(writer, reader), reader
 
 

@@ -196,3 +196,41 @@ def _annotated(w: AvroSchema, kind: str, r: AvroSchema) -> AvroSchema:
         w.pop(k, None)
     w.update(wants)
     return w
+
+
+def lacking(writer: AvroSchema, reader: AvroSchema) -> list[str]:
+    """The reader's fields that have no default and that the writer lacks (by name or alias), as
+    dotted paths: no record of that writer schema resolves to the reader, whatever its values."""
+    named = {
+        "writer": writer.get("__named_schemas", {}) if isinstance(writer, dict) else {},
+        "reader": reader.get("__named_schemas", {}) if isinstance(reader, dict) else {},
+    }
+    found: list[str] = []
+    _lacking(writer, reader, named, "", found, set())
+    return found
+
+
+def _record(node: AvroSchema, named: dict[str, Any]) -> dict[str, Any] | None:
+    """The record a field's type is: itself, a name of one, or a union of null and one."""
+    if isinstance(node, list):
+        records = [r for b in node if b != "null" and (r := _record(b, named)) is not None]
+        return records[0] if len(records) == 1 and len(node) <= 2 else None
+    if isinstance(node, str):
+        return _record(named[node], named) if node in named else None
+    return node if isinstance(node, dict) and node.get("type") in ("record", "error") else None
+
+
+def _lacking(
+    w: AvroSchema, r: AvroSchema, named: dict[str, Any], path: str, found: list[str], seen: set[int]
+) -> None:
+    writer, reader = _record(w, named["writer"]), _record(r, named["reader"])
+    if writer is None or reader is None or id(writer) in seen:
+        return
+    seen.add(id(writer))
+    fields = {f["name"]: f for f in writer["fields"]}
+    for field in reader["fields"]:
+        source = next((fields[n] for n in (field["name"], *field.get("aliases", [])) if n in fields), None)
+        if source is None and "default" not in field:
+            found.append(f"{path}{field['name']}")
+        elif source is not None:
+            _lacking(source["type"], field["type"], named, f"{path}{field['name']}.", found, seen)

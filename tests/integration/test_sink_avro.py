@@ -501,3 +501,30 @@ def test_tombstones_whose_keys_are_avro_delete_the_rows_confluents_deserializer_
     assert rows(pg) == {r["event_id"]: expected(r, "k") for r in records if r["event_id"] not in gone}
     (reason,) = [e for (e,) in pg.execute("SELECT error FROM sink_dead_letters")]
     assert "the Kafka key of this tombstone: schema id 2000000 is not known" in reason, reason
+
+
+def test_a_writer_the_reader_cannot_resolve_stops_the_query_in_one_line_and_loses_nothing(  # type: ignore[no-untyped-def]
+    spark, bootstrap, topic, db, pg, registry, checkpoint
+) -> None:
+    """Records of a writer without a field the reader needs (no default): a schema change, not bad
+    records. The query stops naming the field and the remedy, nothing dead-lettered (each record
+    was one); with the field given a default in the reader, the query applies every record."""
+    pg.execute(TABLE)
+    writer = fresh(V1)
+    records = produced(registry, bootstrap, topic, writer, 8, note="unused")
+    needs = {**V2, "fields": [*V1["fields"], {"name": "note", "type": "string"}]}
+
+    def run(reader: dict[str, Any]) -> None:
+        frame = parse_avro(stream(spark, bootstrap, topic), registry.url, schema=json.dumps(reader))
+        sink = PostgresSink("avro_orders", url=db.raw)
+        sink.start(frame, str(checkpoint), trigger={"availableNow": True}).awaitTermination(240)
+
+    with pytest.raises(StreamingQueryException) as stopped_:
+        run(needs)
+    said = str(stopped_.value)
+    assert "[SINK_AVRO_WRITER_UNREADABLE] no record of writer schema id" in said, said
+    assert "the reader's note has no default" in said and "PythonException" not in said, said
+    assert pg.execute("SELECT count(*) FROM sink_dead_letters").fetchone() == (0,)
+    assert pg.execute("SELECT count(*) FROM avro_orders").fetchone() == (0,)
+    run(V2)  # note's default: "none"
+    assert rows(pg) == {r["event_id"]: expected(r, "none") for r in records}

@@ -3,6 +3,8 @@ registry's address."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import fastavro
 import pytest
 from hypothesis import given
@@ -12,6 +14,7 @@ from pyspark.sql import types as T
 from outbox.core.registry import Registry
 from outbox.core.wire import frame, framed
 from sinks.postgres.avro import spark_type
+from sinks.postgres.avro_resolve import lacking
 from sinks.postgres.decoded import converter
 
 
@@ -121,3 +124,31 @@ def test_a_reader_schema_that_is_no_avro_is_one_line_at_start(schema: str) -> No
     with pytest.raises(ConfigError) as refused:
         parse_avro(None, "http://127.0.0.1:9", schema=schema)  # type: ignore[arg-type]  # refused before the frame is read
     assert refused.value.code == "SINK_READER_SCHEMA_INVALID"
+
+
+def test_a_writer_lacks_the_reader_fields_with_no_default_it_has_not_under_any_name() -> None:
+    def record(name: str, *fields: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "record", "name": name, "fields": list(fields)}
+
+    inner_w = record("Inner", {"name": "a", "type": "int"})
+    inner_r = record("Inner", {"name": "a", "type": "int"}, {"name": "b", "type": "string"})
+    writer = fastavro.parse_schema(
+        record(
+            "R",
+            {"name": "id", "type": "long"},
+            {"name": "old", "type": "int"},
+            {"name": "in", "type": ["null", inner_w]},
+        )
+    )
+    reader = fastavro.parse_schema(
+        record(
+            "R",
+            {"name": "id", "type": "long"},
+            {"name": "renamed", "type": "int", "aliases": ["old"]},  # the writer's, by its alias
+            {"name": "kept", "type": "string", "default": ""},  # a default: read as it
+            {"name": "needed", "type": "string"},
+            {"name": "in", "type": ["null", inner_r]},
+        )
+    )
+    assert lacking(writer, reader) == ["needed", "in.b"]
+    assert lacking(writer, writer) == []
