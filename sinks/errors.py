@@ -332,7 +332,7 @@ CONDITIONS = Conditions(
 error = CONDITIONS.error
 
 # The last line of a Python traceback that raised one of these: `module.Class: [CODE] message`.
-_RAISED = re.compile(r"^[\w.]*(?:Error|Exception|Unavailable|NotReady): \[([A-Z][A-Z0-9_]*)\] (.+)$", re.M)
+_RAISED = re.compile(r"^[\w.]+: \[([A-Z][A-Z0-9_]*)\] (.+)$", re.M)
 
 
 def raised_in_tasks(exc: BaseException) -> OutboxError | None:

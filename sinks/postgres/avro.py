@@ -182,8 +182,6 @@ def _keys(
     registry: Registry, column: str, keys: list[bytes | None]
 ) -> tuple[list[dict[str, Any] | None], list[str | None]]:
     """Each key's record of the one key column, or why the key gives none."""
-    import fastavro
-
     records: list[dict[str, Any] | None] = []
     errors: list[str | None] = []
     for key in keys:
@@ -194,7 +192,7 @@ def _keys(
         else:
             schema_id, body = found
             writer = _writer(registry, schema_id, None, "")
-            got = writer if isinstance(writer, str) else _key_of(fastavro, writer, schema_id, body, column)
+            got = writer if isinstance(writer, str) else _key_of(writer, schema_id, body, column)
         if isinstance(got, str):
             records.append(None)
             errors.append(f"the Kafka key of this tombstone: {got}")
@@ -204,10 +202,10 @@ def _keys(
     return records, errors
 
 
-def _key_of(
-    fastavro: Any, writer: tuple[Any, Any], schema_id: int, body: memoryview, column: str
-) -> tuple[Any] | str:
+def _key_of(writer: tuple[Any, Any], schema_id: int, body: memoryview, column: str) -> tuple[Any] | str:
     """The key column's value in one key (a 1-tuple: the value may be None), or why none."""
+    import fastavro
+
     buffer = io.BytesIO(body)
     try:
         datum = fastavro.schemaless_reader(buffer, *writer)

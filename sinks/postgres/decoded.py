@@ -96,10 +96,11 @@ class Decoder:
         for batch in batches:
             values = batch.column("value").to_pylist()
             records, errors = read(values)
-            if read_keys is not None:  # each tombstone's key column from its key
-                tombstones = [i for i, v in enumerate(values) if v is None]
+            tombstones = [i for i, v in enumerate(values) if v is None] if read_keys else []
+            if read_keys is not None and tombstones:  # each tombstone's key column from its key
                 keys = batch.column("key").to_pylist()
-                for i, record, why in zip(tombstones, *read_keys([keys[i] for i in tombstones]), strict=True):
+                keyed = read_keys([keys[i] for i in tombstones])
+                for i, record, why in zip(tombstones, *keyed, strict=True):
                     records[i], errors[i] = record, why
             columns = []
             for f, conv, kind in zip(self.fields.fields, convert, arrow, strict=False):

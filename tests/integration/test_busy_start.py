@@ -2,9 +2,9 @@
 
 Spark gives each Python process it starts for a query (kafka_rc's source runner, a Connect
 server's foreachBatch process) 10 s to connect back. With each core shared by three spinning
-processes, importing what pyspark's modules import before they connect took 3.9 s for the source
-runner and 12.6 s for the foreachBatch process (measured on this project's two-core machine);
-started by `outbox-spark-python`, they connect back first.
+processes, what pyspark's modules import before they connect takes 2.2 s for the source runner and
+7.4 s for the foreachBatch process, and beside the server's JVM more than 10 s
+(bench/connect_back.py); started by `outbox-spark-python`, they connect back first.
 """
 
 from __future__ import annotations

@@ -132,6 +132,10 @@ def test_a_condition_a_task_raised_is_found_in_sparks_error_around_it() -> None:
     found = raised_in_tasks(RuntimeError(worker.format(last=refused)))
     assert isinstance(found, ConfigError) and found.code == "REGISTRY_REFUSED_CLIENT"
     assert str(found) == refused.split(": ", 1)[1]
+    fenced = raised_in_tasks(
+        RuntimeError(worker.format(last="outbox.core.errors.Fenced: [SINK_ROW_REFUSED] x"))
+    )
+    assert fenced is not None and fenced.code == "SINK_ROW_REFUSED"  # any class of ours, not only *Error
     row = raised_in_tasks(
         RuntimeError(worker.format(last="sinks.errors.SinkError: [SINK_ROW_REFUSED] sink s: no"))
     )
