@@ -14,7 +14,9 @@ in `departs`.
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import json
 import struct
 import uuid
 from collections.abc import Callable
@@ -141,6 +143,7 @@ class Field:
     values: st.SearchStrategy[Any]  # what the writer writes
     read: Callable[[Any], Any]  # what the specification reads of a written value, or the default
     departs: str | None = None  # why fastavro reads something else, if it does
+    column: Callable[[Any], Any] = lambda v: v  # how the sink's column holds a value read, by docs/sink.md
 
 
 def _named(kind: str, name: str) -> Any:
@@ -149,6 +152,42 @@ def _named(kind: str, name: str) -> Any:
     if isinstance(schema, dict) and "name" in schema:
         return {**schema, "name": f"{schema['name']}_{name}"}
     return schema
+
+
+def _json(value: Any) -> str | None:
+    """A union's member as its column holds it: its JSON (bytes in base64, as Spark's to_json)."""
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return json.dumps(base64.b64encode(value).decode())
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _unions(name: str) -> list[st.SearchStrategy[Field]]:
+    """Unions of several types, reordered or given a branch by the reader: each value keeps its
+    member's type in its JSON, so the int 5 and the string "5" stay apart."""
+
+    def union(writer: Any, reader: Any, values: st.SearchStrategy[Any], column: Any = _json) -> Any:
+        declared = ({"name": name, "type": writer}, {"name": name, "type": reader})
+        return st.just(Field(*declared, values, lambda v: v, column=column))
+
+    inner = {"type": "record", "name": f"U_{name}", "fields": [{"name": "x", "type": "int"}]}
+    return [
+        union(["int", "string"], ["string", "int"], _INT | _text),
+        union(["null", "long", "string"], ["null", "string", "long", "bytes"], st.none() | _LONG | _text),
+        union(["null", "string", inner], ["null", "string", inner], st.none() | _text | _RECORD_X),
+        # Not a reader's union of string and bytes (or int and long) with a writer's of both:
+        # fastavro reads into the first that the writer's promotes to, Avro's Java into the exact.
+        union(
+            {"type": "array", "items": ["int", "bytes"]},
+            {"type": "array", "items": ["bytes", "boolean", "int"]},
+            st.lists(_INT | st.binary(max_size=4), max_size=3),
+            lambda v: None if v is None else [_json(x) for x in v],
+        ),
+    ]
+
+
+_RECORD_X = st.fixed_dictionaries({"x": st.integers(-(2**31), 2**31 - 1)})
 
 
 def _changed(
@@ -254,6 +293,7 @@ def _evolutions(name: str) -> list[st.SearchStrategy[Field]]:
         ),
         st.just(Field({"name": name, "type": "string"}, None, _text, lambda v: v)),
         st.sampled_from(sorted(KINDS)).flatmap(lambda k: _added(name, k)),
+        *_unions(name),
     ]
 
 

@@ -10,8 +10,10 @@ avro_resolve.py corrects it once per schema. A value that cannot be read gets it
 
 `spark_type` is the reader schema's Spark type, decided once on the driver:
 logical types keep their meaning (decimal, date, timestamps with and without
-a zone); those Spark has no type for (time, uuid) and unions of several types
-are text, which PostgreSQL parses into its own column types.
+a zone); those Spark has no type for (time, uuid) are text, which PostgreSQL
+parses into its own column types. A union of several types is its member's
+JSON (a string quoted), so a `jsonb` column keeps the int 5 apart from the
+string "5".
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from outbox.core.errors import OutboxError
 from outbox.core.registry import Registry, Settings, UnknownSchema
 from outbox.core.wire import framed
 from sinks.errors import error
-from sinks.postgres.decoded import Read
+from sinks.postgres.decoded import Convert, Read, as_json
 
 AvroSchema = Any  # fastavro's parsed schema: a name, a dict, or a list (a union)
 
@@ -94,6 +96,40 @@ def _spark(schema: AvroSchema, named: dict[str, Any], open_records: tuple[str, .
     return _spark(kind, named, open_records)  # {"type": "long"} and the like
 
 
+def unions_as_json(
+    schema: AvroSchema, named: dict[str, Any], open_records: tuple[str, ...] = ()
+) -> Convert | None:
+    """What makes each value of a union of several types in a decoded datum its JSON text, as
+    `spark_type` gives such a union text (None: the schema holds none). A record that holds
+    itself is JSON text as a whole, which keeps its members' types already."""
+    if isinstance(schema, list):
+        others = [s for s in schema if s != "null"]
+        if len(others) > 1:
+            return as_json
+        return unions_as_json(others[0], named, open_records) if others else None
+    if isinstance(schema, str):
+        found = named.get(schema)
+        return None if found is None else unions_as_json(found, named, open_records)
+    kind = schema["type"]
+    if kind == "record" or kind == "error":
+        if schema["name"] in open_records:
+            return None
+        inner_records = (*open_records, schema["name"])
+        inner = {
+            f["name"]: c for f in schema["fields"] if (c := unions_as_json(f["type"], named, inner_records))
+        }
+        if not inner:
+            return None
+        return lambda v: v if v is None else {k: (inner[k](x) if k in inner else x) for k, x in v.items()}
+    if kind == "array":
+        item = unions_as_json(schema["items"], named, open_records)
+        return None if item is None else (lambda v: v if v is None else [item(x) for x in v])
+    if kind == "map":
+        value = unions_as_json(schema["values"], named, open_records)
+        return None if value is None else (lambda v: v if v is None else {k: value(x) for k, x in v.items()})
+    return unions_as_json(kind, named, open_records) if isinstance(kind, dict | list) else None
+
+
 @dataclass(frozen=True)
 class AvroValues:
     """The reader schema, as JSON: what a Python worker reads values into (decoded.Decoder)."""
@@ -116,6 +152,8 @@ class _Schemas:
         parsed = fastavro.parse_schema(reader)
         self.same = json.dumps(parsed, sort_keys=True)
         self.reader = avro_resolve.with_defaults(parsed)
+        named = parsed.get("__named_schemas", {}) if isinstance(parsed, dict) else {}
+        self.unions = unions_as_json(parsed, named)
 
     def decode(self, values: list[bytes | None]) -> tuple[list[dict[str, Any] | None], list[str | None]]:
         """Each value's record (None for a tombstone or an error), and each one's error."""
@@ -161,7 +199,11 @@ class _Schemas:
                     f" {schema_id}"
                 )
                 continue
-            records.append(record if isinstance(record, dict) else None)
+            if not isinstance(record, dict):
+                record = None
+            elif self.unions is not None:
+                record = self.unions(record)
+            records.append(record)
             errors.append(None)
         return records, errors
 

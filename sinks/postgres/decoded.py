@@ -36,7 +36,7 @@ class Values(Protocol):
 def converter(kind: T.DataType) -> Convert | None:
     """What makes a decoded value of a field into the value Arrow takes for `kind` (None: as is).
 
-    Only text from values that are not text (a uuid, a time, a union's member), maps, which Arrow
+    Only text from values that are not text (a uuid, a time), maps, which Arrow
     takes as pairs, and integers into decimals (Protobuf's uint64) need one."""
     if isinstance(kind, T.StringType):
         return _text
@@ -60,8 +60,13 @@ def _text(value: Any) -> str | None:
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, dict | list | bool | int | float):
-        return json.dumps(value, default=_json, separators=(",", ":"))
+        return as_json(value)
     return _json(value)
+
+
+def as_json(value: Any) -> str | None:
+    """A value as JSON text (None stays None): what keeps a union's member's type in text."""
+    return None if value is None else json.dumps(value, default=_json, separators=(",", ":"))
 
 
 def _json(value: Any) -> str:

@@ -528,3 +528,35 @@ def test_a_writer_the_reader_cannot_resolve_stops_the_query_in_one_line_and_lose
     assert pg.execute("SELECT count(*) FROM avro_orders").fetchone() == (0,)
     run(V2)  # note's default: "none"
     assert rows(pg) == {r["event_id"]: expected(r, "none") for r in records}
+
+
+def test_a_union_of_several_types_keeps_each_members_type_in_a_jsonb_column(  # type: ignore[no-untyped-def]
+    spark, bootstrap, topic, db, pg, registry, checkpoint
+) -> None:
+    """The int 5 and the string "5" of an `["null", "int", "string"]` union reach a jsonb column
+    as a number and a string, as confluent-kafka's AvroDeserializer gives them; each was the text 5."""
+    schema = {
+        "type": "record",
+        "name": "Choice",
+        "fields": [{"name": "id", "type": "string"}, {"name": "v", "type": ["null", "int", "string"]}],
+    }
+    pg.execute("CREATE TABLE avro_choices (id text PRIMARY KEY, v jsonb)")
+    context = SerializationContext(topic, MessageField.VALUE)
+    write, read = serializer(registry, schema), AvroDeserializer(registry.client())
+    records = [
+        {"id": "int", "v": 5},
+        {"id": "text", "v": "5"},
+        {"id": "none", "v": None},
+        {"id": "q", "v": '"'},
+    ]
+    values = [write(r, context) for r in records]
+    produce_transaction(transactional_producer(bootstrap), topic, [(None, v) for v in values])
+
+    frame = parse_avro(stream(spark, bootstrap, topic), registry.url, schema=schema)
+    PostgresSink("avro_choices", url=db.raw, key="id").start(
+        frame, str(checkpoint), trigger={"availableNow": True}
+    ).awaitTermination()
+
+    got = dict(pg.execute("SELECT id, v FROM avro_choices").fetchall())
+    assert got == {r["id"]: read(v, context)["v"] for r, v in zip(records, values, strict=True)}
+    assert got == {"int": 5, "text": "5", "none": None, "q": '"'}

@@ -13,7 +13,7 @@ from pyspark.sql import types as T
 
 from outbox.core.registry import Registry
 from outbox.core.wire import frame, framed
-from sinks.postgres.avro import spark_type
+from sinks.postgres.avro import spark_type, unions_as_json
 from sinks.postgres.avro_resolve import lacking
 from sinks.postgres.decoded import converter
 
@@ -73,6 +73,63 @@ def test_a_named_type_used_twice_and_a_record_that_holds_itself_are_typed() -> N
     assert isinstance(got, T.StructType)
     assert got["a"].dataType == got["b"].dataType == T.StructType([T.StructField("x", T.IntegerType())])
     assert got["n"].dataType == T.StructType([T.StructField("next", T.StringType())])
+
+
+def test_a_union_of_several_types_keeps_its_members_apart_in_json_wherever_it_is_held() -> None:
+    """The int 5 and the string "5" are `5` and `"5"`, at the top, in a record, an array and a
+    map; a union of null and one type is left as it is, and so is a record within itself (its
+    text, made of the whole, keeps the types)."""
+    schema = fastavro.parse_schema(
+        {
+            "type": "record",
+            "name": "R",
+            "fields": [
+                {"name": "u", "type": ["null", "int", "string"]},
+                {"name": "one", "type": ["null", "string"]},
+                {"name": "a", "type": {"type": "array", "items": ["int", "string"]}},
+                {"name": "m", "type": {"type": "map", "values": ["bytes", "double"]}},
+                {
+                    "name": "r",
+                    "type": {
+                        "type": "record",
+                        "name": "In",
+                        "fields": [{"name": "v", "type": ["int", "string"]}],
+                    },
+                },
+                {
+                    "name": "n",
+                    "type": {
+                        "type": "record",
+                        "name": "Node",
+                        "fields": [
+                            {"name": "next", "type": ["null", "Node"]},
+                            {"name": "v", "type": ["int", "string"]},
+                        ],
+                    },
+                },
+            ],
+        }
+    )
+    convert = unions_as_json(schema, schema["__named_schemas"])
+    assert convert is not None
+    inner = {"next": None, "v": 5}  # Node within Node: JSON text as a whole, its types kept
+    node = {"next": inner, "v": "5"}
+    got = convert(
+        {"u": "5", "one": "5", "a": [5, "5"], "m": {"k": b"\xff", "d": 1.5}, "r": {"v": 5}, "n": node}
+    )
+    assert got == {
+        "u": '"5"',
+        "one": "5",
+        "a": ["5", '"5"'],
+        "m": {"k": '"/w=="', "d": "1.5"},
+        "r": {"v": "5"},
+        "n": {"next": inner, "v": '"5"'},
+    }
+    assert convert({"u": None, "one": None, "a": [], "m": {}, "r": {"v": "x"}, "n": node})["u"] is None
+    plain = fastavro.parse_schema(
+        {"type": "record", "name": "P", "fields": [{"name": "x", "type": ["null", "long"]}]}
+    )
+    assert unions_as_json(plain, {}) is None
 
 
 def test_values_become_what_arrow_takes_for_their_spark_type() -> None:
