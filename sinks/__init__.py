@@ -8,3 +8,10 @@ errors.py       the source's and the sink's errors: each one's code, class and m
 A local SparkSession with the framework's settings and jars is in the dev
 tools (outbox_dev.local_spark).
 """
+
+import importlib.util
+
+if importlib.util.find_spec("pyspark") is None:  # the base install: the outbox half alone
+    from sinks.errors import error
+
+    raise error("SINK_SPARK_MISSING")

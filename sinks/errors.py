@@ -16,6 +16,7 @@ from outbox.core.errors import (
     Conditions,
     ConfigError,
     DataLossError,
+    ExtraMissing,
     OutboxError,
     ServiceUnavailable,
 )
@@ -34,6 +35,11 @@ KAFKA_RC_LOSS_ADVICE = (
 
 CONDITIONS = Conditions(
     CORE,
+    SINK_SPARK_MISSING=Condition(
+        ExtraMissing,
+        "the sinks and kafka_rc run in Spark, and PySpark is not installed here:"
+        " pip install 'outbox-eos[spark]' (the relay and the outbox commands need no Spark)",
+    ),
     # -- kafka_rc options (sinks/kafka_source/options.py) ----------------------------------------------
     KAFKA_RC_OPTION_UNSUPPORTED=Condition(ConfigError, "option {option!r} is not supported: {why}"),
     KAFKA_RC_OPTION_UNKNOWN=Condition(

@@ -39,6 +39,10 @@ class ConfigError(OutboxError):
     """A setting (flag or environment variable) is missing or malformed."""
 
 
+class ExtraMissing(ConfigError, ImportError):
+    """A part of the package imported without the extra it needs installed (an ImportError too)."""
+
+
 class ServiceUnavailable(OutboxError):
     """PostgreSQL or Kafka could not be reached."""
 
