@@ -38,7 +38,7 @@ def _get(address: str, path: str) -> str | None:
     try:
         with urllib.request.urlopen(f"http://{address}{path}", timeout=5) as answer:
             return str(answer.read().decode())
-    except urllib.error.HTTPError as refused:  # /healthz says 503 until the relay is active
+    except urllib.error.HTTPError as refused:  # /readyz says 503 until the relay is active
         return str(refused.read().decode())
     except OSError:
         return None
@@ -88,7 +88,7 @@ def our_relay(
     stats: dict[str, float] = {}
     try:
         deadline = time.monotonic() + 60
-        while (_get(address, "/healthz") or "").strip() != "active":
+        while (_get(address, "/readyz") or "").strip() != "active":
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"the relay did not become active in 60 s:\n{log.read_text()[-2000:]}")
             time.sleep(0.1)

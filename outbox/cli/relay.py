@@ -150,9 +150,9 @@ def cmd_relay(args: argparse.Namespace) -> int:
     metrics = RelayMetrics(settings.name, str(settings.shard))
     server = None
     if args.metrics_address != "off":
-        server = serve(metrics, args.metrics_address)
+        server = serve(metrics, args.metrics_address, wedged_after=settings.silence)
         host, port = cast(tuple[str, int], server.server_address[:2])
-        log.info("serving /metrics and /healthz", extra={"url": f"http://{host}:{port}"})
+        log.info("serving /metrics, /livez and /readyz", extra={"url": f"http://{host}:{port}"})
     log.info(
         "starting",
         extra={

@@ -11,7 +11,7 @@ resume.py        where a session starts: Kafka's position against the database's
 registry.py      the relays an outbox's database records: list, rebase, forget
 poison.py        which Kafka errors are a record's fault, and which row they name
 relay.py         the daemon loop tying them together
-metrics.py       Prometheus /metrics and /healthz
+metrics.py       Prometheus /metrics, and the probes /livez and /readyz
 """
 
 from outbox.relay.poison import DEAD_LETTER, HALT

@@ -1,8 +1,13 @@
-"""Prometheus metrics and /healthz for the relay, served from a background thread.
+"""Prometheus metrics and the relay's probes, served from a background thread.
 
-Health is what an orchestrator should act on: 200 while the relay is active
-or standing by, 503 while it is halted on a poison row or retrying a
-service it cannot reach.
+Two probes, for two actions. /readyz (and /healthz, its older name) is 200
+while the relay is active or standing by with its connections up, 503 while
+it starts, is halted on a poison row, or waits for a service it cannot
+reach: what to alert on and to count as available, never a reason to
+restart it, which fixes none of these. /livez is 200 while the relay's loop
+turns: it fails only when the loop has not turned for longer than the
+relay's own bound on a quiet session (`wedged_after`, its settings'
+`silence`) past the wait it said it was in, the one thing a restart cures.
 """
 
 from __future__ import annotations
@@ -78,24 +83,41 @@ class RelayMetrics:
             registry=self.registry,
         )
         self.steps = {step: steps.labels(**labels, step=step) for step in STEPS}
-        self._health = (True, "starting")
+        self._health = (False, "starting")
+        self._due = time.monotonic()  # when the loop is next due to say its state
         self._lock = threading.Lock()
 
     def waiting(self, oldest: float | None) -> None:
         """The commit time of the oldest row read and not yet published (None: none is)."""
         self._oldest = oldest
 
-    def health(self, ok: bool, state: str) -> None:
+    def health(self, ok: bool, state: str, *, waits: float = 0.0) -> None:
+        """The loop's state, said at each turn of it; `waits`: how long it now sleeps on purpose."""
         with self._lock:
             self._health = (ok, state)
+            self._due = time.monotonic() + waits
 
     def read_health(self) -> tuple[bool, str]:
         with self._lock:
             return self._health
 
+    def read_liveness(self, wedged_after: float) -> tuple[bool, str]:
+        with self._lock:
+            due, (_, state) = self._due, self._health
+        return liveness(time.monotonic() - due, wedged_after, state)
 
-def serve(metrics: RelayMetrics, address: str) -> ThreadingHTTPServer:
-    """Serve /metrics and /healthz on host:port (port 0: any free one) in a daemon thread."""
+
+def liveness(late: float, wedged_after: float, state: str) -> tuple[bool, str]:
+    """Whether a loop `late` seconds past the end of the wait it said it was in is still alive."""
+    if late <= wedged_after:
+        return True, "alive"
+    said = f"wedged: the loop has not turned for {late:.0f}s past its wait (bound {wedged_after:.0f}s)"
+    return False, f"{said}; last: {state}"
+
+
+def serve(metrics: RelayMetrics, address: str, wedged_after: float) -> ThreadingHTTPServer:
+    """Serve /metrics, /livez and /readyz (/healthz) on host:port (port 0: any free one) in a
+    daemon thread."""
     host, _, port = address.rpartition(":")
     if not port.isdigit():
         raise error("RELAY_METRICS_ADDRESS_MALFORMED", address=address)
@@ -104,11 +126,13 @@ def serve(metrics: RelayMetrics, address: str) -> ThreadingHTTPServer:
         def do_GET(self) -> None:
             if self.path == "/metrics":
                 self._send(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
-            elif self.path == "/healthz":
-                ok, state = metrics.read_health()
+            elif self.path in ("/readyz", "/healthz", "/livez"):
+                ok, state = metrics.read_liveness(wedged_after)  # a wedged relay is not ready either
+                if ok and self.path != "/livez":
+                    ok, state = metrics.read_health()
                 self._send(200 if ok else 503, f"{state}\n".encode(), "text/plain; charset=utf-8")
             else:
-                self._send(404, b"try /metrics or /healthz\n", "text/plain; charset=utf-8")
+                self._send(404, b"try /metrics, /livez or /readyz\n", "text/plain; charset=utf-8")
 
         def _send(self, status: int, body: bytes, content_type: str) -> None:
             self.send_response(status)

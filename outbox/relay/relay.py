@@ -108,10 +108,11 @@ class Relay:
                     log.warning(f"waiting for {wanted}", extra={**self._context, "error": str(exc)})
                     waiting = wanted
                 self._failures, waits = 0, waits + 1
-                self.metrics.health(False, f"waiting for {wanted}: {exc}")
                 # A standby fails at connect, a cheap try; a wait for brokers makes a producer each time.
                 kafka = not isinstance(exc, (Standby, psycopg.Error))
-                self.stop.wait(max(self.settings.poll_interval, backoff(waits) if kafka else 0))
+                pause = max(self.settings.poll_interval, backoff(waits) if kafka else 0)
+                self.metrics.health(False, f"waiting for {wanted}: {exc}", waits=pause)
+                self.stop.wait(pause)
                 continue
             except psycopg.errors.InsufficientPrivilege as exc:  # a grant to make, no outage to wait out
                 url = self.settings.url
@@ -128,12 +129,12 @@ class Relay:
                     raise error("RELAY_GAVE_UP", retries=self.settings.max_retries, reason=why) from None
                 waiting, waits = None, 0
                 delay = backoff(self._failures)
-                self.metrics.health(False, f"retrying: {why}")
+                self.metrics.health(False, f"retrying: {why}", waits=delay)
                 first = self._outage is None
                 if first:
                     self._outage, self._ended = time.monotonic(), 0
                 self._ended += 1
-                # One line an outage; its further attempts show at DEBUG and on /healthz.
+                # One line an outage; its further attempts show at DEBUG and on /readyz.
                 log.log(
                     logging.WARNING if first else logging.DEBUG,
                     "session ended, retrying",
@@ -242,7 +243,7 @@ class Relay:
             # by its last batch, perhaps weeks ago).
             self.metrics.halted.set(0)
             self.metrics.waiting(None)
-            self.metrics.health(True, "standby")
+            self.metrics.health(True, "standby", waits=self.settings.poll_interval)
             self.stop.wait(self.settings.poll_interval)
         return False
 
@@ -432,7 +433,6 @@ class Relay:
         """Wait on the poison row a batch starts with (those before it went out), then try it again."""
         s, extra = self.settings, {**self._context, "row_id": poison.row_id, "error": poison.reason}
         self.metrics.halted.set(1)
-        self.metrics.health(False, f"halted: {poison}")
         if s.on_poison == DEAD_LETTER:  # a row waited on for its topic (_waits_for_topic)
             left = max(0.0, s.topic_wait - (time.monotonic() - self._topic_waits[topic]))
             wait = min(s.halt_wait, left)
@@ -446,6 +446,7 @@ class Relay:
                 wait,
                 extra=extra,
             )
+        self.metrics.health(False, f"halted: {poison}", waits=wait)
         self.stop.wait(wait)
 
 

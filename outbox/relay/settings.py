@@ -103,7 +103,7 @@ KAFKA_CONFIG: Setting[Path | None] = Setting(
 METRICS_ADDRESS = Setting(
     "--metrics-address",
     "0.0.0.0:9400",
-    "HOST:PORT for /metrics and /healthz, or off",
+    "HOST:PORT for /metrics, /livez and /readyz, or off",
     str,
     "OUTBOX_RELAY_METRICS_ADDRESS",
 )

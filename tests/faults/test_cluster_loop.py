@@ -128,7 +128,7 @@ def healthy(cluster: Cluster, sink: Sink) -> Iterator[Cluster]:
 
 def wait_resumed(job: Job, timeout: float) -> None:
     """The relay's line that it publishes again; failing, with its log, whether it exited, what its
-    /healthz says, and every thread's stack (tests/jobs/relay_job.py)."""
+    /readyz says, and every thread's stack (tests/jobs/relay_job.py)."""
     deadline = time.monotonic() + timeout
     while RELAY_BACK not in job.output() and job.process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -137,10 +137,10 @@ def wait_resumed(job: Job, timeout: float) -> None:
     state = f"exited ({job.process.returncode})" if job.process.poll() is not None else "running"
     health = ""
     if state == "running":
-        served = re.search(r"/healthz url=(\S+)", job.output())
+        served = re.search(r"/readyz url=(\S+)", job.output())
         try:
             health = (
-                urllib.request.urlopen(f"{served[1] if served else ''}/healthz", timeout=5).read().decode()
+                urllib.request.urlopen(f"{served[1] if served else ''}/readyz", timeout=5).read().decode()
             )
         except urllib.error.HTTPError as answered:  # 503 while not publishing: the body says why
             health = answered.read().decode()
@@ -149,7 +149,7 @@ def wait_resumed(job: Job, timeout: float) -> None:
         job.process.send_signal(signal.SIGUSR1)
         time.sleep(2)
     raise AssertionError(
-        f"the relay, {state}, did not resume in {timeout}s; /healthz: {health}\n{job.output()}"
+        f"the relay, {state}, did not resume in {timeout}s; /readyz: {health}\n{job.output()}"
     )
 
 

@@ -31,7 +31,7 @@ def test_a_halted_relay_that_now_stands_by_says_so_in_its_metrics(
     name = unique("relay")
     job, _ = relay_job(tmp_path, env, name, "--database-timeout", "3")
     job.wait_for_output("halted on a poison row", 60)
-    served = re.search(r"/healthz url=(\S+)", job.output())
+    served = re.search(r"/readyz url=(\S+)", job.output())
     assert served, job.output()
 
     def scrape(path: str) -> str:
@@ -57,7 +57,7 @@ def test_a_halted_relay_that_now_stands_by_says_so_in_its_metrics(
         other.execute(
             "SELECT pg_advisory_lock(hashtextextended(%s, 0))", [lock_key("public", name, Shard(0, 1))]
         )
-        wait_for(lambda: scrape("/healthz").strip() == "standby", 60, "the relay standing by")
+        wait_for(lambda: scrape("/readyz").strip() == "standby", 60, "the relay standing by")
         assert (gauge("outbox_relay_halted"), gauge("outbox_relay_lag_seconds")) == (0, 0)
     assert terminate(job) == 0
 
@@ -119,7 +119,7 @@ def test_a_kafka_setting_the_client_does_not_take_stops_the_relay_with_one_line(
     tmp_path: Path, env: dict[str, str]
 ) -> None:
     """A typo in -X (or a Java-only setting from a Connect worker's file) is no outage: no broker
-    will ever take it, so retrying it for minutes with /healthz saying "retrying" misleads."""
+    will ever take it, so retrying it for minutes with /readyz saying "retrying" misleads."""
     job, _ = relay_job(tmp_path, env, unique("relay"), "-X", "batch.num.messages=many")
     assert job.wait(60) == 2, job.output()
     lines = [line for line in job.output().splitlines() if "RELAY_KAFKA_SETTING_INVALID" in line]

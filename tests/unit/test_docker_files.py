@@ -117,4 +117,4 @@ def test_relay_service_is_named_and_serves_health_where_compose_looks() -> None:
     assert relay["environment"]["OUTBOX_RELAY_NAME"]
     port = int(relay["environment"]["OUTBOX_RELAY_METRICS_ADDRESS"].rsplit(":", 1)[1])
     assert published("relay") == {port: port}
-    assert f":{port}/healthz" in " ".join(relay["healthcheck"]["test"])
+    assert f":{port}/readyz" in " ".join(relay["healthcheck"]["test"])

@@ -507,3 +507,47 @@ def test_a_refusal_names_the_grant_it_asks_for(code: int, create: bool, wanted: 
         assert said.code == "RELAY_KAFKA_NOT_AUTHORIZED"
         assert wanted.command("b:9092", "User:svc relay") in said.message
         assert "--allow-principal 'User:svc relay'" in said.message  # quoted for a shell
+
+
+@given(st.floats(-1e6, 1e6), st.floats(0, 1e6))
+def test_a_loop_is_alive_until_it_is_later_than_its_bound_past_its_wait(late: float, bound: float) -> None:
+    from outbox.relay.metrics import liveness
+
+    ok, said = liveness(late, bound, "retrying: Kafka")
+    assert ok == (late <= bound)
+    assert said == "alive" if ok else said.startswith("wedged: ") and said.endswith("last: retrying: Kafka")
+
+
+def test_the_probes_answer_a_relay_that_starts_halts_and_turns_its_loop() -> None:
+    """A relay starting is not ready and alive; halted, alive and not ready while its wait lasts;
+    past the wait and the bound, wedged."""
+    import urllib.error
+    import urllib.request
+
+    from outbox.relay.metrics import RelayMetrics, serve
+
+    metrics = RelayMetrics("r", "0/1")
+    server = serve(metrics, "127.0.0.1:0", wedged_after=3600)
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+
+    def get(path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(base + path, timeout=10) as answer:
+                return answer.status, answer.read().decode().strip()
+        except urllib.error.HTTPError as refused:
+            return refused.code, refused.read().decode().strip()
+
+    try:
+        assert get("/readyz") == (503, "starting") and get("/livez") == (200, "alive")
+        metrics.health(True, "active")
+        assert get("/readyz") == get("/healthz") == (200, "active")
+        metrics.health(False, "halted: row 7", waits=30)
+        assert get("/readyz") == (503, "halted: row 7") and get("/livez") == (200, "alive")
+        assert get("/nothing")[0] == 404
+    finally:
+        server.shutdown()
+        server.server_close()
+    wedged = RelayMetrics("r", "0/1")
+    wedged.health(True, "active", waits=-10)  # its wait ended 10 s ago
+    ok, said = wedged.read_liveness(5)
+    assert not ok and said.startswith("wedged: the loop has not turned for 10s"), said
