@@ -23,7 +23,7 @@ from outbox.relay.kafka import PRODUCER_DEFAULTS
 from outbox.relay.metrics import RelayMetrics, serve
 from outbox.relay.relay import Relay
 from outbox.relay.settings import EXACTLY_ONCE, SETTINGS, RelaySettings
-from outbox.stopping import STOP, catch_stop_signals
+from outbox.stopping import STOP, bound_stop, catch_stop_signals
 
 log = logging.getLogger("outbox.relay")
 
@@ -142,11 +142,13 @@ def cmd_relay(args: argparse.Namespace) -> int:
         synchronous_commit=args.synchronous_commit,
         kafka_timeout=args.kafka_timeout,
         database_timeout=args.database_timeout,
+        stop_timeout=args.stop_timeout,
         event_id_header=args.event_id_header,
     )
     # Set by SIGTERM or SIGINT, also one that came while the relay was still starting.
     stop = STOP
     catch_stop_signals()
+    bound_stop(settings.stop_timeout)
     metrics = RelayMetrics(settings.name, str(settings.shard))
     server = None
     if args.metrics_address != "off":

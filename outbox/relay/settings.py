@@ -125,6 +125,16 @@ DATABASE_TIMEOUT = Setting(
     "OUTBOX_RELAY_DATABASE_TIMEOUT",
     positive=True,
 )
+STOP_TIMEOUT = Setting(
+    "--stop-timeout",
+    25.0,
+    "seconds a stop (SIGTERM, SIGINT) waits for the batch in flight before the relay exits with it"
+    " open, which the next relay's producer aborts; a second signal exits at once. Keep it under"
+    " the orchestrator's grace period (Kubernetes: 30 s)",
+    float,
+    "OUTBOX_RELAY_STOP_TIMEOUT",
+    positive=True,
+)
 MAX_RETRIES = Setting(
     "--max-retries",
     10,
@@ -175,6 +185,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
     METRICS_ADDRESS,
     KAFKA_TIMEOUT,
     DATABASE_TIMEOUT,
+    STOP_TIMEOUT,
     MAX_RETRIES,
     SYNCHRONOUS,
     EVENT_ID_HEADER,
@@ -206,6 +217,7 @@ class RelaySettings:
     synchronous_commit: str = SYNCHRONOUS.default
     kafka_timeout: float = KAFKA_TIMEOUT.default
     database_timeout: float = DATABASE_TIMEOUT.default
+    stop_timeout: float = STOP_TIMEOUT.default
     event_id_header: str = EVENT_ID_HEADER.default
 
     def __post_init__(self) -> None:
