@@ -92,6 +92,11 @@ CONDITIONS = Conditions(
         ConfigError, "--shard {text}: need 0 <= I < N (shards are numbered from 0)"
     ),
     RELAY_KAFKA_CONFIG_UNREADABLE=Condition(ConfigError, "--kafka-config {file}: {reason}"),
+    RELAY_CONFIG_UNREADABLE=Condition(ConfigError, "--config {file}: {reason}"),
+    RELAY_CONFIG_KEY_UNKNOWN=Condition(
+        ConfigError, "--config {file}: no setting {key!r} (keys are the flags' names without --)"
+    ),
+    RELAY_CONFIG_VALUE_INVALID=Condition(ConfigError, "--config {file}: {key}: {reason}"),
     RELAY_KAFKA_SETTING_MALFORMED=Condition(
         ConfigError, "{source}: expected KEY=VALUE, in a line starting {key!r}"
     ),

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from outbox.core import secrets
 from outbox.core.registry import Registry, transport_error
 from outbox.errors import error
 
@@ -61,9 +62,10 @@ Encoded = Avro | Protobuf
 def registry_of(given: str | Mapping[str, Any] | Registry | None) -> Registry:
     """The registry to encode with: the one given, else SCHEMA_REGISTRY_URL's."""
     if given is None:
-        given = os.environ.get(SCHEMA_REGISTRY_URL)
-        if not given:
+        url = os.environ.get(SCHEMA_REGISTRY_URL)
+        if not url:
             raise error("OUTBOX_REGISTRY_MISSING", env=SCHEMA_REGISTRY_URL)
+        given = secrets.environment_registry(url)
     return Registry.of(given)
 
 

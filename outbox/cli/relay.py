@@ -14,20 +14,30 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
+from outbox.core import secrets
 from outbox.core.config import OUTBOX_SCHEMA, bootstrap_servers, database_url, schema_name
 from outbox.core.errors import OutboxError
 from outbox.core.settings import Setting, boolean
 from outbox.errors import error
 from outbox.logs import configure
+from outbox.relay import config_file
 from outbox.relay.kafka import PRODUCER_DEFAULTS
 from outbox.relay.metrics import RelayMetrics, serve
 from outbox.relay.relay import Relay
-from outbox.relay.settings import EXACTLY_ONCE, SETTINGS, RelaySettings
+from outbox.relay.settings import CONFIG, EXACTLY_ONCE, SETTINGS, RelaySettings
 from outbox.stopping import STOP, bound_stop, catch_stop_signals
 
 log = logging.getLogger("outbox.relay")
 
 _SECRET_WORDS = ("password", "secret", "key", "token", "jaas", "oauthbearer.config")
+
+
+class _Given(argparse.Action):
+    """Stores a flag's value and notes it was given: a flag wins over the config file."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option: Any = None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.given = {*getattr(namespace, "given", ()), self.dest}
 
 
 class _FromEnv(str):
@@ -55,7 +65,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         description="Publish committed outbox rows to Kafka exactly once, in commit order per key."
         " Runs until SIGTERM or SIGINT; start more with the same --name as standbys.",
     )
-    p.add_argument("--url", help="PostgreSQL URL (env DATABASE_URL)")
+    p.add_argument("--url", help="PostgreSQL URL (env DATABASE_URL, or DATABASE_URL_FILE: a file holding it)")
     p.add_argument("--bootstrap-servers", help="Kafka host:port list (env KAFKA_BOOTSTRAP_SERVERS)")
     p.add_argument("--schema", help=f"schema of the outbox table (env {OUTBOX_SCHEMA}, default public)")
     for setting in SETTINGS:
@@ -65,6 +75,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         choices = ("true", "false") if switch else setting.choices
         p.add_argument(
             setting.name,
+            action=_Given,
             type=_flag_type(setting),
             nargs="?" if switch else None,
             const="true" if switch else None,
@@ -83,8 +94,34 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.set_defaults(handler=cmd_relay)
 
 
-def kafka_settings(pairs: list[str], file: Path | None) -> dict[str, object]:
-    """-X pairs over the config file's; later wins."""
+def _with_config_file(args: argparse.Namespace) -> dict[str, str]:
+    """The --config file's settings put in `args` where no flag or variable gives them; its
+    librdkafka settings, which --kafka-config, -X and the secrets' files win over."""
+    if args.config is None:
+        return {}
+    settings = {s.key: s for s in SETTINGS if s is not CONFIG}
+    found = config_file.read(args.config, set(settings))
+    given: set[str] = getattr(args, "given", set())
+    for key, text in found.values.items():
+        if key in config_file.CONNECTIONS:
+            wins = [config_file.CONNECTIONS[key], *([secrets.DATABASE_URL_FILE] if key == "url" else [])]
+            if getattr(args, key) is None and not any(os.environ.get(v) for v in wins):
+                setattr(args, key, text)
+            continue
+        setting = settings[key]
+        if key in given or os.environ.get(setting.env or ""):
+            continue
+        try:
+            setattr(args, key, setting.read(text))
+        except OutboxError as exc:
+            raise error("RELAY_CONFIG_VALUE_INVALID", file=args.config, key=key, reason=exc.message) from None
+    return found.kafka
+
+
+def kafka_settings(
+    pairs: list[str], file: Path | None, base: dict[str, str] | None = None
+) -> dict[str, object]:
+    """-X pairs over the --kafka-config file's, over `base` (the config file's, the secrets'); later wins."""
     lines: list[tuple[str, str]] = []
     if file is not None:
         try:
@@ -97,7 +134,7 @@ def kafka_settings(pairs: list[str], file: Path | None) -> dict[str, object]:
             if line.strip() and not line.lstrip().startswith(("#", "!"))
         ]
     lines += [("-X", pair) for pair in pairs]
-    settings: dict[str, object] = {}
+    settings: dict[str, object] = dict(base or {})
     for source, line in lines:
         # A file as Java reads one (Connect workers' files use ':' and blanks too); -X as KEY=VALUE.
         found = (_PAIR if source == "-X" else _PROPERTY).fullmatch(line)
@@ -118,10 +155,11 @@ def redacted(settings: dict[str, object]) -> dict[str, object]:
 
 def cmd_relay(args: argparse.Namespace) -> int:
     """The daemon; `args.pause`, when a fault test's job injects one, holds it at named points."""
+    from_file = _with_config_file(args)
     configure(args.log_format, logging.DEBUG if args.verbose else logging.INFO)
     if not args.name:
         raise error("RELAY_NAME_REQUIRED")
-    kafka = kafka_settings(args.kafka, args.kafka_config)
+    kafka = kafka_settings(args.kafka, args.kafka_config, {**from_file, **secrets.kafka_secrets()})
     settings = RelaySettings(
         url=database_url(args.url),
         bootstrap=bootstrap_servers(args.bootstrap_servers),

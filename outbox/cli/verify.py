@@ -15,6 +15,7 @@ import os
 import psycopg
 
 from outbox.cli import options
+from outbox.core import secrets
 from outbox.core.config import bootstrap_servers, database_url
 from outbox.core.postgres import connect
 from outbox.core.registry import Registry
@@ -85,7 +86,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if start is not None and (args.source_topic or args.source_sql):
         # The source is whole; the topic's part before the offsets would all be "missing".
         raise error("VERIFY_FROM_OFFSETS_WITH_SOURCE")
-    decode = avro_fields(Registry.of(args.registry)) if args.registry else None
+    registry = args.registry
+    if registry and registry == os.environ.get("SCHEMA_REGISTRY_URL"):  # the environment's own
+        registry = secrets.environment_registry(registry)
+    decode = avro_fields(Registry.of(registry)) if registry else None
     records = [
         record(m, **ids, order_field=args.order_field, decode=decode)
         for m in committed(servers, args.topic, start, args.timeout)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 from urllib.parse import quote, unquote, urlencode
 
+from outbox.core import secrets
 from outbox.core.errors import error
 
 DATABASE_URL = "DATABASE_URL"
@@ -277,10 +278,23 @@ def schema_name(value: str | None = None) -> str:
 
 
 def database_url(flag: str | None = None) -> DatabaseUrl:
-    """The database to use: the --url flag, else DATABASE_URL."""
+    """The database to use: the --url flag, else DATABASE_URL, else the file DATABASE_URL_FILE
+    names; with the password in the file DATABASE_PASSWORD_FILE names, if it is set."""
     if flag:
-        return DatabaseUrl.parse(flag, source="--url")
-    return DatabaseUrl.parse(os.environ.get(DATABASE_URL))
+        url = DatabaseUrl.parse(flag, source="--url")
+    elif os.environ.get(DATABASE_URL) or not os.environ.get(secrets.DATABASE_URL_FILE):
+        url = DatabaseUrl.parse(os.environ.get(DATABASE_URL))
+    else:
+        url = DatabaseUrl.parse(
+            secrets.from_file(secrets.DATABASE_URL_FILE), source=secrets.DATABASE_URL_FILE
+        )
+    password = secrets.from_file(secrets.DATABASE_PASSWORD_FILE)
+    if password is None:
+        return url
+    if url.password is not None or "password" in url.parameters:
+        raise error("CONFIG_DATABASE_PASSWORD_TWICE", source="--url" if flag else DATABASE_URL)
+    joint = "&" if _split(url.raw).query else "?"
+    return DatabaseUrl.parse(f"{url.raw}{joint}password={quote(password, safe='')}")
 
 
 def bootstrap_servers(flag: str | None = None) -> str:

@@ -160,6 +160,16 @@ CORE = Conditions(
     CONFIG_BOOTSTRAP_INVALID=Condition(
         ConfigError, "{source} entry {server!r} is not host:port (e.g. localhost:9092)"
     ),
+    CONFIG_SECRET_FILE_UNREADABLE=Condition(
+        ConfigError, "{variable} names {file}, which cannot be read ({reason}): mount the secret there"
+    ),
+    CONFIG_SECRET_FILE_EMPTY=Condition(
+        ConfigError, "{variable} names {file}, which is empty: no secret in it"
+    ),
+    CONFIG_DATABASE_PASSWORD_TWICE=Condition(
+        ConfigError,
+        "{source} holds a password and DATABASE_PASSWORD_FILE names another: give the password one way",
+    ),
     CONFIG_SCHEMA_INVALID=Condition(ConfigError, "schema name {name!r} is not a valid PostgreSQL identifier"),
     # A declared setting's value (outbox/core/settings.py): a flag, a variable, a Spark option.
     SETTING_MALFORMED=Condition(ConfigError, "{setting} must be {kind}, got {value!r}"),

@@ -100,6 +100,14 @@ KAFKA_CONFIG: Setting[Path | None] = Setting(
     Path,
     "OUTBOX_RELAY_KAFKA_CONFIG",
 )
+CONFIG: Setting[Path | None] = Setting(
+    "--config",
+    None,
+    "TOML file of these settings (the flags' names without --, and url, bootstrap-servers, schema;"
+    " a [kafka] table of librdkafka's); flags and variables win over it",
+    Path,
+    "OUTBOX_RELAY_CONFIG",
+)
 METRICS_ADDRESS = Setting(
     "--metrics-address",
     "0.0.0.0:9400",
@@ -182,6 +190,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
     NO_CLEANUP,
     DELIVERY,
     KAFKA_CONFIG,
+    CONFIG,
     METRICS_ADDRESS,
     KAFKA_TIMEOUT,
     DATABASE_TIMEOUT,
