@@ -68,10 +68,10 @@ CONDITIONS = Conditions(
     # Toxiproxy, built with Go (toxiproxy.py).
     DEV_GO_MISSING=Condition(
         ConfigError,
-        "the network fault tests build Toxiproxy with Go, and no `go` is here:"
+        "{needed_by} builds with Go, and no `go` is here:"
         " install Go 1.22 or newer (Debian/Ubuntu: `apt-get install golang-go`)",
     ),
-    DEV_TOXIPROXY_BUILD_TIMEOUT=Condition(ConfigError, "Go did not build Toxiproxy within 15 minutes"),
-    DEV_TOXIPROXY_BUILD_FAILED=Condition(ConfigError, "Go could not build Toxiproxy {version}: {reason}"),
+    DEV_GO_BUILD_TIMEOUT=Condition(ConfigError, "Go did not build {name} within {minutes} minutes"),
+    DEV_GO_BUILD_FAILED=Condition(ConfigError, "Go could not build {name}: {reason}"),
 )
 error = CONDITIONS.error

@@ -4,19 +4,13 @@ A kill -9 closes sockets, and the peer hears of it at once; a partition leaves
 them open, and a request's answer simply never comes. Toxiproxy (Shopify's, a
 Go program) makes the second kind: a `timeout` toxic of 0 drops every byte
 without closing anything, on one direction or both. The binary is built once
-with `go install` from the Go module proxy into the user's cache, beside the
-Maven jars, and reused by every later run and clone.
+with `go install` (gotools.py) and reused by every later run and clone.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import shutil
 import signal
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -24,8 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from outbox_dev.errors import error
-from outbox_dev.jvm.maven import cache_root
+from outbox_dev.gotools import built
 from outbox_dev.process import free_port, spawn, stop, wait_until
 
 VERSION = "v2.5.0"
@@ -38,33 +31,14 @@ Stream = Literal["upstream", "downstream", "both"]  # upstream: requests; downst
 
 def binary(environ: Mapping[str, str] | None = None) -> Path:
     """The Toxiproxy server, built with Go the first time."""
-    folder = cache_root(environ).parent / "bin" / f"toxiproxy-{VERSION}"
-    server = folder / "server"
-    if server.exists():
-        return server
-    go = shutil.which("go") or shutil.which("go", path="/usr/local/go/bin")  # Go's own tarball's place
-    if go is None:
-        raise error("DEV_GO_MISSING")
-    partial = folder.with_name(folder.name + f".partial-{os.getpid()}")
-    shutil.rmtree(partial, ignore_errors=True)
-    print(f"outbox: building Toxiproxy {VERSION} with Go, once, into {folder}", file=sys.stderr, flush=True)
-    env = {**os.environ, "GOBIN": str(partial), "GOTOOLCHAIN": "local", "CGO_ENABLED": "0"}
-    try:
-        result = subprocess.run(
-            [go, "install", f"{MODULE}@{VERSION}"], capture_output=True, text=True, timeout=900, env=env
-        )
-    except subprocess.TimeoutExpired:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise error("DEV_TOXIPROXY_BUILD_TIMEOUT") from None
-    if result.returncode != 0 or not (partial / "server").exists():
-        shutil.rmtree(partial, ignore_errors=True)
-        lines = (result.stderr or result.stdout or "no output").strip().splitlines()
-        raise error("DEV_TOXIPROXY_BUILD_FAILED", version=VERSION, reason=lines[-1][:300])
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(OSError):  # another process may have finished first: theirs is as good
-        partial.rename(folder)
-    shutil.rmtree(partial, ignore_errors=True)
-    return server
+    target = f"{MODULE}@{VERSION}"
+    return built(
+        f"toxiproxy-{VERSION}",
+        target,
+        "server",
+        needed_by="the network fault tests' Toxiproxy",
+        environ=environ,
+    )
 
 
 class Toxiproxy:
