@@ -52,6 +52,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument(
         "--timeout", type=options.seconds, default=30.0, help="seconds to search a topic (default 30)"
     )
+    p.add_argument(
+        "--id-header",
+        default=tables.EVENT_ID_HEADER,
+        help="the header the relay puts each event's id in, its --event-id-header"
+        f" (default {tables.EVENT_ID_HEADER}; `id` for an outbox adopted from Debezium's)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object instead of lines")
     p.add_argument("--prune", type=float, metavar="DAYS", help="delete trace rows older than DAYS, then stop")
     p.set_defaults(handler=cmd_trace)
@@ -74,7 +80,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
             raise error("TRACE_DATABASE_ERROR", url=url.safe, reason=reason(exc, url)) from None
     given = args.bootstrap_servers or os.environ.get(KAFKA_BOOTSTRAP_SERVERS)
     if given:
-        trace = gather.in_kafka(trace, bootstrap_servers(given), args.timeout)
+        trace = gather.in_kafka(trace, bootstrap_servers(given), args.timeout, args.id_header)
     elif any(r.outbox and r.outbox.state in ("published", "waiting") for r in trace.records):
         # A relay records how far it got about once a second: Kafka knows more.
         trace = replace(trace, searched="give --bootstrap-servers to find the outbox events in Kafka")

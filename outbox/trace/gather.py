@@ -133,8 +133,9 @@ def _transactional_id(
     return Identity(relay, str(row[0]) if row else "?", Shard(index, count)).transactional_id
 
 
-def in_kafka(trace: Trace, servers: str, timeout: float) -> Trace:
-    """The outbox events found in their topics: partition, offset, time.
+def in_kafka(trace: Trace, servers: str, timeout: float, id_header: str = tables.EVENT_ID_HEADER) -> Trace:
+    """The outbox events found in their topics, by the header the relay put each one's id in
+    (its --event-id-header): partition, offset, time.
 
     The waiting ones are looked for too: a relay records in PostgreSQL how far
     it published about once a second, so one killed in between has published
@@ -145,7 +146,7 @@ def in_kafka(trace: Trace, servers: str, timeout: float) -> Trace:
     for topic in sorted({r.outbox.topic for r in wanted if r.outbox}):
         ids = {r.outbox.event_id for r in wanted if r.outbox and r.outbox.topic == topic}
         since = min(r.at for r in wanted if r.outbox and r.outbox.topic == topic)
-        found |= _search(servers, topic, ids, since, timeout)
+        found |= _search(servers, topic, ids, since, timeout, id_header)
     return found_in_kafka(trace, found)
 
 
@@ -207,15 +208,16 @@ def found_in_kafka(trace: Trace, found: Mapping[uuid.UUID, Published]) -> Trace:
 
 
 def _search(
-    servers: str, topic: str, ids: Iterable[uuid.UUID], since: datetime, timeout: float
+    servers: str, topic: str, ids: Iterable[uuid.UUID], since: datetime, timeout: float, id_header: str
 ) -> dict[uuid.UUID, Published]:
-    """Read `topic` (read_committed) from `since` less the clock skew to its end, for these event ids."""
+    """Read `topic` (read_committed) from `since` less the clock skew to its end, for these event ids
+    in header `id_header`."""
     wanted = {str(i).encode(): i for i in ids}
     start = _offsets_at(servers, topic, (since.timestamp() - CLOCK_SKEW_S) * 1000, timeout)
     found = {}
     for message in read_committed({"bootstrap.servers": servers}, topic, start=start, timeout=timeout):
         headers: dict[str, Any] = dict(message.headers() or [])
-        hit = wanted.get(headers.get("event_id") or b"")
+        hit = wanted.get(headers.get(id_header) or b"")
         if hit is not None:
             stamp = datetime.fromtimestamp(message.timestamp()[1] / 1000).astimezone()
             found[hit] = Published(*place(message), stamp)

@@ -276,3 +276,23 @@ def wait_committed(bootstrap: str, topic: str, count: int) -> list:
 
     wait_for(enough, 60, f"{count} records in {topic}")
     return found
+
+
+def test_trace_finds_events_in_kafka_by_the_header_the_relay_named(bootstrap, topic) -> None:  # type: ignore[no-untyped-def]
+    """A relay run with --event-id-header id (an outbox adopted from Debezium's) puts each id in
+    header `id`: looked for in `event_id` alone, as it was, no event was ever found in Kafka."""
+    import datetime as dt
+
+    from outbox.trace import gather
+
+    ours, other = uuid.uuid4(), uuid.uuid4()
+    producer = transactional_producer(bootstrap)
+    producer.begin_transaction()
+    producer.produce(topic, key=b"a", value=b"{}", headers=[("id", str(ours).encode())])
+    producer.produce(topic, key=b"b", value=b"{}", headers=[("event_id", str(other).encode())])
+    producer.commit_transaction(30)
+    since = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1)
+    by_id = gather._search(bootstrap, topic, {ours, other}, since, 30, "id")
+    assert set(by_id) == {ours} and (by_id[ours].partition, by_id[ours].offset) == (0, 0)
+    by_default = gather._search(bootstrap, topic, {ours, other}, since, 30, gather.tables.EVENT_ID_HEADER)
+    assert set(by_default) == {other}
